@@ -1,0 +1,3 @@
+"""trainplan: plan, prove and cost a distributed LLM fine-tune."""
+
+__version__ = "0.1.0"
