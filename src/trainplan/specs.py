@@ -488,8 +488,8 @@ def shard_degree(layout: Layout | LayoutTable, cluster: ClusterSpec | None = Non
 
     replicas = layout.dp * layout.cp
     default_group = cluster.gpus_per_node if cluster else replicas
-    g = layout.shard_group
-    g = np.where((g is None) | (np.asarray(g if g is not None else 0) == 0), default_group, g if g is not None else 0)
+    g = np.asarray(0 if layout.shard_group is None else layout.shard_group)
+    g = np.where(g == 0, default_group, g)  # 0 / None: the default group, one node
     out = np.where(layout.sharding == "none", 1, np.where(layout.sharding == "hsdp", np.minimum(g, replicas), replicas))
     return out.item() if np.ndim(out) == 0 else out
 

@@ -1,0 +1,119 @@
+"""Specs: invariants at construction, presets, Hugging Face config.json parsing, layout problems."""
+
+import json
+
+import pytest
+
+from trainplan.specs import (
+    MODEL_PRESETS,
+    ClusterSpec,
+    ConfigError,
+    Layout,
+    LayoutTable,
+    ModelSpec,
+    TrainingSpec,
+    check_layout,
+    grad_accum,
+    layout_problems,
+    model_from_hf_config,
+    resolve_gpu,
+    resolve_model,
+    shard_degree,
+)
+
+# Published parameter counts (the models' own model cards / config-derived counts).
+LLAMA2_13B_PARAMS = 13_015_864_320
+LLAMA2_7B_PARAMS = 6_738_415_616
+LLAMA3_8B_PARAMS = 8_030_261_248
+
+
+def cluster32() -> ClusterSpec:
+    return ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
+
+
+def test_llama_param_counts_exact():
+    assert MODEL_PRESETS["llama2-13b"].n_params == LLAMA2_13B_PARAMS
+    assert MODEL_PRESETS["llama2-7b"].n_params == LLAMA2_7B_PARAMS
+    assert MODEL_PRESETS["llama3-8b"].n_params == LLAMA3_8B_PARAMS
+
+
+def test_hf_config_llama_matches_preset(tmp_path):
+    cfg = {"model_type": "llama", "num_hidden_layers": 40, "hidden_size": 5120, "num_attention_heads": 40,
+           "num_key_value_heads": 40, "intermediate_size": 13824, "vocab_size": 32000,
+           "tie_word_embeddings": False, "max_position_embeddings": 4096}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    assert model_from_hf_config(p).n_params == LLAMA2_13B_PARAMS
+    assert resolve_model(str(tmp_path)).n_params == LLAMA2_13B_PARAMS
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]"])
+def test_unreadable_hf_config_is_a_config_error(tmp_path, text):
+    p = tmp_path / "config.json"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        model_from_hf_config(p)
+    assert e.value.key == "model"
+
+
+def test_hf_config_missing_key_named(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    with pytest.raises(ConfigError, match="num_hidden_layers"):
+        model_from_hf_config(p)
+
+
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        (dict(layers=0, hidden=64, heads=4, vocab=10), "layers"),
+        (dict(layers=2, hidden=-64, heads=4, vocab=10), "hidden"),
+        (dict(layers=2, hidden=64, heads=3, vocab=10), "hidden"),
+        (dict(layers=2, hidden=64, heads=4, kv_heads=3, vocab=10), "kv_heads"),
+        (dict(layers=2, hidden=64, heads=4, vocab=10, mlp="relu"), "mlp"),
+    ],
+)
+def test_model_invariants_name_the_key(kwargs, key):
+    with pytest.raises(ConfigError) as e:
+        ModelSpec(**kwargs)
+    assert e.value.key == key
+
+
+def test_unknown_gpu_lists_valid():
+    with pytest.raises(ConfigError, match="h100-sxm-80gb"):
+        resolve_gpu("b200")
+
+
+def test_layout_problems_names_every_factor():
+    m, c = MODEL_PRESETS["llama2-13b"], cluster32()
+    t = TrainingSpec(seq_len=4096, global_batch=256)
+    why = layout_problems(m, c, t, Layout(dp=2, tp=4))
+    assert any("2·4·1·1 = 8, but the cluster has 32 GPUs" in w for w in why)
+    why = layout_problems(m, c, t, Layout(dp=32 // 3 * 1, tp=3))
+    assert any("tp=3 does not divide heads=40" in w for w in why)
+    assert layout_problems(m, c, t, Layout(dp=32)) == []
+    with pytest.raises(ConfigError):
+        check_layout(m, c, t, Layout(dp=4, tp=16, sharding="zero3"))
+
+
+def test_pipeline_needs_enough_microbatches():
+    m, c = MODEL_PRESETS["llama2-13b"], cluster32()
+    t = TrainingSpec(seq_len=4096, global_batch=8)
+    why = layout_problems(m, c, t, Layout(dp=4, pp=8, sharding="none"))
+    assert any("micro-batches per step < pp=8" in w for w in why)
+
+
+def test_shard_degree_and_accum_vectorised_equal_scalar():
+    c, t = cluster32(), TrainingSpec(seq_len=4096, global_batch=256)
+    layouts = [Layout(dp=32), Layout(dp=32, sharding="hsdp"), Layout(dp=32, sharding="hsdp", shard_group=16),
+               Layout(dp=4, tp=8, sharding="none", micro_batch=2), Layout(dp=8, tp=2, cp=2, sharding="zero2")]
+    table = LayoutTable.from_layouts(layouts)
+    assert list(shard_degree(table, c)) == [shard_degree(x, c) for x in layouts] == [32, 8, 16, 1, 16]
+    assert list(grad_accum(t, table)) == [grad_accum(t, x) for x in layouts] == [8, 8, 8, 32, 32]
+    assert table.row(2) == layouts[2]
+
+
+def test_layout_family_names():
+    assert Layout(dp=32).family == "FSDP"
+    assert Layout(dp=4, tp=8, sp=True, sharding="none").family == "DDP×TP+SP"
+    assert Layout(dp=32, sharding="hsdp").family == "HSDP"
