@@ -1,0 +1,14 @@
+rule analytic_model:
+    """Enumerate and evaluate every layout; rank; Pareto front; family verdicts."""
+    output:
+        candidates=f"{R}/analytic/candidates.csv",
+        families=f"{R}/analytic/families.csv",
+        summary=f"{R}/analytic/summary.json",
+    params:
+        cfg=cfg("analytic_model"),
+    log:
+        f"{LOGS}/analytic_model.log",
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../workflow/scripts/analytic_model.py"

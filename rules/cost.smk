@@ -1,0 +1,15 @@
+rule cost_and_risk:
+    """Wall-clock, GPU-hours, dollars, goodput, targets pass/fail, sensitivity."""
+    input:
+        production=f"{R}/prediction/production.json",
+    output:
+        cost=f"{R}/cost/cost.json",
+        sensitivity=f"{R}/cost/sensitivity.csv",
+    params:
+        cfg=cfg("cost_and_risk"),
+    log:
+        f"{LOGS}/cost_and_risk.log",
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../workflow/scripts/cost_and_risk.py"

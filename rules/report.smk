@@ -1,0 +1,59 @@
+rule figures:
+    """Every memo figure as SVG with caption metadata (config hash, sources)."""
+    input:
+        candidates=f"{R}/analytic/candidates.csv",
+        records=f"{R}/proxies/records.csv",
+        calibration=f"{R}/calibration/calibration.json",
+        production=f"{R}/prediction/production.csv",
+        cost=f"{R}/cost/cost.json",
+        sensitivity=f"{R}/cost/sensitivity.csv",
+    output:
+        figures=directory(f"{R}/figures"),
+    params:
+        cfg=cfg("figures"),
+    log:
+        f"{LOGS}/figures.log",
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../workflow/scripts/figures.py"
+
+
+rule memo:
+    """The PDF design memo (jinja2 + WeasyPrint)."""
+    input:
+        figures=f"{R}/figures",
+        summary=f"{R}/analytic/summary.json",
+        families=f"{R}/analytic/families.csv",
+        records=f"{R}/proxies/records.csv",
+        heldout=f"{R}/calibration/heldout.csv",
+        scaling=f"{R}/calibration/scaling.json",
+        production=f"{R}/prediction/production.json",
+        cost=f"{R}/cost/cost.json",
+        launch=f"{R}/launch",
+    output:
+        pdf=f"{R}/memo/design_memo.pdf",
+    params:
+        cfg=cfg("memo"),
+    log:
+        f"{LOGS}/memo.log",
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../workflow/scripts/memo.py"
+
+
+rule launch_artifacts:
+    """Accelerate FSDP2 config, torchrun and sbatch scripts, DeepSpeed config for the chosen layout."""
+    input:
+        summary=f"{R}/analytic/summary.json",
+    output:
+        launch=directory(f"{R}/launch"),
+    params:
+        cfg=cfg("launch_artifacts"),
+    log:
+        f"{LOGS}/launch_artifacts.log",
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../workflow/scripts/launch_artifacts.py"

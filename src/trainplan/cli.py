@@ -1,0 +1,260 @@
+"""The ``trainplan`` command: plan, estimate, validate; proxy/launch/preflight are delegated lazily.
+
+Bad input becomes ONE line on stderr, ``trainplan: error: <key>=<value>: <what is valid>``, exit code 2,
+no traceback. ``estimate`` imports only the analytic core (numpy), so it answers in well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, NoReturn
+
+from trainplan.specs import ConfigError
+
+__all__ = ["main"]
+
+DELEGATED = {"proxy": ("trainplan.proxy.cli", "run one proxy training job (see `trainplan proxy --help`)"),
+             "launch": ("trainplan.launch", "write Accelerate/torchrun/sbatch launch artifacts"),
+             "preflight": ("trainplan.preflight", "one-node preflight check before the real run")}
+ARCH_KEYS = {"layers": "layers", "hidden": "hidden", "heads": "heads", "kv_heads": "kv_heads", "ffn": "ffn_hidden",
+             "vocab": "vocab", "mlp": "mlp", "tied": "tied_embeddings"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"trainplan: error: {message}\n")
+        raise SystemExit(2)
+
+
+def _fmt(e: ConfigError) -> str:
+    return f"trainplan: error: {e.key}={e.value}: {e.valid}"
+
+
+# ------------------------------------------------------------------------------------------ estimate
+def _parse_arch(text: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if not text:
+        return out
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        if "=" not in item:
+            raise ConfigError("arch", item, "expected k=v pairs, e.g. layers=40,hidden=5120")
+        k, v = (x.strip() for x in item.split("=", 1))
+        if k not in ARCH_KEYS:
+            raise ConfigError("arch." + k, v, "unknown key; valid: " + ", ".join(ARCH_KEYS))
+        if k == "mlp":
+            out["mlp"] = v
+        elif k == "tied":
+            if v.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ConfigError("arch.tied", v, "must be true or false")
+            out["tied_embeddings"] = v.lower() in ("true", "1", "yes")
+        else:
+            try:
+                out[ARCH_KEYS[k]] = int(v)
+            except ValueError:
+                raise ConfigError("arch." + k, v, "must be a positive integer") from None
+    return out
+
+
+def _build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+    from trainplan.specs import (
+        ClusterSpec,
+        Layout,
+        ModelSpec,
+        TrainingSpec,
+        check_layout,
+        resolve_gpu,
+        resolve_model,
+    )
+
+    arch = _parse_arch(args.arch)
+    if args.model is None and arch:
+        try:
+            model = ModelSpec(name="custom", **arch)
+        except TypeError:
+            raise ConfigError("arch", args.arch, "without --model give layers, hidden, heads and vocab") from None
+    else:
+        model = resolve_model(args.model or "llama2-13b")
+        if arch:
+            model = replace(model, **arch)
+    gpu = resolve_gpu(args.gpu)
+    for key in ("gpus", "gpus_per_node", "seq_len", "micro_batch", "global_batch", "tp", "pp", "cp"):
+        v = getattr(args, key)
+        if v < 1:
+            raise ConfigError(key.replace("_", "-"), v, "must be a positive integer")
+    gpn = min(args.gpus_per_node, args.gpus)
+    if args.gpus % gpn:
+        raise ConfigError("gpus", args.gpus, f"must be a multiple of --gpus-per-node={args.gpus_per_node}")
+    cluster = ClusterSpec(nodes=args.gpus // gpn, gpus_per_node=gpn, gpu=gpu)
+    training = TrainingSpec(seq_len=args.seq_len, global_batch=args.global_batch, finetune=args.finetune)
+    mp = args.tp * args.pp * args.cp
+    if args.gpus % mp:
+        raise ConfigError("layout", f"tp·pp·cp = {args.tp}·{args.pp}·{args.cp} = {mp}",
+                          f"must divide --gpus={args.gpus} (dp = gpus / (tp·pp·cp))")
+    layout = Layout(dp=args.gpus // mp, tp=args.tp, pp=args.pp, cp=args.cp, sp=args.sp, sharding=args.sharding,
+                    shard_group=args.shard_group, recompute=args.recompute, offload=args.offload,
+                    micro_batch=args.micro_batch, pp_schedule=args.pp_schedule, vpp=args.vpp, cp_kind=args.cp_kind)
+    check_layout(model, cluster, training, layout)
+    return model, cluster, training, layout
+
+
+def _cmd_estimate(args: argparse.Namespace) -> int:
+    from trainplan.efficiency import Efficiency
+    from trainplan.estimate import estimate
+
+    model, cluster, training, layout = _build(args)
+    est = estimate(model, cluster, training, layout, Efficiency())
+    js = est.to_json()
+    if args.json:
+        from trainplan.io import to_jsonable
+
+        print(json.dumps(to_jsonable(js), indent=2, sort_keys=True))
+        return 0
+    print(f"{model.name} ({model.n_params / 1e9:.2f}B params) on {cluster.n_gpus}× {cluster.gpu.name}: "
+          f"{layout.describe()}")
+    mem = js["memory_gib"]
+    print("memory/GPU GiB: " + ", ".join(f"{k} {v:.1f}" for k, v in mem.items())
+          + f"  (HBM {js['hbm_gib']:.1f}, headroom {js['headroom']:.0%})")
+    print(f"step {js['step_time_s']:.2f} s, {js['tokens_per_s']:.0f} tokens/s, "
+          f"{js['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, MFU {js['mfu']:.1%}, HFU {js['hfu']:.1%}")
+    print("feasible" if js["feasible"] else f"NOT feasible: {js['reason']}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- plan
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from trainplan.config import load_config
+    from trainplan.efficiency import Efficiency
+    from trainplan.search import family_verdicts, search
+
+    if args.top < 1:
+        raise ConfigError("top", args.top, "must be a positive integer")
+    cfg = load_config(args.config)
+    eff = cfg.efficiency if isinstance(cfg.efficiency, Efficiency) else Efficiency.from_dict(cfg.efficiency)
+    df = search(cfg.model, cfg.cluster, cfg.training, eff, cfg.search)
+    if args.csv:
+        from trainplan.io import write_csv
+
+        write_csv(df, args.csv)
+    con = Console()
+    feas = df[df["feasible"]]
+    t = Table(title=f"{cfg.model.name} on {cfg.cluster.n_gpus}× {cfg.cluster.gpu.name}, seq {cfg.training.seq_len}, "
+                    f"global batch {cfg.training.global_batch}: {len(feas)} feasible of {len(df)} layouts")
+    for c in ("#", "layout", "family", "tok/s/GPU", "MFU", "step s", "weights", "grads", "optim", "activ",
+              "total GiB", "headroom"):
+        t.add_column(c, justify="left" if c in ("layout", "family") else "right")
+    for _, r in feas.head(args.top).iterrows():
+        t.add_row(str(r["rank"]), r["layout_text"], r["family"], f"{r['tokens_per_s_per_gpu']:.0f}", f"{r['mfu']:.1%}",
+                  f"{r['step_time_s']:.2f}", f"{r['mem_weights_gib']:.1f}", f"{r['mem_gradients_gib']:.1f}",
+                  f"{r['mem_optimizer_gib']:.1f}", f"{r['mem_activations_gib']:.1f}", f"{r['mem_total_gib']:.1f}",
+                  f"{r['headroom_frac']:.0%}")
+    con.print(t)
+    for _, v in family_verdicts(df).iterrows():
+        con.print(f"[bold]{v['family']}[/bold] ({v['verdict']}): {v['line']}", highlight=False)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ validate
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from trainplan.efficiency import Efficiency
+    from trainplan.validate import mape_table, validate_all
+
+    df = validate_all(Efficiency())
+    if args.csv:
+        from trainplan.io import write_csv
+
+        write_csv(df, args.csv)
+    con = Console()
+    for table, g in df.groupby("table", sort=False):
+        t = Table(title=table)
+        for c in ("row", "metric", "published", "predicted", "err %", "in MAPE", "note"):
+            t.add_column(c, justify="left" if c in ("row", "metric", "note") else "right")
+        for _, r in g.iterrows():
+            t.add_row(r["row"], r["metric"], f"{r['published']:.4g}", f"{r['predicted']:.4g}", f"{r['err_pct']:+.1f}",
+                      "yes" if r["in_mape"] else "no", r["note"])
+        con.print(t)
+    m = Table(title="MAPE per table (rows the model speaks to)")
+    for c in ("table", "metric", "MAPE %", "bias %", "rows"):
+        m.add_column(c)
+    for _, r in mape_table(df).iterrows():
+        m.add_row(r["table"], r["metric"], f"{r['mape_pct']:.1f}", f"{r['bias_pct']:+.1f}", str(r["rows"]))
+    con.print(m)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- main
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="trainplan", description="Plan, prove and cost a distributed LLM fine-tune.",
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+                epilog="example:\n  trainplan estimate --model llama2-13b --gpus 32 --tp 2 --sp --json")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    raw = argparse.RawDescriptionHelpFormatter
+    pl = sub.add_parser("plan", help="rank every layout for a study config", formatter_class=raw,
+                        epilog="example:\n  trainplan plan config/config.yaml --top 10 --csv candidates.csv")
+    pl.add_argument("config", help="study config YAML (config/config.yaml)")
+    pl.add_argument("--top", type=int, default=10, help="how many layouts to show (default 10)")
+    pl.add_argument("--csv", help="also write every candidate to this CSV")
+    es = sub.add_parser("estimate", help="memory and throughput of one layout", formatter_class=raw,
+                        epilog="example:\n  trainplan estimate --model llama2-13b --gpu h100-sxm-80gb --gpus 32 "
+                               "--seq-len 4096 --global-batch 256 --tp 2 --sp --recompute selective --json")
+    es.add_argument("--model", help="preset name (llama2-13b, ...) or a Hugging Face config.json path")
+    es.add_argument("--arch", help="architecture overrides k=v,...: layers, hidden, heads, kv_heads, ffn, vocab, "
+                                   "mlp (swiglu|gelu), tied (true|false)")
+    es.add_argument("--gpu", default="h100-sxm-80gb", help="GPU name (default h100-sxm-80gb)")
+    es.add_argument("--gpus", type=int, default=32, help="total GPUs (default 32)")
+    es.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    es.add_argument("--seq-len", type=int, default=4096)
+    es.add_argument("--micro-batch", type=int, default=1, help="sequences per rank per forward")
+    es.add_argument("--global-batch", type=int, default=256, help="sequences per optimizer step")
+    es.add_argument("--tp", type=int, default=1)
+    es.add_argument("--pp", type=int, default=1)
+    es.add_argument("--cp", type=int, default=1)
+    es.add_argument("--sp", action="store_true", help="sequence parallelism (needs --tp > 1)")
+    es.add_argument("--pp-schedule", default="1f1b", help="1f1b | interleaved")
+    es.add_argument("--vpp", type=int, default=1, help="virtual stages per rank (interleaved)")
+    es.add_argument("--cp-kind", default="ring", help="ring | ulysses")
+    es.add_argument("--sharding", default="zero3", help="none | zero1 | zero2 | zero3 | hsdp")
+    es.add_argument("--shard-group", type=int, default=None, help="hsdp shard group size (default GPUs per node)")
+    es.add_argument("--recompute", default="none", help="none | selective | full")
+    es.add_argument("--offload", default="none", help="none | cpu")
+    es.add_argument("--finetune", default="full", help="full | lora | qlora")
+    es.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    va = sub.add_parser("validate", help="predicted vs published tables, MAPE per table", formatter_class=raw,
+                        epilog="example:\n  trainplan validate --csv validation.csv")
+    va.add_argument("--csv", help="also write the comparison rows to this CSV")
+    for name, (_, help_) in DELEGATED.items():
+        sub.add_parser(name, help=help_, add_help=False)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in DELEGATED:
+            import importlib
+
+            mod = importlib.import_module(DELEGATED[argv[0]][0])
+            return int(mod.main(argv[1:]) or 0)
+        args = _parser().parse_args(argv)
+        handler = {"plan": _cmd_plan, "estimate": _cmd_estimate, "validate": _cmd_validate}[args.cmd]
+        return handler(args)
+    except ConfigError as e:
+        sys.stderr.write(_fmt(e) + "\n")
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

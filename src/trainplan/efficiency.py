@@ -1,0 +1,96 @@
+"""`Efficiency`: the single frozen object of free parameters that calibration fits.
+
+Every other analytic term is a formula; these are the numbers a formula cannot know (how close kernels
+get to peak, how much communication hides behind compute, what the runtime costs in memory). Defaults
+are documented with their source; ``[I]`` marks an informed assumption, later replaced by calibration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, ClassVar
+
+from trainplan.specs import ConfigError, GiB
+
+__all__ = ["Efficiency"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Efficiency:
+    """Fractions of peak and overlap factors; SI units where a unit applies."""
+
+    # Best achievable BF16 GEMM ≈ 795/989 TFLOP/s on H100 SXM (stas00/ml-engineering, compute/accelerator).
+    gemm_eff_max: float = 0.80
+    # Shape-aware GEMM efficiency = gemm_eff_max · d/(d + half) with d the smallest GEMM dimension [I].
+    gemm_eff_half_dim: float = 128.0
+    # Flash attention fwd+bwd fraction of peak: 50–73% on A100 (Dao 2023, FlashAttention-2 §4.1) [I: low end].
+    attn_eff: float = 0.50
+    # Fraction of HBM bandwidth reached by elementwise/norm/loss kernels [I].
+    membound_eff: float = 0.70
+    # Fraction of nccl-tests bus bandwidth reached inside a training step (message sizes, contention) [I].
+    comm_bw_eff: float = 0.80
+    # Fraction of a strategy's communication that can hide behind compute (FSDP prefetch; DDP buckets) [I].
+    fsdp_overlap: float = 0.90
+    ddp_overlap: float = 0.90
+    tp_overlap: float = 0.0  # TP/SP collectives sit on the critical path (no async TP)
+    cp_overlap: float = 0.90  # ring attention overlaps the K/V pass with the block compute
+    pp_p2p_overlap: float = 0.50  # Megatron overlaps part of the stage-to-stage sends [I]
+    # CUDA context + NCCL buffers + cuBLAS workspaces per GPU [I: ~1 GiB context, 1–2 GiB NCCL].
+    runtime_overhead_bytes: float = 2.5 * GiB
+    # Caching-allocator reserved/allocated excess, as a fraction of allocated bytes [I].
+    alloc_frag_frac: float = 0.10
+    # AdamW step in fp32 reads p, g, m, v (16 B) and writes p, m, v (12 B) + the bf16 copy (2 B) per param.
+    optimizer_bytes_per_param_traffic: float = 30.0
+    # CPU Adam throughput per GPU's shard when the optimizer is offloaded (ZeRO-Offload, Ren 2021 §5) [I].
+    cpu_optimizer_params_per_s: float = 1.0e9
+    source: str = "defaults"
+
+    FITTABLE: ClassVar[tuple[str, ...]] = (
+        "gemm_eff_max", "gemm_eff_half_dim", "attn_eff", "membound_eff", "comm_bw_eff",
+        "fsdp_overlap", "ddp_overlap", "runtime_overhead_bytes", "alloc_frag_frac",
+    )
+    _FRACTIONS: ClassVar[tuple[str, ...]] = (
+        "gemm_eff_max", "attn_eff", "membound_eff", "comm_bw_eff", "fsdp_overlap", "ddp_overlap",
+        "tp_overlap", "cp_overlap", "pp_p2p_overlap", "alloc_frag_frac",
+    )
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "source":
+                if not isinstance(v, str):
+                    raise ConfigError("efficiency.source", v, "must be a string")
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise ConfigError("efficiency." + f.name, v, "must be a number")
+            if f.name in self._FRACTIONS:
+                lo_ok = v >= 0 if "overlap" in f.name or f.name == "alloc_frag_frac" else v > 0
+                if not (lo_ok and v <= 1):
+                    raise ConfigError("efficiency." + f.name, v, "must be a fraction in (0, 1]"
+                                      if not ("overlap" in f.name or f.name == "alloc_frag_frac")
+                                      else "must be a fraction in [0, 1]")
+            elif f.name == "runtime_overhead_bytes":
+                if v < 0:
+                    raise ConfigError("efficiency." + f.name, v, "must be >= 0 bytes")
+            elif not v > 0:
+                raise ConfigError("efficiency." + f.name, v, "must be a positive number")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> Efficiency:
+        """An Efficiency from a dict of overrides (missing keys keep their defaults)."""
+        d = dict(d or {})
+        known = {f.name for f in fields(cls)}
+        for k in d:
+            if k not in known:
+                raise ConfigError("efficiency." + str(k), d[k], "unknown key; valid: " + ", ".join(sorted(known)))
+        return cls(**d)
+
+    def replace(self, **kw: Any) -> Efficiency:
+        for k in kw:
+            if k not in {f.name for f in fields(self)}:
+                raise ConfigError("efficiency." + k, kw[k], "unknown key; valid: " + ", ".join(
+                    sorted(f.name for f in fields(self))))
+        return replace(self, **kw)

@@ -1,0 +1,243 @@
+"""The PDF design memo: results files → jinja2 HTML (+ CSS, SVG figures) → WeasyPrint PDF.
+
+Every number in the memo is read from a results file (docs/ARCHITECTURE.md, "Result files") and passed
+through one formatting helper, :func:`fmt`; nothing is retyped. A missing optional input renders as an
+explicit "not available in this run" box. The resolved config and the provenance table are attached to
+the PDF, and the bytes are reproducible: dates come from ``SOURCE_DATE_EPOCH`` (fixed default), never now.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from trainplan.io import read_json, write_bytes
+
+REPORT_DIR = Path(__file__).resolve().parents[2] / "report"
+TEMPLATES = REPORT_DIR / "templates"
+DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z, used when SOURCE_DATE_EPOCH is unset
+INLINE_MAX_LINES = 30  # launch artifacts longer than this are attached, not printed
+
+FIGURES = ("memory", "time_breakdown", "pareto", "parity", "extrapolation", "cost", "tornado")
+SOURCE_LABELS = {
+    "gpu-proxies": "GPU proxy runs on this cluster",
+    "published-h100": "published H100 measurements (bundled data/, cited), not this cluster",
+    "defaults": "uncalibrated defaults (no measurements)",
+}
+
+
+# ------------------------------------------------------------------------------------- formatting
+def fmt(value: Any, kind: str = "num") -> str:
+    """The one number formatter of the memo. kinds: int, num, gib, pct, usd, h, frac3, sci."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, str):
+        return value
+    v = float(value)
+    if kind == "int":
+        return f"{v:,.0f}"
+    if kind in ("gib", "h"):
+        return f"{v:,.1f}"
+    if kind == "pct":
+        return f"{100 * v:.1f}%"
+    if kind == "usd":
+        return f"${v:,.0f}"
+    if kind == "frac3":
+        return f"{v:.3f}"
+    if kind == "sci":
+        return f"{v:.3g}"
+    if kind == "s":
+        return f"{v:.3g}"
+    return f"{v:,.4g}" if abs(v) < 1e5 else f"{v:.3g}"
+
+
+def source_date() -> dt.datetime:
+    """The memo's one date: ``SOURCE_DATE_EPOCH`` (reproducible builds convention), else 1980-01-01."""
+    epoch = int(os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_EPOCH))
+    return dt.datetime.fromtimestamp(epoch, tz=dt.UTC).replace(tzinfo=None)
+
+
+# ---------------------------------------------------------------------------------------- loading
+class Results:
+    """Read-only view of a results tree; a missing file is ``None`` (the memo shows it as missing)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    def json(self, rel: str) -> dict | None:
+        p = self.path(rel)
+        return read_json(p) if p.exists() else None
+
+    def csv(self, rel: str) -> pd.DataFrame | None:
+        p = self.path(rel)
+        return pd.read_csv(p) if p.exists() else None
+
+    def sidecars(self) -> list[tuple[str, dict]]:
+        out = []
+        for sc in sorted(self.root.rglob("*.provenance.json")):
+            rel = str(sc.relative_to(self.root))[: -len(".provenance.json")]
+            out.append((rel, read_json(sc)))
+        return out
+
+
+def _records(df: pd.DataFrame | None) -> list[dict]:
+    if df is None:
+        return []
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+            for r in df.to_dict("records")]
+
+
+def _flatten(d: Any, prefix: str = "") -> list[tuple[str, str]]:
+    if isinstance(d, dict):
+        out: list[tuple[str, str]] = []
+        for k in sorted(d, key=str):
+            out += _flatten(d[k], f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return [(prefix, json.dumps(d) if isinstance(d, list | tuple) else str(d))]
+
+
+# ----------------------------------------------------------------------------------- the sections
+def _validation(rec: pd.DataFrame | None) -> dict | None:
+    """Per metric: how many proxy runs, median and worst relative error of prediction vs measurement."""
+    if rec is None:
+        return None
+    from trainplan.figures import parity_table
+
+    long = parity_table(rec)
+    metrics = []
+    for m, g in long.groupby("metric", sort=True):
+        err = g["rel_error"].abs()
+        metrics.append({"metric": m, "n": len(g), "median_abs_err": float(err.median()),
+                        "max_abs_err": float(err.max())})
+    status = rec["status"].value_counts().to_dict() if "status" in rec else {}
+    devices = sorted(set(rec["device"].dropna().astype(str))) if "device" in rec else []
+    loss = None
+    if "loss_step0" in rec and rec["loss_step0"].notna().any():
+        ls = rec.loc[rec["status"] == "ok", "loss_step0"].dropna() if "status" in rec else rec["loss_step0"].dropna()
+        loss = {"n": len(ls), "spread": float(ls.max() - ls.min()), "value": float(ls.median())}
+    return {"n_runs": len(rec), "status": {str(k): int(v) for k, v in sorted(status.items())},
+            "devices": devices, "gpu_measured": any(d.startswith("cuda") for d in devices), "metrics": metrics,
+            "runs": _records(rec[[c for c in ("id", "family", "device", "world_size", "status") if c in rec]]),
+            "loss": loss}
+
+
+def _launch(res: Results) -> list[dict]:
+    d = res.path("launch")
+    if not d.is_dir():
+        return []
+    out = []
+    for p in sorted(d.iterdir()):
+        if p.name.endswith(".provenance.json") or p.name.startswith(".") or not p.is_file():
+            continue
+        text = p.read_text(encoding="utf-8", errors="replace")
+        n = len(text.splitlines())
+        out.append({"name": p.name, "text": text, "lines": n, "inline": n <= INLINE_MAX_LINES,
+                    "sha256": hashlib.sha256(p.read_bytes()).hexdigest()})
+    return out
+
+
+def _figures(fig_dir: Path, res: Results) -> dict[str, dict | None]:
+    out: dict[str, dict | None] = {}
+    for name in FIGURES:
+        svg, cap = fig_dir / f"{name}.svg", fig_dir / f"{name}.caption.json"
+        if svg.exists() and cap.exists():
+            c = read_json(cap)
+            out[name] = {"src": os.path.relpath(svg.resolve(), res.root.resolve()), "caption": c["caption"], "config_hash": c["config_hash"],
+                         "sources": c.get("sources", []), "calibration_source": c.get("calibration_source")}
+        else:
+            out[name] = None
+    return out
+
+
+def build_context(results_dir: str | Path, *, config: dict, study_hash: str, git_commit: str,
+                  figures_dir: str | Path | None = None) -> dict[str, Any]:
+    """Everything the template shows, read from the results tree (no number is computed from thin air)."""
+    from trainplan.figures import representative_layouts
+
+    res = Results(results_dir)
+    summary = res.json("analytic/summary.json")
+    cand = res.csv("analytic/candidates.csv")
+    calib = res.json("calibration/calibration.json")
+    prod = res.json("prediction/production.json")
+    cost = res.json("cost/cost.json")
+    rec = res.csv("proxies/records.csv")
+    chosen_row = None
+    rep = None
+    if cand is not None and len(cand):
+        ok = cand[cand["feasible"].astype(bool)]
+        chosen_row = _records(ok.sort_values("rank").head(1))[0] if len(ok) else None
+        rep = _records(representative_layouts(cand))
+    layout_str = None
+    if summary and "layout" in summary:
+        from trainplan.specs import Layout
+
+        lay = {k: v for k, v in summary["layout"].items() if k in Layout.__dataclass_fields__}
+        layout_str = Layout(**lay).describe()
+    source = (calib or {}).get("source") or (prod or {}).get("source")
+    fig_dir = Path(figures_dir) if figures_dir else res.path("figures")
+    date = source_date()
+    return {
+        "study": {"name": str((config.get("study") or {}).get("name", "trainplan study"))
+                  if isinstance(config.get("study"), dict) else "trainplan study",
+                  "hash": study_hash, "hash_short": study_hash[:12], "commit": git_commit,
+                  "commit_short": git_commit[:12], "date": date.strftime("%Y-%m-%d")},
+        "summary": summary, "layout_str": layout_str, "chosen_row": chosen_row, "representatives": rep,
+        "families": _records(res.csv("analytic/families.csv")) or None,
+        "calibration": calib, "source": source, "source_label": SOURCE_LABELS.get(str(source), str(source)),
+        "heldout": _records(res.csv("calibration/heldout.csv")) or None,
+        "production": prod, "chosen": (prod or {}).get("chosen"),
+        "production_rows": _records(res.csv("prediction/production.csv")) or None,
+        "cost": cost, "targets": (cost or {}).get("targets") or None,
+        "sensitivity": _records(res.csv("cost/sensitivity.csv")) or None,
+        "validation": _validation(rec), "launch": _launch(res), "figures": _figures(fig_dir, res),
+        "config_rows": _flatten(config),
+        "assumptions": [(k, v) for s in ("model", "cluster", "training", "cost", "targets")
+                        for k, v in _flatten(config.get(s), s)] if config else [],
+        "provenance": [{"file": f, **sc} for f, sc in res.sidecars()],
+    }
+
+
+# -------------------------------------------------------------------------------------- rendering
+def render_html(context: dict[str, Any]) -> str:
+    """The memo's HTML (StrictUndefined: a missing key is an error, not an empty string)."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+                             autoescape=jinja2.select_autoescape(["html", "j2"]), trim_blocks=True,
+                             lstrip_blocks=True)
+    env.filters["f"] = fmt
+    return env.get_template("memo.html.j2").render(**context)
+
+
+def render_memo(results_dir: str | Path, out_pdf: str | Path, *, config: dict, study_hash: str, git_commit: str,
+                figures_dir: str | Path | None = None) -> Path:
+    """Render the design memo PDF from a results tree; attach the resolved config and provenance table."""
+    from weasyprint import CSS, HTML, Attachment
+
+    ctx = build_context(results_dir, config=config, study_hash=study_hash, git_commit=git_commit,
+                        figures_dir=figures_dir)
+    html = render_html(ctx)
+    when = source_date()
+    att = [("config.resolved.json", json.dumps(config, indent=2, sort_keys=True, default=str),
+            "the resolved study config"),
+           ("provenance.json", json.dumps(ctx["provenance"], indent=2, sort_keys=True, default=str),
+            "provenance sidecars of every results file")]
+    att += [(a["name"], a["text"], "launch artifact") for a in ctx["launch"] if not a["inline"]]
+    attachments = [Attachment(string=text.encode("utf-8"), name=name, description=desc, created=when,
+                              modified=when) for name, text, desc in att]
+    doc = HTML(string=html, base_url=str(Path(results_dir).resolve()) + "/")
+    pdf = doc.write_pdf(stylesheets=[CSS(filename=str(TEMPLATES / "memo.css"))], attachments=attachments,
+                        pdf_identifier=study_hash[:32].encode() or b"trainplan", uncompressed_pdf=False)
+    return write_bytes(out_pdf, pdf)

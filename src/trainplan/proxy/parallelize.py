@@ -1,0 +1,168 @@
+"""Apply a :class:`~trainplan.specs.Layout` to the proxy model, torchtitan style.
+
+One :func:`parallelize` calls one ``apply_*`` per technique in a fixed order — the order matters:
+
+1. tensor parallelism (DTensor ``parallelize_module``) — must see plain ``nn.Linear`` modules;
+2. activation checkpointing — wraps whole blocks (full) or saves only matmul/attention outputs
+   (selective, op-level SAC), around the TP-split block;
+3. ``torch.compile`` per block — compiles the checkpointed, TP-split block;
+4. data parallelism last: FSDP2 ``fully_shard`` (zero3; zero2 = ``reshard_after_forward=False``; hsdp on
+   a 2-D mesh) per block then the root, or DDP for ``sharding='none'``.
+
+ZeRO-1 has no FSDP2 equivalent and is refused with a ConfigError; so are PP and CP (not proxied).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from trainplan.specs import ConfigError, Layout
+
+
+def mesh_dims(layout: Layout) -> dict[str, int]:
+    """Named mesh dimensions for a layout (size-1 dims dropped), outermost first."""
+    if layout.pp > 1 or layout.cp > 1:
+        raise ConfigError("layout", layout.describe(), "proxies support dp and tp (pp=cp=1)")
+    if layout.sharding == "zero1":
+        raise ConfigError("layout.sharding", "zero1", "proxies support none, zero2, zero3, hsdp (FSDP2 has no ZeRO-1)")
+    dims: dict[str, int] = {}
+    if layout.sharding == "hsdp":
+        g = layout.shard_group or layout.dp
+        if layout.dp % g:
+            raise ConfigError("layout.shard_group", g, f"must divide dp={layout.dp}")
+        dims["dp_replicate"], dims["dp_shard"] = layout.dp // g, g
+    elif layout.sharding == "none":
+        dims["dp_replicate"] = layout.dp
+    else:
+        dims["dp_shard"] = layout.dp
+    dims["tp"] = layout.tp
+    return dims
+
+
+def build_mesh(layout: Layout, device_type: str) -> DeviceMesh:
+    """A DeviceMesh whose dims are :func:`mesh_dims` (HSDP and TP×FSDP give 2-D or 3-D meshes)."""
+    dims = mesh_dims(layout)
+    return init_device_mesh(device_type, tuple(dims.values()), mesh_dim_names=tuple(dims))
+
+
+# ------------------------------------------------------------------------------------ 1. tensor par.
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
+    """Megatron TP on DTensor: column-split q/k/v/w1/w3, row-split wo/w2; with SP, norms run on seq shards."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    seq = Shard(1) if sp else Replicate()
+    root_plan: dict[str, Any] = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
+        "output": ColwiseParallel(input_layouts=seq, output_layouts=Replicate(), use_local_output=True),
+    }
+    if sp:
+        root_plan["norm"] = SequenceParallel()
+    if getattr(model, "output", None) is None:
+        raise ConfigError("model.tied_embeddings", True, "TP proxies need untied embeddings")
+    parallelize_module(model, tp_mesh, root_plan)
+    for block in model.layers.values():
+        plan: dict[str, Any] = {
+            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=seq),
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=seq),
+        }
+        if sp:
+            plan.update({
+                "attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                                desired_input_layouts=(Replicate(), None, None)),
+                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            })
+        parallelize_module(block, tp_mesh, plan)
+
+
+# ---------------------------------------------------------------------------- 2. act. checkpointing
+_SAVE_OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
+             torch.ops.aten._scaled_dot_product_flash_attention.default,
+             torch.ops.aten._scaled_dot_product_efficient_attention.default}
+if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
+    _SAVE_OPS.add(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+
+
+def _sac_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def apply_ac(model: nn.Module, mode: str) -> None:
+    """Checkpoint every block: 'full' keeps only block inputs; 'selective' keeps matmul/attention outputs."""
+    if mode == "none":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    kw: dict[str, Any] = {"preserve_rng_state": False}
+    if mode == "selective":
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        kw["context_fn"] = partial(create_selective_checkpoint_contexts, _sac_policy)
+    for name, block in list(model.layers.named_children()):
+        model.layers.register_module(name, checkpoint_wrapper(block, **kw))
+
+
+# ------------------------------------------------------------------------------------------ 3. compile
+def apply_compile(model: nn.Module) -> None:
+    """torch.compile each block separately (repeated blocks share one compiled graph)."""
+    for name, block in list(model.layers.named_children()):
+        model.layers.register_module(name, torch.compile(block, fullgraph=False))
+
+
+# ---------------------------------------------------------------------------------- 4. data parallel
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, reshard_after_forward: bool, bf16: bool) -> None:
+    """FSDP2 per block, then the root (embeddings, final norm, output)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+
+
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, device: torch.device) -> nn.Module:
+    """Classic DDP (bucketed all-reduce overlapping backward)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, process_group=dp_mesh.get_group())
+
+
+def parallelize(model: nn.Module, layout: Layout, mesh: DeviceMesh | None, *, device: torch.device,
+                bf16: bool = False, compile: bool = False) -> nn.Module:
+    """Apply TP → activation checkpointing → compile → FSDP/DDP, in that order; returns the model to train."""
+    dims = mesh_dims(layout)
+    if mesh is None and (layout.world_size > 1):
+        raise ConfigError("layout", layout.describe(), "needs a device mesh (world size > 1)")
+    if layout.tp > 1:  # 1
+        assert mesh is not None
+        apply_tp(model, mesh["tp"], layout.sp)
+    apply_ac(model, layout.recompute)  # 2
+    if compile:  # 3
+        apply_compile(model)
+    if mesh is None or layout.dp == 1:  # 4
+        return model
+    if layout.sharding == "none":
+        if layout.tp > 1:
+            raise ConfigError("layout.sharding", "none", "with tp > 1 use zero3 or hsdp (FSDP2 composes with TP)")
+        return apply_ddp(model, mesh["dp_replicate"], device)
+    dp_names = tuple(n for n in ("dp_replicate", "dp_shard") if n in dims)
+    dp_mesh = mesh[dp_names] if len(dp_names) > 1 else mesh[dp_names[0]]
+    apply_fsdp(model, dp_mesh, reshard_after_forward=layout.sharding != "zero2", bf16=bf16)
+    return model

@@ -1,0 +1,80 @@
+"""The analytic figures a proxy record carries next to its measurements.
+
+Two sources, both recorded: ``exact`` — closed forms for *this* proxy's sharding (per-rank shard sizes,
+TP replicating norm weights), derived from ``ModelSpec`` counts; and ``analytic`` — the planner's own
+terms (``trainplan.memory`` / ``trainplan.flops``), or ``None`` where a term is not available yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainplan.specs import ClusterSpec, Layout, ModelSpec, TrainingSpec, shard_degree
+
+ADAM_STATES = 2  # exp_avg, exp_avg_sq (Kingma & Ba 2015); ZeRO's "12Ψ" = fp32 master + these two
+
+
+def _tp_local_params(spec: ModelSpec, tp: int) -> int:
+    """Parameters per TP rank: every matrix split tp ways, norm weights replicated (Megatron TP)."""
+    norms = spec.layers * 2 * spec.hidden + spec.n_params_final_norm
+    return (spec.n_params - norms) // tp + norms
+
+
+def exact_state_bytes(spec: ModelSpec, layout: Layout, *, param_bytes: int = 4,
+                      trainable_params: int | None = None) -> dict[str, int]:
+    """Per-rank bytes of params, grads and Adam states, ZeRO-3/DDP/HSDP shards (Rajbhandari 2019, §5)."""
+    shard = shard_degree(layout)
+    if layout.sharding == "none":
+        shard = 1
+    total = _tp_local_params(spec, layout.tp)
+    train = total if trainable_params is None else trainable_params // layout.tp
+    frozen = total - train
+    return {"params_bytes": train * param_bytes // shard, "frozen_params_bytes": frozen * param_bytes // shard,
+            "grads_bytes": train * param_bytes // shard, "optimizer_bytes": ADAM_STATES * train * 4 // shard}
+
+
+def analytic_memory(spec: ModelSpec, layout: Layout, seq_len: int, global_batch: int, dtype: str,
+                    finetune: str, lora_rank: int, lora_targets: list[str],
+                    device: str = "cpu") -> dict[str, Any] | None:
+    """``trainplan.memory.memory_breakdown`` and the per-layer activation term, if that module exists."""
+    try:
+        from trainplan import memory
+    except ImportError:
+        return None
+    out: dict[str, Any] = {"source": "trainplan.memory"}
+    cluster = ClusterSpec(nodes=1, gpus_per_node=layout.world_size, gpu="h100-sxm-80gb")
+    training = TrainingSpec(seq_len=seq_len, global_batch=global_batch, precision="bf16" if dtype == "bf16" else "fp32",
+                            finetune=finetune, lora_rank=lora_rank,
+                            lora_targets=tuple(lora_targets) or ("q", "k", "v", "o"))
+    try:
+        from trainplan.efficiency import Efficiency
+
+        out["breakdown_bytes"] = memory.memory_breakdown(spec, cluster, training, layout, Efficiency())
+    except Exception as e:  # noqa: BLE001 - record, never crash the proxy over an analytic gap
+        out["breakdown_error"] = f"{type(e).__name__}: {e}"
+    # CPU: F.rms_norm decomposes (saves x and x·rstd); SDPA runs the CPU flash kernel (saves out + lse).
+    norm_impl = "composite" if device == "cpu" else "fused"
+    d = 2 if dtype == "bf16" else 4
+    out["norm_impl"], out["attn_impl"] = norm_impl, "flash"
+    try:
+        out["activation_bytes_per_layer"] = float(memory.saved_activation_bytes_per_layer(
+            spec, seq_len, layout.micro_batch, layout.tp, layout.sp, layout.cp, layout.recompute, d, "flash",
+            norm_impl))
+        out["rope_table_bytes"] = float(memory.rope_table_bytes(spec, seq_len, d))
+        out["head_saved_bytes"] = float(memory.head_saved_bytes(spec, seq_len, layout.micro_batch, layout.tp,
+                                                                layout.sp, layout.cp, d, norm_impl))
+        out["logits_bytes"] = float(memory.logits_bytes(spec, seq_len, layout.micro_batch, layout.tp, layout.cp, d))
+    except Exception as e:  # noqa: BLE001
+        out["activation_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def analytic_flops(spec: ModelSpec, seq_len: int, micro_batch: int, accum: int, tp: int) -> dict[str, Any] | None:
+    """Model FLOPs per rank per step: ``flops.model_train_step_flops`` × micro-batches ÷ tp."""
+    try:
+        from trainplan import flops
+    except ImportError:
+        return None
+    per_mb = float(flops.model_train_step_flops(spec, seq_len, micro_batch))
+    return {"source": "trainplan.flops.model_train_step_flops", "model_flops_per_rank_step": per_mb * accum / tp,
+            "model_flops_per_token": float(flops.model_flops_per_token(spec, seq_len))}

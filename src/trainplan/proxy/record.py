@@ -1,0 +1,74 @@
+"""Merge the per-rank results of one proxy run into the RECORD (schema: docs/proxy-record.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainplan.proxy import predict
+from trainplan.proxy.schema import validate_record
+from trainplan.specs import Layout, ModelSpec
+
+
+def _status(ranks: list[dict], timed_out: bool, returncode: int) -> tuple[str, str]:
+    by = {r.get("status") for r in ranks}
+    msgs = "; ".join(f"rank {r.get('rank')}: {r['message']}" for r in ranks if r.get("message"))
+    if "oom" in by:
+        return "oom", msgs
+    if timed_out:
+        return "timeout", "killed after timeout_s (hung collective or too slow)" + (f"; {msgs}" if msgs else "")
+    if "error" in by:
+        return "error", msgs
+    if returncode != 0 or not ranks or "ok" not in by:
+        return "error", f"launcher exited {returncode} with {len(ranks)} rank result(s)" + (f"; {msgs}" if msgs else "")
+    return "ok", ""
+
+
+def assemble_record(spec: dict[str, Any], ranks: list[dict], *, timed_out: bool, returncode: int,
+                    wall_s: float) -> dict[str, Any]:
+    """One RECORD: rank 0's measurements, every rank's state bytes, analytic predictions beside them."""
+    status, message = _status(ranks, timed_out, returncode)
+    ok = sorted((r for r in ranks if r.get("status") == "ok"), key=lambda r: r["rank"])
+    r0 = ok[0] if ok and status == "ok" else {}
+    mspec, layout = ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"])
+    accum = r0.get("accum", 1)
+    fl = r0.get("flops", {})
+    analytic_fl = predict.analytic_flops(mspec, spec["seq_len"], layout.micro_batch, accum, layout.tp)
+    analytic_mem = predict.analytic_memory(mspec, layout, spec["seq_len"], spec["global_batch"], spec["dtype"],
+                                           spec["finetune"], spec["lora_rank"], spec["lora_targets"], spec["device"])
+    env = dict(r0.get("environment", {}))
+    hosts = {r["environment"]["hostname"] for r in ok if "environment" in r}
+    env.pop("hostname", None)
+    env["hostname_count"] = len(hosts)
+    total = fl.get("total")
+    rec: dict[str, Any] = {
+        "schema_version": 1, "id": spec["id"], "family": spec["family"], "status": status, "message": message,
+        "spec": spec, "layout_family": layout.family, "layout_describe": layout.describe(),
+        "environment": env,
+        "timing": {**r0.get("timing", {}), "wall_s": wall_s},
+        "loss": r0.get("loss", []),
+        "flops": {
+            "measured_total_per_rank_step": total,
+            "attention_recompute_per_rank_step": fl.get("attention_recompute"),
+            "measured_model_per_rank_step": None if total is None else total - fl["attention_recompute"],
+            "analytic_model_per_rank_step": analytic_fl["model_flops_per_rank_step"] if analytic_fl else None,
+            "by_op": fl.get("by_op", {}),
+        },
+        "memory": {
+            "state_bytes_per_rank": [r["state"] for r in ok],
+            "saved_activations": r0.get("saved"),
+            "footprint_bytes_per_rank": [r["footprint_bytes"] for r in ok],
+            "cuda_max_allocated_bytes": r0.get("cuda", {}).get("max_allocated_bytes"),
+            "cuda_max_reserved_bytes": r0.get("cuda", {}).get("max_reserved_bytes"),
+            "mem_limit_bytes": spec.get("mem_limit_bytes"),
+        },
+        "comm": r0.get("comm", {}),
+        "params": r0.get("params", {"module": None, "spec": mspec.n_params, "trainable": None}),
+        "predicted": {"exact_state_bytes": ok[0]["exact_state"] if ok else None,
+                      "memory": analytic_mem, "flops": analytic_fl},
+    }
+    if status != "ok":
+        tb = [r.get("traceback") for r in ranks if r.get("traceback")]
+        if tb:
+            rec["traceback"] = tb[0]
+    validate_record(rec)
+    return rec

@@ -1,0 +1,123 @@
+"""RUN_SPEC parsing (defaults, ConfigError on bad input) and the RECORD JSON schema (docs/proxy-record.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainplan.specs import ConfigError, Layout, ModelSpec, resolve_model
+
+FAMILIES = ("depth", "width", "scaleout", "layout", "preflight")
+RUN_DEFAULTS: dict[str, Any] = {
+    "family": "layout", "seq_len": 128, "global_batch": 4, "steps": 20, "warmup": 3, "nproc_per_node": 1,
+    "nnodes": 1, "device": "cpu", "dtype": "fp32", "finetune": "full", "lora_rank": 8, "lora_targets": ["q", "v"],
+    "compile": False, "seed": 0, "timeout_s": 300, "mem_limit_bytes": None, "data": "synthetic", "lr": 3e-3,
+}
+STATUSES = ("ok", "oom", "timeout", "error")
+
+
+def _choice(spec: dict, key: str, allowed: tuple) -> None:
+    if spec[key] not in allowed:
+        raise ConfigError(key, spec[key], "must be one of " + ", ".join(map(str, allowed)))
+
+
+def _pos_int(spec: dict, key: str, minimum: int = 1) -> None:
+    v = spec[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ConfigError(key, v, f"must be an integer ≥ {minimum}")
+
+
+def normalize_run_spec(raw: dict) -> dict[str, Any]:
+    """RUN_SPEC with defaults filled in and every field checked; ``model``/``layout`` as plain dicts."""
+    if not isinstance(raw, dict):
+        raise ConfigError("run_spec", type(raw).__name__, "a JSON object (see docs/ARCHITECTURE.md RUN_SPEC)")
+    known = set(RUN_DEFAULTS) | {"id", "model", "layout"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(unknown[0], raw[unknown[0]], "unknown RUN_SPEC key; valid: " + ", ".join(sorted(known)))
+    for k in ("id", "model", "layout"):
+        if k not in raw:
+            raise ConfigError(k, None, "required in a RUN_SPEC")
+    spec = {**RUN_DEFAULTS, **raw}
+    if not isinstance(spec["id"], str) or not spec["id"] or "/" in spec["id"]:
+        raise ConfigError("id", spec["id"], "a non-empty string without '/'")
+    model: ModelSpec = resolve_model(spec["model"])
+    layout = Layout.from_dict(spec["layout"]) if isinstance(spec["layout"], dict) else None
+    if layout is None:
+        raise ConfigError("layout", spec["layout"], "a JSON object of Layout fields")
+    spec["model"], spec["layout"] = model.to_dict(), layout.to_dict()
+    _choice(spec, "family", FAMILIES)
+    _choice(spec, "device", ("cpu", "cuda"))
+    _choice(spec, "dtype", ("fp32", "bf16"))
+    _choice(spec, "finetune", ("full", "lora"))
+    _choice(spec, "data", ("synthetic",))
+    for k in ("seq_len", "global_batch", "steps", "nproc_per_node", "nnodes", "lora_rank", "timeout_s"):
+        _pos_int(spec, k)
+    _pos_int(spec, "warmup", 0)
+    _pos_int(spec, "seed", 0)
+    if spec["warmup"] >= spec["steps"]:
+        raise ConfigError("warmup", spec["warmup"], f"must be < steps={spec['steps']} (timed steps follow warm-up)")
+    world = spec["nproc_per_node"] * spec["nnodes"]
+    if layout.world_size != world:
+        raise ConfigError("layout", layout.describe(),
+                          f"dp·tp·pp·cp = {layout.world_size} but nproc_per_node·nnodes = {world}")
+    if spec["global_batch"] % (layout.dp * layout.micro_batch):
+        raise ConfigError("global_batch", spec["global_batch"],
+                          f"a multiple of dp·micro_batch = {layout.dp}·{layout.micro_batch}")
+    if spec["seq_len"] > model.max_seq_len:
+        raise ConfigError("seq_len", spec["seq_len"], f"≤ max_seq_len={model.max_seq_len}")
+    if layout.sp and spec["seq_len"] % layout.tp:
+        raise ConfigError("seq_len", spec["seq_len"], f"divisible by tp={layout.tp} with sequence parallelism")
+    if model.heads % layout.tp or model.kv_heads % layout.tp or model.ffn_hidden % layout.tp:
+        raise ConfigError("layout.tp", layout.tp, "must divide heads, kv_heads and ffn_hidden")
+    if spec["finetune"] == "lora" and layout.tp > 1:
+        raise ConfigError("finetune", "lora", "LoRA proxies run with dp only (tp=1)")
+    m = spec["mem_limit_bytes"]
+    if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+        raise ConfigError("mem_limit_bytes", m, "null or a positive integer (bytes per rank)")
+    spec["lora_targets"] = list(spec["lora_targets"])
+    return spec
+
+
+_NUM = {"type": ["number", "null"]}
+_INT = {"type": ["integer", "null"]}
+
+RECORD_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "trainplan proxy RECORD",
+    "type": "object",
+    "required": ["schema_version", "id", "status", "message", "spec", "environment", "timing", "loss",
+                 "flops", "memory", "comm", "params", "predicted"],
+    "properties": {
+        "schema_version": {"const": 1},
+        "id": {"type": "string"},
+        "status": {"enum": list(STATUSES)},
+        "message": {"type": "string"},
+        "spec": {"type": "object", "required": ["model", "layout", "seq_len", "global_batch"]},
+        "environment": {"type": "object", "properties": {
+            "torch_version": {"type": "string"}, "device_name": {"type": "string"},
+            "world_size": {"type": "integer"}, "backend": {"type": "string"}, "hostname_count": {"type": "integer"}}},
+        "timing": {"type": "object", "properties": {
+            "step_times_s": {"type": "array", "items": {"type": "number"}},
+            "step_time_median_s": _NUM, "step_time_p10_s": _NUM, "step_time_p90_s": _NUM,
+            "tokens_per_s": _NUM, "tokens_per_step": _INT, "wall_s": _NUM}},
+        "loss": {"type": "array", "items": {"type": "number"}},
+        "flops": {"type": "object", "properties": {
+            "measured_total_per_rank_step": _INT, "attention_recompute_per_rank_step": _INT,
+            "measured_model_per_rank_step": _INT, "analytic_model_per_rank_step": _NUM, "by_op": {"type": "object"}}},
+        "memory": {"type": "object", "properties": {
+            "state_bytes_per_rank": {"type": "array"}, "saved_activations": {"type": ["object", "null"]},
+            "cuda_max_allocated_bytes": _INT, "cuda_max_reserved_bytes": _INT, "mem_limit_bytes": _INT}},
+        "comm": {"type": "object", "additionalProperties": {
+            "type": "object", "required": ["calls", "bytes"],
+            "properties": {"calls": {"type": "integer"}, "bytes": {"type": "integer"}}}},
+        "params": {"type": "object", "properties": {"module": _INT, "spec": _INT, "trainable": _INT}},
+        "predicted": {"type": "object"},
+    },
+}
+
+
+def validate_record(record: dict) -> None:
+    """Raise ``jsonschema.ValidationError`` unless ``record`` matches :data:`RECORD_SCHEMA`."""
+    import jsonschema
+
+    jsonschema.validate(record, RECORD_SCHEMA)

@@ -1,0 +1,296 @@
+"""Enumerate every valid layout, evaluate them vectorised, rank, mark the Pareto front, explain losers.
+
+``search()`` returns one row per enumerated layout (the columns of ``analytic/candidates.csv`` in
+docs/ARCHITECTURE.md). Infeasible layouts stay as rows with ``feasible=False`` and a ``reason``.
+Options (all optional; the config's ``search:`` section): tp, pp, cp, vpp, micro_batch (lists of ints),
+sp (list of bools), pp_schedule, cp_kind, sharding, recompute, offload (lists of names), shard_group
+(list of ints; default: divisors of dp·cp), max_mem_frac (float).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from trainplan import memory, timing
+from trainplan.efficiency import Efficiency
+from trainplan.estimate import DEFAULT_MAX_MEM_FRAC, MEMORY_KEYS
+from trainplan.specs import (
+    CP_KINDS,
+    OFFLOADS,
+    PP_SCHEDULES,
+    RECOMPUTES,
+    SHARDINGS,
+    ClusterSpec,
+    ConfigError,
+    GiB,
+    LayoutTable,
+    ModelSpec,
+    TrainingSpec,
+    grad_accum,
+)
+
+__all__ = ["search", "enumerate_layouts", "family_verdicts", "structural_reasons", "OPTION_KEYS"]
+
+OPTION_KEYS = ("tp", "pp", "cp", "vpp", "micro_batch", "sp", "pp_schedule", "cp_kind", "sharding", "recompute",
+               "offload", "shard_group", "max_mem_frac")
+_NAMED = {"pp_schedule": PP_SCHEDULES, "cp_kind": CP_KINDS, "sharding": SHARDINGS, "recompute": RECOMPUTES,
+          "offload": OFFLOADS}
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def _opts(cluster: ClusterSpec, options: dict[str, Any] | None) -> dict[str, Any]:
+    o = dict(options or {})
+    for k in o:
+        if k not in OPTION_KEYS:
+            raise ConfigError("search." + k, o[k], "unknown option; valid: " + ", ".join(OPTION_KEYS))
+    n = cluster.n_gpus
+    out: dict[str, Any] = {
+        "tp": [d for d in _divisors(cluster.gpus_per_node)], "pp": [d for d in _divisors(n) if d <= 16],
+        "cp": [d for d in _divisors(n) if d <= 16], "vpp": [2, 4], "micro_batch": [1, 2, 4, 8], "sp": [False, True],
+        "pp_schedule": list(PP_SCHEDULES), "cp_kind": list(CP_KINDS), "sharding": list(SHARDINGS),
+        "recompute": list(RECOMPUTES), "offload": list(OFFLOADS), "shard_group": None,
+        "max_mem_frac": DEFAULT_MAX_MEM_FRAC,
+    }
+    for k, v in o.items():
+        if v is None:
+            continue
+        if k == "max_mem_frac":
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1:
+                raise ConfigError("search.max_mem_frac", v, "must be a fraction in (0, 1]")
+            out[k] = float(v)
+            continue
+        vals = list(v) if isinstance(v, list | tuple) else [v]
+        if not vals:
+            raise ConfigError("search." + k, v, "must be a non-empty list")
+        for x in vals:
+            if k in _NAMED and x not in _NAMED[k]:
+                raise ConfigError("search." + k, x, "must be one of " + ", ".join(_NAMED[k]))
+            if k == "sp" and not isinstance(x, bool):
+                raise ConfigError("search.sp", x, "must be true or false")
+            if k not in _NAMED and k != "sp" and (isinstance(x, bool) or not isinstance(x, int) or x < 1):
+                raise ConfigError("search." + k, x, "must be a list of positive integers")
+        out[k] = vals
+    return out
+
+
+def enumerate_layouts(cluster: ClusterSpec, options: dict[str, Any] | None = None) -> LayoutTable:
+    """Every layout whose degrees multiply to the GPU count (and that ``Layout()`` would accept)."""
+    o = _opts(cluster, options)
+    n = cluster.n_gpus
+    par: list[tuple] = []  # dp, tp, pp, cp, sp, sched, vpp, cp_kind
+    for tp, pp, cp in itertools.product(o["tp"], o["pp"], o["cp"]):
+        if n % (tp * pp * cp):
+            continue
+        dp = n // (tp * pp * cp)
+        sps = [s for s in o["sp"] if not (s and tp == 1)]
+        scheds = [("1f1b", 1)] if pp == 1 else [(s, v) for s in o["pp_schedule"]
+                                                 for v in ([1] if s == "1f1b" else o["vpp"])]
+        kinds = ["ring"] if cp == 1 else o["cp_kind"]
+        if pp == 1 and "1f1b" not in o["pp_schedule"] and "interleaved" in o["pp_schedule"]:
+            scheds = [("1f1b", 1)]
+        par += [(dp, tp, pp, cp, s, sc, v, k) for s in sps for sc, v in scheds for k in kinds]
+    if not par:
+        raise ConfigError("search", {k: o[k] for k in ("tp", "pp", "cp")},
+                          f"no tp·pp·cp combination divides the {n} GPUs")
+    shard: list[tuple[str, int]] = []
+    for s in o["sharding"]:
+        if s == "hsdp":
+            groups = o["shard_group"] or [g for g in _divisors(n) if 1 < g < n]
+            shard += [("hsdp", int(g)) for g in groups]
+        else:
+            shard.append((s, 0))
+    rest = list(itertools.product(o["recompute"], o["offload"], o["micro_batch"]))
+    P = np.array(par, dtype=object)
+    S = np.array(shard, dtype=object)
+    R = np.array(rest, dtype=object)
+    ip, is_, ir = (a.ravel() for a in np.meshgrid(np.arange(len(P)), np.arange(len(S)), np.arange(len(R)),
+                                                  indexing="ij"))
+    cols = {
+        "dp": P[ip, 0].astype(int), "tp": P[ip, 1].astype(int), "pp": P[ip, 2].astype(int),
+        "cp": P[ip, 3].astype(int), "sp": P[ip, 4].astype(bool), "pp_schedule": P[ip, 5].astype(str),
+        "vpp": P[ip, 6].astype(int), "cp_kind": P[ip, 7].astype(str), "sharding": S[is_, 0].astype(str),
+        "shard_group": S[is_, 1].astype(int), "recompute": R[ir, 0].astype(str), "offload": R[ir, 1].astype(str),
+        "micro_batch": R[ir, 2].astype(int),
+    }
+    keep = ~((cols["offload"] == "cpu") & (cols["sharding"] == "none"))  # offload needs a sharded optimizer
+    keep &= (cols["sharding"] != "hsdp") | (cols["shard_group"] < cols["dp"] * cols["cp"])
+    return LayoutTable(**{k: v[keep] for k, v in cols.items()})
+
+
+def structural_reasons(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, L: LayoutTable) -> np.ndarray:
+    """specs.layout_problems, vectorised: one reason string per row ('' = structurally valid)."""
+    s, n = training.seq_len, len(L)
+    dpcp = L.dp * L.cp
+    g = np.where(L.shard_group == 0, cluster.gpus_per_node, L.shard_group)
+    checks = [
+        (L.world_size != cluster.n_gpus, f"dp·tp·pp·cp != {cluster.n_gpus} GPUs"),
+        (model.heads % L.tp != 0, "tp={tp} does not divide heads=" + str(model.heads)),
+        ((model.kv_heads % L.tp != 0) & (L.tp % model.kv_heads != 0), "tp={tp} and kv_heads=" + str(model.kv_heads)
+         + ": neither divides the other"),
+        (model.ffn_hidden % L.tp != 0, "tp={tp} does not divide ffn_hidden=" + str(model.ffn_hidden)),
+        (L.tp > cluster.gpus_per_node, "tp={tp} spans nodes; TP must stay in NVLink"),
+        (model.layers % (L.pp * L.vpp) != 0, "pp·v = {pp}·{vpp} does not divide layers=" + str(model.layers)),
+        (training.global_batch % (L.dp * L.micro_batch) != 0,
+         "global_batch=" + str(training.global_batch) + " is not a multiple of dp·micro_batch = {dp}·{micro_batch}"),
+        ((L.pp > 1) & (grad_accum(training, L) < L.pp), "fewer micro-batches per step than pp={pp} stages"),
+        (s % (L.cp * np.where((L.cp_kind == "ring") & (L.cp > 1), 2, 1)) != 0,
+         "seq_len=" + str(s) + " not divisible by 2·cp (ring load balancing)"),
+        ((L.cp > 1) & (L.cp_kind == "ulysses") & (model.heads % (L.cp * L.tp) != 0),
+         "ulysses cp·tp does not divide heads=" + str(model.heads)),
+        (L.sp & (s % L.tp != 0), "seq_len not divisible by tp={tp}"),
+        (np.full(n, s > model.max_seq_len), f"seq_len={s} exceeds max_seq_len={model.max_seq_len}"),
+        ((L.sharding == "hsdp") & ((dpcp % g != 0) | (g == dpcp)), "hsdp shard_group must divide dp·cp and be smaller"),
+        ((L.offload == "cpu") & (L.sharding == "none"), "optimizer offload needs a ZeRO/FSDP sharding"),
+    ]
+    out = np.full(n, "", dtype=object)
+    for mask, msg in checks:
+        idx = np.nonzero(mask & (out == ""))[0]
+        if len(idx) == 0:
+            continue
+        if "{" in msg:
+            vals = {k: getattr(L, k)[idx] for k in ("tp", "pp", "vpp", "dp", "micro_batch")}
+            out[idx] = [msg.format(**{k: v[i] for k, v in vals.items()}) for i in range(len(idx))]
+        else:
+            out[idx] = msg
+    return out
+
+
+def _family(df: pd.DataFrame) -> pd.Series:
+    """Layout.family, vectorised over the frame's columns."""
+    shard_name = df["sharding"].map({"none": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "FSDP",
+                                     "hsdp": "HSDP"})
+    dpart = np.where((df["sharding"] == "hsdp") | (df["dp"] * df["cp"] > 1) | (df["sharding"] != "none"), shard_name, "")
+    parts = [pd.Series(dpart, index=df.index),
+             pd.Series(np.where(df["tp"] > 1, np.where(df["sp"], "TP+SP", "TP"), ""), index=df.index),
+             pd.Series(np.where(df["pp"] > 1, "PP", ""), index=df.index),
+             pd.Series(np.where(df["cp"] > 1, "CP", ""), index=df.index),
+             pd.Series(np.where(df["offload"] != "none", "offload", ""), index=df.index)]
+    fam = parts[0]
+    for p in parts[1:]:
+        fam = np.where(p == "", fam, np.where(fam == "", p, fam + "×" + p))
+    fam = pd.Series(fam, index=df.index)
+    return fam.where(fam != "", "single")
+
+
+def _complexity(df: pd.DataFrame) -> pd.Series:
+    """Simplicity tie-break: count of non-default techniques in use (fewer is simpler)."""
+    return ((df["tp"] > 1).astype(int) + (df["pp"] > 1) + (df["cp"] > 1) + df["sp"].astype(int)
+            + (df["vpp"] > 1) + (df["offload"] != "none") + (df["recompute"] != "none") + (df["sharding"] == "hsdp"))
+
+
+def _pareto(tput: np.ndarray, head: np.ndarray) -> np.ndarray:
+    """Non-dominated rows for (max tokens/s, max headroom)."""
+    order = np.lexsort((-head, -tput))
+    best_head = -np.inf
+    out = np.zeros(len(tput), dtype=bool)
+    for i in order:
+        if head[i] > best_head:
+            out[i] = True
+            best_head = head[i]
+    return out
+
+
+def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: Efficiency | None = None,
+           options: dict[str, Any] | None = None) -> pd.DataFrame:
+    """Every enumerated layout with memory, time, feasibility and rank (analytic/candidates.csv)."""
+    eff = eff or Efficiency()
+    o = _opts(cluster, options)
+    L = enumerate_layouts(cluster, options)
+    df = pd.DataFrame({k: getattr(L, k) for k in LayoutTable.FIELDS})
+    reason = structural_reasons(model, cluster, training, L)
+    ok = reason == ""
+    idx = np.nonzero(ok)[0]
+    sub = LayoutTable(**{k: getattr(L, k)[idx] for k in LayoutTable.FIELDS})
+    cols: dict[str, np.ndarray] = {}
+    for k in MEMORY_KEYS:
+        cols["mem_" + k + "_gib"] = np.full(len(df), np.nan)
+    for k in timing.TIMING_KEYS:
+        cols[k] = np.full(len(df), np.nan)
+    if len(idx):
+        mem = memory.memory_breakdown(model, cluster, training, sub, eff)
+        for k in MEMORY_KEYS:
+            if k in mem:
+                cols["mem_" + k + "_gib"][idx] = np.broadcast_to(np.asarray(mem[k], dtype=float), len(idx)) / GiB
+        tim = timing.step_time(model, cluster, training, sub, eff)
+        for k in timing.TIMING_KEYS:
+            cols[k][idx] = tim[k]
+    df = pd.concat([df, pd.DataFrame(cols)], axis=1)
+    hbm_gib = cluster.gpu.hbm_bytes / GiB
+    df["headroom_frac"] = 1.0 - df["mem_total_gib"] / hbm_gib
+    oom = ok & (df["mem_total_gib"].to_numpy() > o["max_mem_frac"] * hbm_gib)
+    oom_idx = np.nonzero(oom)[0]
+    reason[oom_idx] = [f"OOM: needs {x:.1f} GiB > {o['max_mem_frac']:.0%} of {hbm_gib:.1f} GiB"
+                       for x in df["mem_total_gib"].to_numpy()[oom_idx]]
+    df["feasible"] = reason == ""
+    df["reason"] = reason
+    df["family"] = _family(df)
+    df["layout_text"] = _describe(df)
+    df["complexity"] = _complexity(df)
+    df["grad_accum"] = np.maximum(1, training.global_batch // df["dp"] // df["micro_batch"])
+    feas = df[df["feasible"]].sort_values(["tokens_per_s", "headroom_frac", "complexity"],
+                                          ascending=[False, False, True], kind="stable")
+    df["rank"] = 0
+    df.loc[feas.index, "rank"] = np.arange(1, len(feas) + 1)
+    df["pareto"] = False
+    if len(feas):
+        df.loc[feas.index, "pareto"] = _pareto(feas["tokens_per_s"].to_numpy(), feas["headroom_frac"].to_numpy())
+    df["_r"] = np.where(df["rank"] > 0, df["rank"], np.iinfo(np.int64).max)
+    return df.sort_values(["_r"], kind="stable").drop(columns="_r").reset_index(drop=True)
+
+
+def _describe(df: pd.DataFrame) -> pd.Series:
+    """Layout.describe(), vectorised."""
+    s = ("dp" + df["dp"].astype(str) + "·tp" + df["tp"].astype(str) + np.where(df["sp"], "(sp)", "")
+         + "·pp" + df["pp"].astype(str))
+    s = s + np.where(df["pp"] > 1, "(" + df["pp_schedule"] + np.where(df["vpp"] > 1, ",v" + df["vpp"].astype(str), "")
+                     + ")", "")
+    s = s + "·cp" + df["cp"].astype(str) + np.where(df["cp"] > 1, "(" + df["cp_kind"] + ")", "")
+    s = s + " " + df["sharding"] + np.where(df["sharding"] == "hsdp", "/" + df["shard_group"].astype(str), "")
+    s = s + " rc=" + df["recompute"] + " mb=" + df["micro_batch"].astype(str)
+    return s + np.where(df["offload"] != "none", " offload", "")
+
+
+def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per family: its best layout and why it loses to the chosen one (OOM / slower by x% and the cause)."""
+    feas = df[df["feasible"]]
+    best = feas.loc[feas["tokens_per_s"].idxmax()] if len(feas) else None
+    rows = []
+    for fam, g in df.groupby("family", sort=False):
+        gf = g[g["feasible"]]
+        if len(gf) == 0:
+            oom = g["reason"].str.startswith("OOM")
+            if oom.any():
+                r = g[oom].sort_values("mem_total_gib").iloc[0]
+                verdict, line = "OOM", f"every layout runs out of memory; the leanest ({r['layout_text']}) {r['reason']}"
+            else:
+                verdict, line = "infeasible", str(g["reason"].value_counts().index[0])
+            rows.append({"family": fam, "best_layout": "", "tokens_per_s_per_gpu": np.nan, "mem_total_gib": np.nan,
+                         "verdict": verdict, "line": line})
+            continue
+        r = gf.sort_values(["tokens_per_s", "headroom_frac"], ascending=False).iloc[0]
+        if best is not None and r.name == best.name:
+            verdict, line = "chosen", f"best overall: {r['tokens_per_s_per_gpu']:.0f} tokens/s/GPU"
+        else:
+            slower = 1.0 - r["tokens_per_s"] / best["tokens_per_s"]
+            extra = {"bubble": r["bubble_s"] - best["bubble_s"],
+                     "comm-bound": r["comm_exposed_s"] - best["comm_exposed_s"],
+                     "compute (recompute/small GEMMs)": r["compute_s"] - best["compute_s"],
+                     "optimizer/offload": r["optimizer_s"] + r["offload_s"] - best["optimizer_s"] - best["offload_s"]}
+            cause = max(extra, key=lambda k: extra[k])
+            if slower < 0.005:
+                cause = "a tie on time; ranked lower on headroom or simplicity"
+                extra[cause] = 0.0
+            verdict = "bubble" if cause == "bubble" else f"slower by {slower:.0%}"
+            line = (f"slower by {slower:.1%} ({r['tokens_per_s_per_gpu']:.0f} vs {best['tokens_per_s_per_gpu']:.0f} "
+                    f"tokens/s/GPU), mostly {cause}: +{extra[cause]:.2f} s/step")
+        rows.append({"family": fam, "best_layout": r["layout_text"], "tokens_per_s_per_gpu": r["tokens_per_s_per_gpu"],
+                     "mem_total_gib": r["mem_total_gib"], "verdict": verdict, "line": line})
+    out = pd.DataFrame(rows)
+    return out.sort_values("tokens_per_s_per_gpu", ascending=False, na_position="last").reset_index(drop=True)

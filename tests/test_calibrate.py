@@ -1,0 +1,194 @@
+"""Fits recover known parameters on synthetic data; bootstrap intervals reach their nominal coverage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from trainplan.calibrate import (
+    alpha_beta,
+    bootstrap_params,
+    calibrate,
+    choose_source,
+    fit_alpha_beta,
+    fit_depth_slice,
+    fit_efficiency,
+    fit_memory_overhead,
+    fit_width_ladder,
+    linear,
+    parallel_efficiency,
+    predict_interval,
+    saturating_eff,
+)
+from trainplan.specs import ConfigError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_width_ladder_recovers_emax_and_half_width():
+    rng = np.random.default_rng(1)
+    d = np.array([256, 512, 1024, 2048, 4096, 8192.0])
+    fit = fit_width_ladder(d, saturating_eff(d, 0.78, 700.0) * (1 + rng.normal(0, 0.005, d.size)))
+    emax, d_half = fit.params
+    assert emax == pytest.approx(0.78, rel=0.03)
+    assert d_half == pytest.approx(700.0, rel=0.1)
+    assert fit.r2 > 0.99 and fit.stderr[0] < 0.02 and len(fit.loo_residuals) == d.size
+
+
+def test_depth_slice_recovers_slope_and_intercept_and_extrapolates():
+    rng = np.random.default_rng(2)
+    L = np.array([1, 2, 4, 8.0])
+    fit = fit_depth_slice(L, linear(L, 0.3, 0.125) + rng.normal(0, 0.002, L.size))
+    assert fit.params == pytest.approx([0.3, 0.125], abs=0.01)
+    assert float(fit.predict(40)) == pytest.approx(0.3 + 0.125 * 40, rel=0.02)
+
+
+def test_depth_slice_from_repeated_step_times_uses_medians():
+    groups = [np.array([1.0, 1.1, 0.9, 5.0]), np.array([2.0, 2.1, 1.9, 2.0]), np.array([3.0, 3.0, 3.1, 2.9])]
+    fit = fit_depth_slice([1, 2, 3], groups=groups)
+    assert fit.y == pytest.approx([np.median(g) for g in groups])
+
+
+def test_alpha_beta_per_link_class():
+    rng = np.random.default_rng(3)
+    rows = []
+    for link, a, b in (("intra", 30e-6, 360e9), ("inter", 50e-6, 46e9)):
+        for n in np.logspace(4, 9, 8):
+            rows.append({"link_class": link, "bytes": n, "time_s": alpha_beta(n, a, 1 / b) * (1 + rng.normal(0, 0.01))})
+    out = fit_alpha_beta(pd.DataFrame(rows))
+    assert out["intra"]["beta_Bps"] == pytest.approx(360e9, rel=0.05)
+    assert out["inter"]["beta_Bps"] == pytest.approx(46e9, rel=0.05)
+    assert out["inter"]["alpha_s"] == pytest.approx(50e-6, rel=0.3)
+
+
+def test_parallel_efficiency_is_relative_to_smallest_world():
+    df = parallel_efficiency([4, 1, 2], [360.0, 100.0, 190.0])
+    assert df["n_gpus"].tolist() == [1, 2, 4]
+    assert df["parallel_efficiency"].tolist() == pytest.approx([1.0, 0.95, 0.9])
+
+
+def test_memory_overhead_is_the_intercept():
+    pred = np.array([10e9, 20e9, 40e9, 60e9])
+    fit = fit_memory_overhead(pred, pred + 2.5e9 + np.array([1e7, -1e7, 2e7, -2e7]))
+    assert fit.params[0] == pytest.approx(2.5e9, rel=0.01)
+
+
+def test_too_few_points_names_the_key():
+    with pytest.raises(ConfigError, match="points"):
+        fit_depth_slice([1, 2], [1.0, 2.0])
+
+
+@pytest.mark.parametrize("kind", ["pairs", "repeats"])
+def test_bootstrap_80pct_interval_covers_new_measurement_at_nominal_rate(kind):
+    L, truth = np.array([2, 4, 6, 8.0]), (1.0, 0.5)
+    hits = 0
+    for k in range(200):
+        r = np.random.default_rng(1000 + k)
+        if kind == "pairs":
+            fit = fit_depth_slice(L, linear(L, *truth) + r.normal(0, 0.05, L.size))
+            q = predict_interval(fit, [10.0], n_boot=200, seed=k)[0]
+            new = linear(10.0, *truth) + r.normal(0, 0.05)
+        else:
+            fit = fit_depth_slice(L, groups=[linear(x, *truth) * (1 + r.normal(0, 0.03, 15)) for x in L])
+            q = predict_interval(fit, [40.0], n_boot=200, seed=k, relative_noise=True)[0]
+            new = np.median(linear(40.0, *truth) * (1 + r.normal(0, 0.03, 15)))
+        hits += q[0] <= new <= q[2]
+    assert 0.7 <= hits / 200 <= 0.9
+
+
+def test_bootstrap_is_deterministic_with_a_seed():
+    fit = fit_width_ladder([256, 512, 1024, 2048, 4096], [0.2, 0.35, 0.5, 0.6, 0.7])
+    a = bootstrap_params(fit, n_boot=20, seed=7)
+    assert np.array_equal(a, bootstrap_params(fit, n_boot=20, seed=7))
+    assert not np.array_equal(a, bootstrap_params(fit, n_boot=20, seed=8))
+
+
+def test_choose_source_never_uses_cpu_timings():
+    pub = pd.DataFrame({"tps_per_gpu": [1.0]})
+    cpu = pd.DataFrame({"device": ["cpu"] * 4, "status": ["ok"] * 4})
+    gpu = pd.DataFrame({"device": ["cuda"] * 3, "status": ["ok", "ok", "oom"]})
+    assert choose_source(cpu, pub) == "published-h100"
+    assert choose_source(cpu, None) == "defaults"
+    assert choose_source(gpu, pub) == "gpu-proxies"
+    assert choose_source(gpu.iloc[1:], pub) == "published-h100"  # one ok GPU run is not a calibration
+
+
+@dataclass(frozen=True)
+class _Eff:
+    gemm: float = 0.5
+    comm: float = 0.5
+    _FRACTIONS = ("gemm", "comm")
+
+    def replace(self, **kw):
+        return replace(self, **kw)
+
+    def to_dict(self):
+        return {"gemm": self.gemm, "comm": self.comm}
+
+
+def _toy_predict(case, eff):
+    flops, comm = case
+    return 1.0 / (flops / eff.gemm + comm / eff.comm)
+
+
+def test_fit_efficiency_recovers_known_parameters_through_a_predictor():
+    rng = np.random.default_rng(4)
+    cases = [(f, c) for f in (1.0, 2.0, 4.0) for c in (0.1, 0.5, 1.0)]
+    meas = [_toy_predict(x, _Eff(gemm=0.7, comm=0.3)) * (1 + rng.normal(0, 0.002)) for x in cases]
+    eff, fit = fit_efficiency(cases, meas, _toy_predict, _Eff(), ("gemm", "comm"))
+    assert eff.gemm == pytest.approx(0.7, rel=0.02) and eff.comm == pytest.approx(0.3, rel=0.02)
+    assert fit.loo_mape < 0.01
+
+
+def test_fit_efficiency_rejects_unknown_field():
+    with pytest.raises(ConfigError, match="calibration.params"):
+        fit_efficiency([(1.0, 1.0)] * 3, [1, 1, 1], _toy_predict, _Eff(), ("nope",))
+
+
+def test_calibrate_records_its_source_and_samples():
+    cases = [(f, c) for f in (1.0, 2.0, 4.0) for c in (0.1, 1.0)]
+    pub = pd.DataFrame({"case": cases, "tps_per_gpu": [_toy_predict(x, _Eff(gemm=0.6, comm=0.4)) for x in cases]})
+    out = calibrate(pd.DataFrame({"device": ["cpu"]}), pub, eff0=_Eff(), params=("gemm", "comm"),
+                    predict_published=lambda r, e: _toy_predict(r["case"], e), n_boot=10, seed=0)
+    assert out["source"] == "published-h100"
+    assert out["efficiency"]["gemm"] == pytest.approx(0.6, rel=1e-3)
+    assert len(out["efficiency_samples"]) == 10 and len(out["loo_relative_errors"]) == len(cases)
+
+
+def test_heldout_report_one_row_per_heldout_table():
+    from trainplan.extrapolate import heldout_report, published_frame
+
+    try:
+        frame = published_frame()
+    except ConfigError:
+        pytest.skip("published torchtitan tables not yet copied into data/")
+    rep = heldout_report(frame=frame)
+    in_scope = sorted(frame[frame["in_scope"]]["group"].unique())
+    loto = rep[rep["scheme"] == "leave-one-table-out"]
+    assert sorted(loto["heldout"]) == in_scope
+    assert (rep["mape"] >= 0).all() and rep["mape"].notna().all()
+
+
+def test_predict_production_intervals_bracket_the_point():
+    from trainplan.efficiency import Efficiency
+    from trainplan.extrapolate import predict_production
+    from trainplan.specs import ClusterSpec, Layout, TrainingSpec, resolve_gpu, resolve_model
+
+    model = resolve_model("llama2-13b")
+    cluster = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
+    training = TrainingSpec(seq_len=4096, global_batch=256)
+    lay = Layout(dp=32, sharding="zero3", recompute="selective", micro_batch=1).to_dict()
+    cand = pd.DataFrame([{**lay, "feasible": True, "rank": 1, "mem_total_gib": 60.0}])
+    cal = {"source": "published-h100", "efficiency": Efficiency().to_dict(),
+           "efficiency_samples": [{"gemm_eff_max": g} for g in (0.6, 0.7, 0.8)],
+           "loo_relative_errors": [-0.1, 0.0, 0.1], "memory_relative_errors": [-0.05, 0.05]}
+    out = predict_production(cand, model, cluster, training, cal, seed=0)
+    r = out.iloc[0]
+    for k in ("tokens_per_s_per_gpu", "tokens_per_s", "mfu", "mem_peak_bytes"):
+        assert r[f"{k}_p10"] <= r[f"{k}_p50"] <= r[f"{k}_p90"]
+    assert r["tokens_per_s_per_gpu_p10"] < r["tokens_per_s_per_gpu_p90"]
+    assert r["calibration_source"] == "published-h100"
+    assert out.equals(predict_production(cand, model, cluster, training, cal, seed=0))

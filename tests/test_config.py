@@ -1,0 +1,123 @@
+"""Config loading: the default study, variants, schema defaults in sync with specs, bad input named."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainplan.config import RULE_SECTIONS, config_slice, load_config, load_schema
+from trainplan.specs import ClusterSpec, ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = ROOT / "config" / "config.yaml"
+
+
+def raw() -> dict:
+    return yaml.safe_load(DEFAULT.read_text())
+
+
+def test_default_study_resolves_to_the_brief():
+    c = load_config(DEFAULT)
+    assert c.model.name == "llama2-13b" and c.model.n_params == 13_015_864_320  # HF config.json count
+    assert (c.cluster.nodes, c.cluster.gpus_per_node, c.cluster.gpu.name) == (4, 8, "h100-sxm-80gb")
+    assert (c.training.seq_len, c.training.global_batch, c.training.total_tokens) == (4096, 256, 10e9)
+    assert c.training.finetune == "full" and c.layout is None
+    assert c.cost["price_per_gpu_hour_usd"] == 3.0 and c.cost["price_range_usd"] == [2.0, 6.88]
+    assert c.targets == {"window_h": 72, "budget_usd": 15000, "min_tokens_per_s_per_gpu": 4000}
+
+
+def test_human_units_are_converted_to_si():
+    c = load_config(DEFAULT)
+    r = c.raw["cluster"]
+    assert c.cluster.inter_busbw_Bps == r["inter_busbw_GBps"] * 1e9
+    assert c.cluster.intra_latency_s == pytest.approx(r["intra_latency_us"] * 1e-6)
+
+
+@pytest.mark.parametrize("variant", ["lora", "qlora", "seq8k", "tiny"])
+def test_variants_overlay_the_default(variant):
+    c = load_config([DEFAULT, ROOT / "config" / f"{variant}.yaml"])
+    over = yaml.safe_load((ROOT / "config" / f"{variant}.yaml").read_text())
+    for section, vals in over.items():
+        for k, v in vals.items():
+            assert c.raw[section][k] == v
+
+
+def test_schema_cluster_defaults_match_clusterspec_defaults():
+    """The schema's human-unit defaults and ClusterSpec's SI defaults must not drift apart."""
+    props = load_schema()["properties"]["cluster"]["properties"]
+    d = {f.name: f.default for f in fields(ClusterSpec)}
+    assert props["intra_busbw_GBps"]["default"] * 1e9 == d["intra_busbw_Bps"]
+    assert props["inter_busbw_GBps"]["default"] * 1e9 == d["inter_busbw_Bps"]
+    assert props["intra_latency_us"]["default"] * 1e-6 == pytest.approx(d["intra_latency_s"])
+    assert props["inter_latency_us"]["default"] * 1e-6 == pytest.approx(d["inter_latency_s"])
+    assert props["nics_per_node"]["default"] == d["nics_per_node"]
+    assert props["host_to_device_GBps"]["default"] * 1e9 == d["host_to_device_Bps"]
+    assert props["host_mem_GB"]["default"] * 1e9 == d["host_mem_bytes"]
+
+
+def test_every_schema_property_has_a_description():
+    def walk(node, path):
+        for k, sub in node.get("properties", {}).items():
+            if path and path[0] in ("model", "layout"):
+                continue
+            assert "description" in sub or path[:1] == ["cost"] and k in ("interruptions", "days", "gpus", "source"), path + [k]
+            walk(sub, path + [k])
+    walk(load_schema(), [])
+
+
+def test_defaults_are_filled():
+    r = raw()
+    del r["search"], r["cost"]["startup_h"]
+    c = load_config(r)
+    assert c.search["top_k"] == 10 and c.cost["startup_h"] == 0.5
+
+
+BAD = [
+    ("cluster.gpu", lambda r: r["cluster"].update(gpu="h1000")),
+    ("training.seq_len", lambda r: r["training"].pop("seq_len")),
+    ("training.global_batch", lambda r: r["training"].update(global_batch=-1)),
+    ("training.global_batch", lambda r: r["training"].update(global_batch="many")),
+    ("cost.price", lambda r: r["cost"].update(price=3)),
+    ("layout", lambda r: r.update(layout={"dp": 8})),
+    ("model", lambda r: r.update(model="gpt-17")),
+    ("cost.price_range_usd", lambda r: r["cost"].update(price_per_gpu_hour_usd=9.0)),
+    ("training.seq_len", lambda r: r["training"].update(seq_len=8192)),
+    ("cluster.nodes", lambda r: r["cluster"].update(nodes=0)),
+]
+
+
+@pytest.mark.parametrize(("key", "mutate"), BAD, ids=[f"{k}-{i}" for i, (k, _) in enumerate(BAD)])
+def test_bad_config_names_the_key(key, mutate):
+    r = raw()
+    mutate(r)
+    with pytest.raises(ConfigError) as e:
+        load_config(r)
+    assert e.value.key.startswith(key), str(e.value)
+    assert e.value.valid  # says what would be valid
+
+
+def test_tp_not_dividing_heads_is_rejected_with_the_reason():
+    r = raw()
+    r["layout"] = {"dp": 8, "tp": 4, "sharding": "zero3"}
+    r["model"] = {"preset": "llama2-13b", "heads": 40, "kv_heads": 40}
+    load_config(r)  # tp=4 divides 40: fine
+    r["layout"] = {"dp": 4, "tp": 8, "sharding": "zero3"}
+    r["model"] = {"preset": "llama2-13b", "hidden": 5100, "heads": 12, "kv_heads": 12}
+    with pytest.raises(ConfigError, match="tp=8 does not divide heads=12"):
+        load_config(r)
+
+
+def test_config_slice_has_only_the_rule_sections():
+    c = load_config(DEFAULT)
+    s = config_slice(c.raw, "cost_and_risk")
+    assert set(s) == set(RULE_SECTIONS["cost_and_risk"]) and "model" not in s
+    assert config_slice(c.raw, "memo") == c.raw
+    r2 = copy.deepcopy(c.raw)
+    r2["cost"]["price_per_gpu_hour_usd"] = 4.0
+    assert config_slice(r2, "analytic_model") == config_slice(c.raw, "analytic_model")
+    with pytest.raises(ConfigError):
+        config_slice(c.raw, "no_such_rule")

@@ -1,0 +1,112 @@
+"""Cost and schedule: closed forms, price isolation, determinism, targets, config errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from trainplan import cost as C
+from trainplan.specs import ConfigError
+
+pytestmark = pytest.mark.timeout(60)
+N13B = 13_015_864_320  # Llama-2-13B parameter count (meta-llama/Llama-2-13b-hf config.json; SOURCES.md)
+KW = dict(n_gpus=32, n_params=N13B, total_tokens=10e9, d2h_Bps=50e9)
+
+
+def test_failure_rate_is_derived_from_llama3_inputs():
+    rate = C.failure_rate_per_gpu_hour(419, 54, 16384)
+    assert rate == pytest.approx(419 / (54 * 24 * 16384))
+    assert C.CostInputs().failure_rate_per_gpu_hour == rate
+    assert C.job_mtbf_s(rate, 32) == pytest.approx(3600 / (rate * 32))
+
+
+@pytest.mark.parametrize("c_s,m_s", [(60.0, 3600.0 * 100), (1.0, 1e6), (300.0, 5e4)])
+def test_young_daly_matches_closed_form(c_s, m_s):
+    assert C.young_daly_interval_s(c_s, m_s) == pytest.approx(math.sqrt(2 * c_s * m_s))
+
+
+def test_young_daly_interval_minimises_the_first_order_waste():
+    c, m = 120.0, 3600.0 * 50
+    tau = np.linspace(60, 20000, 20000)
+    waste = c / tau + tau / (2 * m)
+    assert tau[np.argmin(waste)] == pytest.approx(C.young_daly_interval_s(c, m), rel=0.01)
+
+
+def test_checkpoint_bytes_and_stall_sync_vs_async():
+    b = C.checkpoint_bytes(N13B, 16)
+    assert b == 16 * N13B
+    sync = C.checkpoint_stall_s(b, 5e9, 32, 50e9, async_=False)
+    asyn = C.checkpoint_stall_s(b, 5e9, 32, 50e9, async_=True)
+    assert sync == pytest.approx(b / 5e9) and asyn == pytest.approx(b / 32 / 50e9) and asyn < sync
+
+
+def test_wall_clock_without_failures_or_overheads_is_train_time():
+    w = C.wall_clock_s(1000.0, startup_s=0.0, eval_frac=0.0, stall_s=0.0, interval_s=100.0, mtbf_s=np.inf,
+                       restart_s=0.0)
+    assert w == pytest.approx(1000.0)
+
+
+def test_schedule_train_time_is_tokens_over_throughput():
+    s = C.schedule(4000.0, inputs=C.CostInputs(), **KW)
+    assert s["train_h"] == pytest.approx(10e9 / (4000 * 32) / 3600)
+    assert s["wall_h"] > s["train_h"] and 0 < s["goodput"] < 1
+
+
+def _run(price=3.0, seed=0, **cfg):
+    inputs = C.CostInputs.from_config({"price_per_gpu_hour_usd": price, **cfg})
+    return C.cost_and_risk((3200.0, 3600.0, 3900.0), inputs=inputs, seed=seed, n_samples=2000,
+                           targets={"window_h": 72, "budget_usd": 15000, "min_tokens_per_s_per_gpu": 4000}, **KW)
+
+
+def _strip_dollars(d):
+    if isinstance(d, dict):
+        return {k: _strip_dollars(v) for k, v in d.items() if "usd" not in k and "price" not in k}
+    return d
+
+
+def test_changing_only_the_price_changes_only_dollar_outputs():
+    a, b = _run(price=3.0), _run(price=5.0)
+    assert _strip_dollars(a) == _strip_dollars(b)
+    assert b["point"]["usd"] == pytest.approx(a["point"]["usd"] * 5 / 3)
+    assert b["intervals"]["usd"]["p50"] > a["intervals"]["usd"]["p50"]
+
+
+def test_deterministic_with_a_seed():
+    assert _run(seed=3) == _run(seed=3)
+    assert _run(seed=3)["intervals"]["wall_h"] != _run(seed=4)["intervals"]["wall_h"]
+
+
+def test_intervals_are_ordered_and_targets_have_verdicts():
+    r = _run()
+    for q in r["intervals"].values():
+        assert q["p10"] <= q["p50"] <= q["p90"]
+    t = r["targets"]
+    assert t["throughput"]["verdict"] == "fail"  # 3600 < 4000 at p50
+    assert t["deadline"]["verdict"] == "pass" and t["deadline"]["margin_frac"] > 0
+
+
+def test_slower_storage_with_sync_checkpoints_costs_more():
+    fast = _run(checkpoint_write_GBps=20.0, checkpoint_async=False)
+    slow = _run(checkpoint_write_GBps=2.0, checkpoint_async=False)
+    assert slow["point"]["wall_h"] > fast["point"]["wall_h"]
+
+
+def test_lognormal_through_quantiles_reproduces_them():
+    z = np.random.default_rng(0).standard_normal(200_000)
+    s = C.lognormal_from_quantiles(80.0, 100.0, 130.0, z)
+    assert np.quantile(s, [0.1, 0.5, 0.9]) == pytest.approx([80, 100, 130], rel=0.01)
+
+
+@pytest.mark.parametrize("cfg,key", [
+    ({"price_per_gpu_hour_usd": -1}, "cost.price_per_gpu_hour_usd"),
+    ({"price_per_gpu_hour_usd": 3.0, "price_range_usd": [4.0, 6.0]}, "cost.price_range_usd"),
+    ({"price_per_gpu_hour_usd": 3.0, "failures": {"interruptions": 1, "days": 0, "gpus": 8, "source": "x"}},
+     "cost.failures"),
+    ({"price_per_gpu_hour_usd": 3.0, "checkpoint_write_GBps": 0}, "cost.checkpoint_write_GBps"),
+])
+def test_bad_cost_config_names_the_key(cfg, key):
+    with pytest.raises(ConfigError) as e:
+        C.CostInputs.from_config(cfg)
+    assert e.value.key == key

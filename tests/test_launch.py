@@ -1,0 +1,301 @@
+"""Launch artifacts: Accelerate's own loader accepts them, bash accepts the scripts, layouts change them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from trainplan import launch
+from trainplan.specs import ClusterSpec, ConfigError, Layout, TrainingSpec, resolve_model
+
+MODEL = resolve_model("llama2-13b")
+CLUSTER = ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb")
+TRAINING = TrainingSpec(seq_len=4096, global_batch=256)
+HASH = "0123456789abcdef"
+
+FSDP = Layout(dp=32, sharding="zero3", recompute="full", micro_batch=1)
+HSDP_TP = Layout(dp=16, tp=2, sp=True, sharding="hsdp", shard_group=8, recompute="selective", micro_batch=1)
+ZERO2_OFFLOAD = Layout(dp=32, sharding="zero2", offload="cpu", micro_batch=2)
+PP = Layout(dp=8, pp=4, sharding="zero1", micro_batch=1)
+CP = Layout(dp=16, cp=2, sharding="zero3", micro_batch=1)
+ALL = {"fsdp": FSDP, "hsdp_tp": HSDP_TP, "zero2_offload": ZERO2_OFFLOAD, "pp": PP, "cp": CP}
+
+
+def write(tmp_path: Path, layout: Layout, **kw) -> tuple[Path, list[tuple[str, bool]]]:
+    out = tmp_path / "launch"
+    return out, launch.write_artifacts(MODEL, CLUSTER, TRAINING, layout, out, study_hash=HASH, **kw)
+
+
+def accelerate_env(config_file: Path) -> dict[str, str]:
+    """What `accelerate launch --config_file F` would export to the workers (Accelerate's own code path)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    args = launch_command_parser().parse_args(["--config_file", str(config_file), "train.py"])
+    args, _, _ = _validate_launch_command(args)
+    return prepare_multi_gpu_env(args)
+
+
+@pytest.mark.parametrize("name", list(ALL))
+def test_accelerate_config_loads_in_accelerates_loader(tmp_path, name):
+    from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
+    from accelerate.utils import DistributedType
+
+    out, _ = write(tmp_path, ALL[name])
+    cfg = load_config_from_file(str(out / "accelerate_fsdp2.yaml"))
+    assert isinstance(cfg, ClusterConfig)
+    assert cfg.distributed_type == DistributedType.FSDP
+    assert cfg.num_processes == CLUSTER.n_gpus and cfg.num_machines == CLUSTER.nodes
+    assert cfg.mixed_precision == "bf16"
+    assert cfg.fsdp_config["fsdp_version"] == 2
+    assert cfg.fsdp_config["fsdp_state_dict_type"] == "SHARDED_STATE_DICT"
+    assert cfg.fsdp_config["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer"
+    assert ClusterConfig.from_yaml_file(str(out / "accelerate_fsdp2.yaml")).fsdp_config == cfg.fsdp_config
+
+
+@pytest.mark.parametrize("name", list(ALL))
+def test_accelerate_launch_turns_config_into_valid_fsdp2_plugin(tmp_path, name, monkeypatch):
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    layout = ALL[name]
+    out, _ = write(tmp_path, layout)
+    env = accelerate_env(out / "accelerate_fsdp2.yaml")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    plugin = FullyShardedDataParallelPlugin()  # reads FSDP_* from the environment, validates values
+    assert plugin.fsdp_version == 2
+    assert plugin.reshard_after_forward is (layout.sharding in ("zero3", "hsdp"))
+    assert plugin.activation_checkpointing is (layout.recompute != "none")
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    assert isinstance(plugin.cpu_offload, CPUOffloadPolicy) is (layout.offload == "cpu")
+    assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
+    if env.get("ACCELERATE_USE_PARALLELISM_CONFIG") == "true":
+        # tp_handler given so the check does not need transformers installed
+        pc = ParallelismConfig(tp_handler=object() if layout.tp > 1 else None)
+        assert pc.total_size * layout.pp == CLUSTER.n_gpus
+        assert pc.tp_size == layout.tp and pc.cp_size == layout.cp
+        if layout.sharding == "hsdp":
+            assert pc.dp_shard_size * layout.cp == layout.shard_group
+    else:
+        assert layout.tp == layout.cp == 1 and layout.sharding != "hsdp"
+
+
+def test_unexpressible_dimensions_are_explained_in_comments(tmp_path):
+    out, _ = write(tmp_path, PP)
+    text = (out / "accelerate_fsdp2.yaml").read_text()
+    assert "pp=4 is not expressible in Accelerate" in text
+    assert "ZeRO-1" in text
+    out, _ = write(tmp_path, HSDP_TP)
+    text = (out / "accelerate_fsdp2.yaml").read_text()
+    assert "selective recompute" in text and "sequence parallelism" in text
+
+
+@pytest.mark.parametrize("name", list(ALL))
+def test_scripts_pass_bash_n(tmp_path, name):
+    out, arts = write(tmp_path, ALL[name])
+    scripts = [f for f, _ in arts if f.endswith(".sh")]
+    assert set(scripts) == {"torchrun.sh", "sbatch_4x8.sh"}
+    for s in scripts:
+        launch.bash_syntax_check(out / s)
+        assert os.access(out / s, os.X_OK)
+
+
+def test_bash_syntax_check_rejects_broken_script(tmp_path):
+    bad = tmp_path / "bad.sh"
+    bad.write_text("if then fi\n")
+    with pytest.raises(ConfigError, match="bash -n"):
+        launch.bash_syntax_check(bad)
+
+
+def test_sbatch_has_one_task_per_node_rendezvous_and_commented_nccl_settings(tmp_path):
+    out, _ = write(tmp_path, FSDP)
+    text = (out / "sbatch_4x8.sh").read_text()
+    assert "#SBATCH --nodes=4\n" in text and "#SBATCH --gpus-per-node=8\n" in text
+    assert "#SBATCH --ntasks-per-node=1\n" in text
+    assert "scontrol show hostnames" in text and "--rdzv_backend c10d" in text
+    lines = text.splitlines()
+    for var in ("NCCL_DEBUG=WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING=1", "NCCL_IB_HCA=",
+                "NCCL_SOCKET_IFNAME=", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC="):
+        i = next(i for i, ln in enumerate(lines) if ln.startswith("export " + var))
+        while lines[i - 1].startswith("export "):  # a group of related exports shares one comment
+            i -= 1
+        assert lines[i - 1].startswith("#"), f"{var} has no comment above it"
+    for placeholder in ("PLACEHOLDER_PARTITION", "PLACEHOLDER_ACCOUNT", "PLACEHOLDER_IB_HCAS", "PLACEHOLDER_IFNAME"):
+        assert placeholder in text
+    assert "TRAINPLAN_GRAD_ACCUM=8" in text  # 256 / (32 * 1)
+
+
+def test_sbatch_refuses_to_run_with_placeholders(tmp_path):
+    """Run the script's body up to the placeholder guard: it must stop with exit 2, not start NCCL on a bogus HCA."""
+    out, _ = write(tmp_path, FSDP)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
+    r = subprocess.run(["bash", str(out / "sbatch_4x8.sh")], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "PLACEHOLDER" in r.stderr
+
+
+def test_every_file_header_carries_the_study_hash(tmp_path):
+    out, arts = write(tmp_path, FSDP)
+    assert {f for f, _ in arts} == {"accelerate_fsdp2.yaml", "torchrun.sh", "sbatch_4x8.sh", "deepspeed_zero.json"}
+    for f, _ in arts:
+        head = "\n".join((out / f).read_text().splitlines()[:4])
+        assert f"study hash: {HASH}" in head, f
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["study_hash"] == HASH
+    assert [(a["filename"], a["short"]) for a in manifest["artifacts"]] == arts
+
+
+def test_short_flag_follows_length(tmp_path):
+    out, arts = write(tmp_path, FSDP)
+    for f, short in arts:
+        assert short is ((out / f).read_text().count("\n") <= launch.SHORT_MAX_LINES)
+    assert dict(arts)["sbatch_4x8.sh"] is False and dict(arts)["torchrun.sh"] is True
+
+
+def test_layout_change_changes_the_artifacts(tmp_path):
+    a_dir, _ = write(tmp_path / "a", FSDP)
+    b_dir, _ = write(tmp_path / "b", HSDP_TP)
+    a = (a_dir / "accelerate_fsdp2.yaml").read_text()
+    b = (b_dir / "accelerate_fsdp2.yaml").read_text()
+    assert a != b and "parallelism_config_tp_size: 2" in b and "parallelism_config" not in a
+    assert (a_dir / "deepspeed_zero.json").exists() and not (b_dir / "deepspeed_zero.json").exists()
+    c_dir, _ = write(tmp_path / "c", Layout(dp=32, sharding="zero3", recompute="none", micro_batch=2))
+    c = (c_dir / "sbatch_4x8.sh").read_text()
+    assert "TRAINPLAN_GRAD_ACCUM=4" in c and "TRAINPLAN_MICRO_BATCH=2" in c
+    assert "fsdp_activation_checkpointing: false" in (c_dir / "accelerate_fsdp2.yaml").read_text()
+
+
+def test_cluster_shape_changes_sbatch_and_torchrun(tmp_path):
+    cluster = ClusterSpec(nodes=2, gpus_per_node=8, gpu="h100-sxm-80gb")
+    arts = launch.write_artifacts(MODEL, cluster, TRAINING, Layout(dp=16), tmp_path, study_hash=HASH)
+    assert "sbatch_2x8.sh" in dict(arts)
+    assert "--nnodes=2 --nproc-per-node=8" in (tmp_path / "torchrun.sh").read_text()
+    assert "--num_processes 16" in (tmp_path / "sbatch_2x8.sh").read_text()
+
+
+HOSTILE = "train.py; rm -rf / #$(touch pwned)\n`id`"
+
+
+def _fake_bin(bin_dir: Path, name: str, body: str) -> None:
+    p = bin_dir / name
+    p.write_text("#!/usr/bin/env bash\n" + body + "\n")
+    p.chmod(0o755)
+
+
+def _nul_args(path: Path) -> list[str]:
+    return path.read_bytes().decode().split("\0")[:-1]
+
+
+def test_config_values_reach_the_shell_only_quoted(tmp_path):
+    """Run both scripts for real, with fake torchrun/srun/scontrol/accelerate that record their argv."""
+    out, _ = write(tmp_path, FSDP, train_script=HOSTILE, train_args=["--name", "a b'c"])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    rec = tmp_path / "argv"
+    dump = f'printf "%s\\0" "$@" > {shlex.quote(str(rec))}'
+    _fake_bin(bin_dir, "torchrun", dump)
+    _fake_bin(bin_dir, "accelerate", dump)
+    _fake_bin(bin_dir, "scontrol", "echo node-a; echo node-b")
+    _fake_bin(bin_dir, "srun", 'while [[ "$1" == --* ]]; do shift; done; SLURM_NODEID=3 exec "$@"')
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "HEAD_NODE": "node-a",
+           "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(out),
+           "NCCL_IB_HCA": "mlx5_0", "NCCL_SOCKET_IFNAME": "eth0"}
+
+    r = subprocess.run(["bash", str(out / "torchrun.sh")], env=env, cwd=tmp_path, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr
+    argv = _nul_args(rec)
+    assert argv[-3:] == [HOSTILE, "--name", "a b'c"]
+    assert "--rdzv-endpoint=node-a:29500" in argv and "--rdzv-backend=c10d" in argv
+
+    rec.unlink()
+    r = subprocess.run(["bash", str(out / "sbatch_4x8.sh")], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    argv = _nul_args(rec)
+    assert argv[0] == "launch" and argv[-3:] == [HOSTILE, "--name", "a b'c"]
+    assert argv[argv.index("--machine_rank") + 1] == "3"  # expanded on the node, not on the batch host
+    assert argv[argv.index("--main_process_ip") + 1] == "node-a"  # first host of the allocation
+    assert argv[argv.index("--config_file") + 1] == str(out / "accelerate_fsdp2.yaml")
+    assert not list(tmp_path.glob("pwned")) and not (out / "pwned").exists()
+
+
+def test_hostile_model_name_cannot_escape_a_comment(tmp_path):
+    from dataclasses import replace
+
+    model = replace(MODEL, name="x\nrm -rf /tmp/should-not-run")
+    launch.write_artifacts(model, CLUSTER, TRAINING, FSDP, tmp_path, study_hash=HASH)
+    for f in ("torchrun.sh", "sbatch_4x8.sh", "accelerate_fsdp2.yaml"):
+        assert not any(ln.startswith("rm ") for ln in (tmp_path / f).read_text().splitlines())
+
+
+def test_bad_study_hash_and_time_limit_raise_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="study_hash"):
+        launch.write_artifacts(MODEL, CLUSTER, TRAINING, FSDP, tmp_path, study_hash="a b; rm")
+    with pytest.raises(ConfigError, match="time_limit_h"):
+        launch.sbatch_script(MODEL, CLUSTER, TRAINING, FSDP, study_hash=HASH, time_limit_h=-1)
+
+
+# --------------------------------------------------------------------------------------- DeepSpeed
+@pytest.mark.parametrize("layout,stage", [(Layout(dp=32, sharding="none"), 0), (Layout(dp=32, sharding="zero1"), 1),
+                                          (ZERO2_OFFLOAD, 2), (FSDP, 3)])
+def test_deepspeed_config_keys_are_documented_and_batch_is_consistent(layout, stage):
+    cfg = launch.deepspeed_config(MODEL, CLUSTER, TRAINING, layout, study_hash=HASH)
+    assert cfg is not None
+    docs = launch.DEEPSPEED_DOCUMENTED_KEYS
+    assert {k for k in cfg if not k.startswith("_")} <= docs[""]
+    assert set(cfg["zero_optimization"]) <= docs["zero_optimization"]
+    assert cfg["zero_optimization"]["stage"] == stage
+    assert cfg["train_batch_size"] == (cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"]
+                                       * layout.dp)
+    if layout.offload == "cpu":
+        assert set(cfg["zero_optimization"]["offload_optimizer"]) <= docs["offload_optimizer"]
+        assert cfg["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+
+
+@pytest.mark.parametrize("layout", [HSDP_TP, PP, CP])
+def test_deepspeed_not_written_for_layouts_it_cannot_express(layout):
+    assert launch.deepspeed_config(MODEL, CLUSTER, TRAINING, layout, study_hash=HASH) is None
+    assert launch.deepspeed_unsupported_reason(layout)
+
+
+@pytest.mark.parametrize("layout", [FSDP, ZERO2_OFFLOAD])
+def test_deepspeed_config_validates_against_deepspeed(layout, monkeypatch):
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed (optional); documented-key check above")
+    import deepspeed.runtime.config as ds_config
+
+    class DataParallel:  # the mpu DeepSpeed asks for the data-parallel world size
+        def get_data_parallel_world_size(self) -> int:
+            return layout.dp
+
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
+    cfg = launch.deepspeed_config(MODEL, CLUSTER, TRAINING, layout, study_hash=HASH)
+    parsed = ds_config.DeepSpeedConfig(cfg, mpu=DataParallel())
+    assert parsed.zero_optimization_stage == cfg["zero_optimization"]["stage"]
+    assert parsed.train_batch_size == TRAINING.global_batch
+
+
+# -------------------------------------------------------------------------------------------- CLI
+def test_main_reports_missing_summary_as_config_error(tmp_path, capsys):
+    pytest.importorskip("trainplan.config", reason="config loader not written yet")
+    rc = launch.main(["--summary", str(tmp_path / "nope.json"), "--config", "config/config.yaml",
+                      "--out", str(tmp_path / "o")])
+    assert rc == 2 and "summary" in capsys.readouterr().err
+
+
+def test_sbatch_test_only_builds_an_override_command(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_run(cmd, **kw):
+        seen["cmd"] = cmd
+        return subprocess.CompletedProcess(cmd, 0, "", "sbatch: Job 1 to start at now")
+
+    monkeypatch.setattr(launch.subprocess, "run", fake_run)
+    launch.sbatch_test_only(tmp_path / "s.sh", partition="debug", account="lab")
+    assert seen["cmd"] == ["sbatch", "--test-only", "--partition=debug", "--account=lab", str(tmp_path / "s.sh")]

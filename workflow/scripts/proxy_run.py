@@ -1,0 +1,4 @@
+# Adapter: all logic is in trainplan.stages.proxy_run.
+from trainplan import stages
+
+stages.proxy_run(snakemake)  # noqa: F821
