@@ -10,6 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "slurm"))
 from workflow_copy import ROOT, copy_workflow, planned_jobs, snakemake  # noqa: E402
+
 from trainplan.provenance import config_hash, read_sidecar
 
 TINY = ("--cores", "2", "--configfile", "config/tiny.yaml")

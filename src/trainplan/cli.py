@@ -146,7 +146,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from trainplan.io import write_csv
 
         write_csv(df, args.csv)
-    con = Console()
+    con = Console(width=None if sys.stdout.isatty() else 200)
     feas = df[df["feasible"]]
     t = Table(title=f"{cfg.model.name} on {cfg.cluster.n_gpus}× {cfg.cluster.gpu.name}, seq {cfg.training.seq_len}, "
                     f"global batch {cfg.training.global_batch}: {len(feas)} feasible of {len(df)} layouts")
@@ -177,7 +177,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         from trainplan.io import write_csv
 
         write_csv(df, args.csv)
-    con = Console()
+    con = Console(width=None if sys.stdout.isatty() else 200)
     for table, g in df.groupby("table", sort=False):
         t = Table(title=table)
         for c in ("row", "metric", "published", "predicted", "err %", "in MAPE", "note"):

@@ -230,7 +230,7 @@ def plot_tornado(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
     """Tornado chart: each assumption moved across its range, the change of the metric from its base."""
     d = df.assign(span=(df["metric_high"] - df["metric_low"]).abs()).sort_values("span", ascending=True)
     with _style():
-        fig, ax = _axes(ax, (6.5, 0.38 * len(d) + 1.2))
+        fig, ax = _axes(ax, (6.5, 0.3 * len(d) + 1.1))
         base = float(d["metric_base"].iloc[0])
         y = np.arange(len(d))
         ax.barh(y, d["metric_low"] - base, left=base, color="#1f4e79", label="assumption at low end")
@@ -252,7 +252,8 @@ def plot_pareto(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
     f = df[df["feasible"].astype(bool)]
     with _style():
         fig, ax = _axes(ax, (6.0, 3.6))
-        ax.scatter(f["headroom_frac"] * 100, f["tokens_per_s_per_gpu"], s=10, color="#bbbbbb", label="feasible")
+        ax.scatter(f["headroom_frac"] * 100, f["tokens_per_s_per_gpu"], s=6 if len(f) > 500 else 10,
+                   color="#bbbbbb", label=f"feasible ({len(f):,})", rasterized=len(f) > 500, lw=0)
         p = f[f["pareto"].astype(bool)].sort_values("headroom_frac")
         ax.plot(p["headroom_frac"] * 100, p["tokens_per_s_per_gpu"], "o-", ms=4, label="Pareto front")
         best = f[f["rank"] == f["rank"].min()]
@@ -277,7 +278,7 @@ def save_figure(fig: Figure, path: str | Path, *, caption: str, config_hash: str
             "Coverage": f"calibration_source={calibration_source or 'n/a'}"}
     buf = io.BytesIO()
     with _style():
-        fig.savefig(buf, format="svg", metadata=meta)
+        fig.savefig(buf, format="svg", metadata=meta, dpi=200)
     plt.close(fig)
     write_bytes(p, buf.getvalue())
     write_json(caption_path(p), {"figure": p.name, "caption": caption, "config_hash": config_hash,
@@ -302,15 +303,21 @@ def _hash(paths: Sequence[Path]) -> str:
     return "+".join(hashes)
 
 
-def representative_layouts(cand: pd.DataFrame, n: int = 10) -> pd.DataFrame:
-    """Best feasible layout per family (by rank), else the family's smallest-memory infeasible layout."""
-    rows = []
+def representative_layouts(cand: pd.DataFrame, n: int = 10, n_infeasible: int = 3) -> pd.DataFrame:
+    """Best feasible layout of the top families (by rank), then up to ``n_infeasible`` infeasible families
+    (each by its smallest-memory layout, smallest first), so the figure shows both winners and why others fail.
+    """
+    good, bad = [], []
     for _fam, g in cand.groupby("family", sort=False):
         ok = g[g["feasible"].astype(bool)]
-        rows.append(ok.sort_values("rank").iloc[0] if len(ok) else g.sort_values("mem_total_gib").iloc[0])
-    out = pd.DataFrame(rows)
-    out = out.assign(_k=out["rank"].where(out["feasible"].astype(bool), np.inf)).sort_values(["_k", "mem_total_gib"])
-    return out.drop(columns="_k").head(n).reset_index(drop=True)
+        if len(ok):
+            good.append(ok.sort_values("rank").iloc[0])
+        else:
+            bad.append(g.sort_values("mem_total_gib").iloc[0])
+    good_df = pd.DataFrame(good).sort_values("rank") if good else cand.iloc[:0]
+    bad_df = pd.DataFrame(bad).sort_values("mem_total_gib") if bad else cand.iloc[:0]
+    k = min(n_infeasible, len(bad_df))
+    return pd.concat([good_df.head(n - k), bad_df.head(k)]).reset_index(drop=True)
 
 
 def make_figures(results_dir: str | Path, out_dir: str | Path, *, hbm_gib: float | None = None) -> dict[str, Path]:

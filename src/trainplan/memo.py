@@ -23,6 +23,7 @@ from trainplan.io import read_json, write_bytes
 REPORT_DIR = Path(__file__).resolve().parents[2] / "report"
 TEMPLATES = REPORT_DIR / "templates"
 DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z, used when SOURCE_DATE_EPOCH is unset
+FAMILIES_SHOWN = 14  # rows of the alternatives table (plus the chosen and every OOM family)
 INLINE_MAX_LINES = 30  # launch artifacts longer than this are attached, not printed
 
 FIGURES = ("memory", "time_breakdown", "pareto", "parity", "extrapolation", "cost", "tornado")
@@ -85,11 +86,25 @@ class Results:
         return pd.read_csv(p) if p.exists() else None
 
     def sidecars(self) -> list[tuple[str, dict]]:
+        """Every ``<file>.provenance.json`` under the tree, with ``git_commit``/``git_dirty`` flattened."""
         out = []
         for sc in sorted(self.root.rglob("*.provenance.json")):
             rel = str(sc.relative_to(self.root))[: -len(".provenance.json")]
-            out.append((rel, read_json(sc)))
+            d = read_json(sc)
+            git = d.get("git") if isinstance(d.get("git"), dict) else {}
+            d.setdefault("git_commit", git.get("commit"))
+            d.setdefault("git_dirty", git.get("dirty"))
+            out.append((rel, d))
         return out
+
+
+def _title(config: dict) -> str:
+    """The memo title: ``memo.title`` from the config, else ``study.name``."""
+    for section, key in (("memo", "title"), ("study", "name")):
+        sec = config.get(section)
+        if isinstance(sec, dict) and sec.get(key):
+            return str(sec[key])
+    return "trainplan study"
 
 
 def _records(df: pd.DataFrame | None) -> list[dict]:
@@ -131,6 +146,19 @@ def _validation(rec: pd.DataFrame | None) -> dict | None:
             "devices": devices, "gpu_measured": any(d.startswith("cuda") for d in devices), "metrics": metrics,
             "runs": _records(rec[[c for c in ("id", "family", "device", "world_size", "status") if c in rec]]),
             "loss": loss}
+
+
+def _families(fam: pd.DataFrame | None, top: int = FAMILIES_SHOWN) -> dict[str, Any]:
+    """The family table: the ``top`` first rows (the file is ranked), the chosen one, every OOM family."""
+    if fam is None or not len(fam):
+        return {"families": None, "families_total": 0}
+    verdict = fam["verdict"].astype(str) if "verdict" in fam else pd.Series("", index=fam.index)
+    keep = (fam.index < top) | (verdict == "chosen") | verdict.str.startswith("OOM")
+    rows = _records(fam[keep])
+    for r in rows:  # producer column names: best_layout/line (search.family_verdicts) or layout/reason
+        r["layout_text"] = r.get("best_layout") or r.get("layout") or ""
+        r["why"] = r.get("line") or r.get("reason") or ""
+    return {"families": rows, "families_total": len(fam)}
 
 
 def _launch(res: Results) -> list[dict]:
@@ -189,12 +217,11 @@ def build_context(results_dir: str | Path, *, config: dict, study_hash: str, git
     fig_dir = Path(figures_dir) if figures_dir else res.path("figures")
     date = source_date()
     return {
-        "study": {"name": str((config.get("study") or {}).get("name", "trainplan study"))
-                  if isinstance(config.get("study"), dict) else "trainplan study",
+        "study": {"name": _title(config),
                   "hash": study_hash, "hash_short": study_hash[:12], "commit": git_commit,
                   "commit_short": git_commit[:12], "date": date.strftime("%Y-%m-%d")},
         "summary": summary, "layout_str": layout_str, "chosen_row": chosen_row, "representatives": rep,
-        "families": _records(res.csv("analytic/families.csv")) or None,
+        **_families(res.csv("analytic/families.csv")),
         "calibration": calib, "source": source, "source_label": SOURCE_LABELS.get(str(source), str(source)),
         "heldout": _records(res.csv("calibration/heldout.csv")) or None,
         "production": prod, "chosen": (prod or {}).get("chosen"),

@@ -233,9 +233,9 @@ def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch
     rep = np.where(sp, tp, 1.0)  # divisor of the parts TP leaves replicated
     h_loc, kv_loc, f_loc, a_loc = h / tp, model.kv_dim / _kv_shards(model, tp), f / tp, a / tp
     if model.norm == "layernorm":
-        norm = h * d / rep + 2 * FP32  # input + mean, rstd (fp32) per token
+        norm = (h * d + 2 * FP32) / rep  # input + mean, rstd (fp32) per token
     else:
-        norm = (1 if norm_impl == "fused" else 2) * h * d / rep + FP32  # input (+ x·rstd) + rstd
+        norm = ((1 if norm_impl == "fused" else 2) * h * d + FP32) / rep  # input (+ x·rstd) + rstd
     linear_in = 2 * h * d / rep  # QKV input and MLP-in input
     if attn_impl == "flash":
         attn = (2 * h_loc + 2 * kv_loc) * d + a_loc * FP32
@@ -263,9 +263,9 @@ def head_saved_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any =
     rep = np.where(np.asarray(sp, dtype=bool), tp, 1.0)
     h, d = model.hidden, dtype_bytes
     if model.norm == "layernorm":
-        norm = h * d / rep + 2 * FP32
+        norm = (h * d + 2 * FP32) / rep
     else:
-        norm = (1 if norm_impl == "fused" else 2) * h * d / rep + FP32
+        norm = ((1 if norm_impl == "fused" else 2) * h * d + FP32) / rep
     return _out(seq_len * micro_batch / cp * (norm + h * d / rep))
 
 
@@ -315,9 +315,10 @@ def activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, stag
     inflight = pipeline_in_flight(L.pp, m, stage)
     factor = interleave_factor(L.pp, L.vpp, L.pp_schedule) if stage == "first" else 1.0
     stored = np.asarray(per_layer) * _layers_per_stage(model, L.pp) * inflight * factor
-    # Recompute rebuilds one layer's full set of saved tensors during its backward (Korthikanti §5).
-    one_layer = saved_activation_bytes_per_layer(model, training.seq_len, L.micro_batch, recompute="none", **kw)
-    work = np.where(L.recompute == "none", 0.0, one_layer)
+    # Recompute rebuilds what it dropped, one layer at a time, during that layer's backward: the whole
+    # layer (full) or its attention core (selective) — the working set on top of what is stored.
+    one_layer = np.asarray(saved_activation_bytes_per_layer(model, training.seq_len, L.micro_batch, **kw))
+    work = np.where(L.recompute == "none", 0.0, one_layer - np.where(L.recompute == "full", 0.0, per_layer))
     first_extra = 8 * training.seq_len * L.micro_batch / np.asarray(L.cp, dtype=float) + rope_table_bytes(
         model, training.seq_len, d)
     return _out(stored + work + (first_extra * inflight if stage == "first" else 0.0))

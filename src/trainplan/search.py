@@ -27,13 +27,14 @@ from trainplan.specs import (
     ClusterSpec,
     ConfigError,
     GiB,
+    Layout,
     LayoutTable,
     ModelSpec,
     TrainingSpec,
     grad_accum,
 )
 
-__all__ = ["search", "enumerate_layouts", "family_verdicts", "structural_reasons", "OPTION_KEYS"]
+__all__ = ["row_layout", "search", "enumerate_layouts", "family_verdicts", "structural_reasons", "OPTION_KEYS"]
 
 OPTION_KEYS = ("tp", "pp", "cp", "vpp", "micro_batch", "sp", "pp_schedule", "cp_kind", "sharding", "recompute",
                "offload", "shard_group", "max_mem_frac")
@@ -45,11 +46,30 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
+# The config schema's names (config/config.schema.yaml `search:`) → search option names.
+CONFIG_ALIASES = {"shardings": "sharding", "recomputes": "recompute", "offloads": "offload",
+                  "micro_batches": "micro_batch", "max_hbm_frac": "max_mem_frac", "pp_schedules": "pp_schedule",
+                  "cp_kinds": "cp_kind", "shard_groups": "shard_group"}
+_MAX_KEYS = {"max_tp": "tp", "max_pp": "pp", "max_cp": "cp"}
+_IGNORED = ("top_k",)  # used by the CLI and the workflow, not by the enumeration
+
+
 def _opts(cluster: ClusterSpec, options: dict[str, Any] | None) -> dict[str, Any]:
-    o = dict(options or {})
+    o: dict[str, Any] = {}
+    caps: dict[str, int] = {}
+    for k, v in (options or {}).items():
+        if k in _IGNORED:
+            continue
+        if k in _MAX_KEYS:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError("search." + k, v, "must be a positive integer")
+            caps[_MAX_KEYS[k]] = v
+            continue
+        o[CONFIG_ALIASES.get(k, k)] = v
     for k in o:
         if k not in OPTION_KEYS:
-            raise ConfigError("search." + k, o[k], "unknown option; valid: " + ", ".join(OPTION_KEYS))
+            raise ConfigError("search." + k, o[k], "unknown option; valid: " + ", ".join(
+                (*OPTION_KEYS, *CONFIG_ALIASES, *_MAX_KEYS, *_IGNORED)))
     n = cluster.n_gpus
     out: dict[str, Any] = {
         "tp": [d for d in _divisors(cluster.gpus_per_node)], "pp": [d for d in _divisors(n) if d <= 16],
@@ -77,6 +97,8 @@ def _opts(cluster: ClusterSpec, options: dict[str, Any] | None) -> dict[str, Any
             if k not in _NAMED and k != "sp" and (isinstance(x, bool) or not isinstance(x, int) or x < 1):
                 raise ConfigError("search." + k, x, "must be a list of positive integers")
         out[k] = vals
+    for k, cap in caps.items():
+        out[k] = [x for x in out[k] if x <= cap] or [1]
     return out
 
 
@@ -162,27 +184,48 @@ def structural_reasons(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     return out
 
 
-def _family(df: pd.DataFrame) -> pd.Series:
+def _per_unique(df: pd.DataFrame, cols: list[str], fn: Any) -> np.ndarray:
+    """Apply ``fn(row_dict) -> str`` once per unique combination of ``cols``; map back to every row."""
+    codes = df.groupby(cols, sort=False).ngroup().to_numpy()  # numbered in order of first appearance
+    uniques = df[cols].drop_duplicates().to_dict("records")  # the same order
+    return np.array([fn(u) for u in uniques], dtype=object)[codes]
+
+
+_SHARD_NAMES = {"none": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "FSDP", "hsdp": "HSDP"}
+
+
+def _family_of(r: dict) -> str:
+    """Layout.family for one combination of the fields it depends on."""
+    parts = []
+    if r["sharding"] == "hsdp" or r["dp"] * r["cp"] > 1 or r["sharding"] != "none":
+        parts.append(_SHARD_NAMES[r["sharding"]])
+    if r["tp"] > 1:
+        parts.append("TP+SP" if r["sp"] else "TP")
+    if r["pp"] > 1:
+        parts.append("PP")
+    if r["cp"] > 1:
+        parts.append("CP")
+    if r["offload"] != "none":
+        parts.append("offload")
+    return "×".join(parts) or "single"
+
+
+def _family(df: pd.DataFrame) -> np.ndarray:
     """Layout.family, vectorised over the frame's columns."""
-    shard_name = df["sharding"].map({"none": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "FSDP",
-                                     "hsdp": "HSDP"})
-    dpart = np.where((df["sharding"] == "hsdp") | (df["dp"] * df["cp"] > 1) | (df["sharding"] != "none"), shard_name, "")
-    parts = [pd.Series(dpart, index=df.index),
-             pd.Series(np.where(df["tp"] > 1, np.where(df["sp"], "TP+SP", "TP"), ""), index=df.index),
-             pd.Series(np.where(df["pp"] > 1, "PP", ""), index=df.index),
-             pd.Series(np.where(df["cp"] > 1, "CP", ""), index=df.index),
-             pd.Series(np.where(df["offload"] != "none", "offload", ""), index=df.index)]
-    fam = parts[0]
-    for p in parts[1:]:
-        fam = np.where(p == "", fam, np.where(fam == "", p, fam + "×" + p))
-    fam = pd.Series(fam, index=df.index)
-    return fam.where(fam != "", "single")
+    return _per_unique(df, ["sharding", "dp", "cp", "tp", "sp", "pp", "offload"], _family_of)
 
 
 def _complexity(df: pd.DataFrame) -> pd.Series:
     """Simplicity tie-break: count of non-default techniques in use (fewer is simpler)."""
     return ((df["tp"] > 1).astype(int) + (df["pp"] > 1) + (df["cp"] > 1) + df["sp"].astype(int)
             + (df["vpp"] > 1) + (df["offload"] != "none") + (df["recompute"] != "none") + (df["sharding"] == "hsdp"))
+
+
+def row_layout(row: Any) -> Layout:
+    """The :class:`Layout` of one candidates row (a Series or dict with the Layout fields)."""
+    d = {k: (row[k].item() if hasattr(row[k], "item") else row[k]) for k in LayoutTable.FIELDS}
+    d["shard_group"] = int(d["shard_group"]) or None
+    return Layout(**d)
 
 
 def _pareto(tput: np.ndarray, head: np.ndarray) -> np.ndarray:
@@ -245,16 +288,24 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: 
     return df.sort_values(["_r"], kind="stable").drop(columns="_r").reset_index(drop=True)
 
 
-def _describe(df: pd.DataFrame) -> pd.Series:
-    """Layout.describe(), vectorised."""
-    s = ("dp" + df["dp"].astype(str) + "·tp" + df["tp"].astype(str) + np.where(df["sp"], "(sp)", "")
-         + "·pp" + df["pp"].astype(str))
-    s = s + np.where(df["pp"] > 1, "(" + df["pp_schedule"] + np.where(df["vpp"] > 1, ",v" + df["vpp"].astype(str), "")
-                     + ")", "")
-    s = s + "·cp" + df["cp"].astype(str) + np.where(df["cp"] > 1, "(" + df["cp_kind"] + ")", "")
-    s = s + " " + df["sharding"] + np.where(df["sharding"] == "hsdp", "/" + df["shard_group"].astype(str), "")
-    s = s + " rc=" + df["recompute"] + " mb=" + df["micro_batch"].astype(str)
-    return s + np.where(df["offload"] != "none", " offload", "")
+def _describe(df: pd.DataFrame) -> list[str]:
+    """Layout.describe(), vectorised: the string of each part is built once per unique combination."""
+    def par(r: dict) -> str:
+        x = f"dp{r['dp']}·tp{r['tp']}{'(sp)' if r['sp'] else ''}·pp{r['pp']}"
+        if r["pp"] > 1:
+            x += f"({r['pp_schedule']}{'' if r['vpp'] == 1 else ',v' + str(r['vpp'])})"
+        return x + f"·cp{r['cp']}" + (f"({r['cp_kind']})" if r["cp"] > 1 else "")
+
+    def shard(r: dict) -> str:
+        return " " + r["sharding"] + (f"/{r['shard_group']}" if r["sharding"] == "hsdp" else "")
+
+    def rest(r: dict) -> str:
+        return f" rc={r['recompute']} mb={r['micro_batch']}" + (" offload" if r["offload"] != "none" else "")
+
+    a = _per_unique(df, ["dp", "tp", "sp", "pp", "pp_schedule", "vpp", "cp", "cp_kind"], par)
+    b = _per_unique(df, ["sharding", "shard_group"], shard)
+    c = _per_unique(df, ["recompute", "micro_batch", "offload"], rest)
+    return [x + y + z for x, y, z in zip(a, b, c, strict=True)]
 
 
 def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:

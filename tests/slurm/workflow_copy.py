@@ -15,6 +15,7 @@ COPY = ("Snakefile", "rules", "workflow", "config", "profiles", "envs", "slurm",
 
 
 def copy_workflow(dst: Path) -> Path:
+    dst.mkdir(parents=True, exist_ok=True)
     for name in COPY:
         src = ROOT / name
         if src.is_dir():

@@ -205,12 +205,24 @@ def _register_cpu_flash_formulas() -> None:
 _register_cpu_flash_formulas()
 
 
+class LocalFlopCounterMode(FlopCounterMode):
+    """FlopCounterMode counting DTensor ops at their *local* (per-rank) shapes, not the global ones."""
+
+    def _count_flops(self, func_packet, out, args, kwargs):  # type: ignore[override]
+        from torch.utils._pytree import tree_map
+
+        def loc(x: Any) -> Any:
+            return _local(x) if torch.is_tensor(x) else x
+
+        return super()._count_flops(func_packet, out, tree_map(loc, args), tree_map(loc, kwargs))
+
+
 @contextlib.contextmanager
 def count_flops() -> Iterator[dict[str, Any]]:
     """FLOPs of the enclosed work: ``total`` (as counted), ``attention_recompute``, ``by_op``."""
     out: dict[str, Any] = {}
     _RECOMPUTE["flops"] = 0
-    with FlopCounterMode(display=False) as fc:
+    with LocalFlopCounterMode(display=False) as fc:
         yield out
     out["total"] = int(fc.get_total_flops())
     out["attention_recompute"] = int(_RECOMPUTE["flops"])

@@ -26,9 +26,9 @@ def exact_state_bytes(spec: ModelSpec, layout: Layout, *, param_bytes: int = 4,
     shard = shard_degree(layout)
     if layout.sharding == "none":
         shard = 1
-    total = _tp_local_params(spec, layout.tp)
-    train = total if trainable_params is None else trainable_params // layout.tp
-    frozen = total - train
+    base = _tp_local_params(spec, layout.tp)
+    train = base if trainable_params is None else trainable_params // layout.tp  # LoRA: adapters only
+    frozen = 0 if trainable_params is None else base
     return {"params_bytes": train * param_bytes // shard, "frozen_params_bytes": frozen * param_bytes // shard,
             "grads_bytes": train * param_bytes // shard, "optimizer_bytes": ADAM_STATES * train * 4 // shard}
 
@@ -69,12 +69,16 @@ def analytic_memory(spec: ModelSpec, layout: Layout, seq_len: int, global_batch:
     return out
 
 
-def analytic_flops(spec: ModelSpec, seq_len: int, micro_batch: int, accum: int, tp: int) -> dict[str, Any] | None:
+def analytic_flops(spec: ModelSpec, seq_len: int, micro_batch: int, accum: int, tp: int,
+                   recompute: str = "none") -> dict[str, Any] | None:
     """Model FLOPs per rank per step: ``flops.model_train_step_flops`` × micro-batches ÷ tp."""
     try:
         from trainplan import flops
     except ImportError:
         return None
     per_mb = float(flops.model_train_step_flops(spec, seq_len, micro_batch))
+    tokens = seq_len * micro_batch * accum
+    extra = float(flops.recompute_flops_per_token(spec, seq_len, recompute)) * tokens / tp
     return {"source": "trainplan.flops.model_train_step_flops", "model_flops_per_rank_step": per_mb * accum / tp,
+            "hardware_flops_per_rank_step": per_mb * accum / tp + extra,
             "model_flops_per_token": float(flops.model_flops_per_token(spec, seq_len))}

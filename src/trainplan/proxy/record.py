@@ -32,7 +32,8 @@ def assemble_record(spec: dict[str, Any], ranks: list[dict], *, timed_out: bool,
     mspec, layout = ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"])
     accum = r0.get("accum", 1)
     fl = r0.get("flops", {})
-    analytic_fl = predict.analytic_flops(mspec, spec["seq_len"], layout.micro_batch, accum, layout.tp)
+    analytic_fl = predict.analytic_flops(mspec, spec["seq_len"], layout.micro_batch, accum, layout.tp,
+                                         layout.recompute)
     analytic_mem = predict.analytic_memory(mspec, layout, spec["seq_len"], spec["global_batch"], spec["dtype"],
                                            spec["finetune"], spec["lora_rank"], spec["lora_targets"], spec["device"])
     env = dict(r0.get("environment", {}))
@@ -51,6 +52,7 @@ def assemble_record(spec: dict[str, Any], ranks: list[dict], *, timed_out: bool,
             "attention_recompute_per_rank_step": fl.get("attention_recompute"),
             "measured_model_per_rank_step": None if total is None else total - fl["attention_recompute"],
             "analytic_model_per_rank_step": analytic_fl["model_flops_per_rank_step"] if analytic_fl else None,
+            "analytic_hardware_per_rank_step": analytic_fl["hardware_flops_per_rank_step"] if analytic_fl else None,
             "by_op": fl.get("by_op", {}),
         },
         "memory": {

@@ -134,6 +134,8 @@ def train(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
                     total += loss.detach()
                     if first and i == 0:
                         detail["saved"] = tracker.summary()
+                        # op-level SAC keeps its saves inside checkpoint's own storage, out of our hooks' reach
+                        detail["saved"]["complete"] = layout.recompute != "selective"
             opt.step()
         _sync(dev)
         times.append(time.perf_counter() - t0)

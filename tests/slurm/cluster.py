@@ -1,0 +1,98 @@
+"""A throwaway one-node Slurm 22.05 cluster on localhost (root, no systemd), for the e2e test.
+
+slurm.conf lives in a temp dir and is passed by ``SLURM_CONF`` (never /etc/slurm): nothing is left behind
+that would make later ``snakemake`` calls stall. Daemons are stopped by the PIDs this module started.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+CONF = """ClusterName=trainplan-test
+SlurmctldHost={host}
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+SchedulerType=sched/backfill
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/slurmd.pid
+SlurmctldLogFile={d}/slurmctld.log
+SlurmdLogFile={d}/slurmd.log
+SlurmctldPort=16817
+SlurmdPort=16818
+ReturnToService=2
+MpiDefault=none
+SlurmctldParameters=enable_configless
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+NodeName={host} NodeHostname={host} CPUs={cpus} RealMemory={mem} State=UNKNOWN
+PartitionName=cpu Nodes={host} Default=YES MaxTime=60 State=UP
+"""
+
+
+def available() -> str | None:
+    """None if a local cluster can be started here, else why not."""
+    if os.geteuid() != 0:
+        return "needs root"
+    for exe in ("slurmctld", "slurmd", "munged", "sbatch", "squeue"):
+        if not shutil.which(exe):
+            return f"{exe} not installed"
+    return None
+
+
+@contextmanager
+def local_slurm(tmp: Path):
+    d = tmp / "slurm"
+    for sub in ("state", "spool"):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    host = socket.gethostname()
+    mem = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 * 0.8)
+    conf = d / "slurm.conf"
+    conf.write_text(CONF.format(host=host, d=d, cpus=os.cpu_count() or 2, mem=mem))
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    procs: list[subprocess.Popen] = []
+    try:
+        key = Path("/etc/munge/munge.key")
+        if not key.exists():
+            key.parent.mkdir(parents=True, exist_ok=True)
+            key.write_bytes(os.urandom(1024))
+            key.chmod(0o400)
+        for p in ("/run/munge", "/var/log/munge", "/var/lib/munge"):
+            Path(p).mkdir(parents=True, exist_ok=True)
+        procs.append(subprocess.Popen(["munged", "-F", "--force"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+        time.sleep(1)
+        procs.append(subprocess.Popen(["slurmctld", "-D", "-f", str(conf)], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+        time.sleep(2)
+        procs.append(subprocess.Popen(["slurmd", "-D", "-f", str(conf)], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            r = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True)
+            if r.returncode == 0 and r.stdout.strip() in ("idle", "mix"):
+                break
+            time.sleep(1)
+        else:
+            raise RuntimeError(f"Slurm did not come up: {(d / 'slurmctld.log').read_text()[-2000:]}")
+        yield env
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        conf.unlink(missing_ok=True)

@@ -1,0 +1,173 @@
+"""The PDF memo: headline numbers equal the results files, captions trace to provenance, sections present,
+missing inputs say so, attachments present, and rendering twice gives identical bytes.
+
+Expected strings are formatted here with plain f-strings (not trainplan.memo.fmt), so a formatting or
+lookup bug in the memo shows up as a mismatch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from pypdf import PdfReader
+
+from trainplan import memo
+from trainplan.figures import make_figures, read_caption
+from trainplan.specs import Layout
+
+FIXTURE = Path(__file__).parent / "fixtures" / "results_min"
+HASH, COMMIT = "5f" * 32, "c0ffee" + "0" * 34
+CONFIG = {"study": {"name": "fixture study"}, "model": {"preset": "llama2-13b"},
+          "cluster": {"nodes": 4, "gpus_per_node": 8, "gpu": "h100-sxm-80gb"},
+          "training": {"seq_len": 4096, "global_batch": 256}, "cost": {"price_per_gpu_hour": 3.0},
+          "targets": {"max_hours": 72, "max_dollars": 15000, "min_tokens_per_s_per_gpu": 4000}}
+SECTIONS = ["The decision", "What was validated, and how", "Day-1 go/no-go checks", "The ask", "Contents",
+            "Study assumptions", "Alternatives considered", "Memory math", "Throughput math", "Validation",
+            "Published-data check", "Extrapolation", "Cost and schedule", "Sensitivity", "Risks and mitigations",
+            "Appendix A: launch artifacts", "Appendix B: resolved config", "Appendix C: provenance"]
+
+
+def _squash(s: str) -> str:
+    return re.sub(r"\s+", "", s)
+
+
+def _render(root: Path, out: Path) -> Path:
+    make_figures(root, root / "figures")
+    return memo.render_memo(root, out, config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    base = tmp_path_factory.mktemp("memo")
+    root = base / "results"
+    shutil.copytree(FIXTURE, root)
+    pdf = _render(root, base / "memo.pdf")
+    reader = PdfReader(pdf)
+    pages = [p.extract_text() for p in reader.pages]
+    return {"root": root, "pdf": pdf, "base": base, "reader": reader, "pages": pages, "text": "\n".join(pages)}
+
+
+def _load(rel: str) -> dict:
+    return json.loads((FIXTURE / rel).read_text())
+
+
+def test_page_one_states_the_decision_with_numbers_from_the_results(rendered):
+    p1 = _squash(rendered["pages"][0])
+    summary, prod, cost = _load("analytic/summary.json"), _load("prediction/production.json"), _load("cost/cost.json")
+    ch = prod["chosen"]
+    want = [Layout(**summary["layout"]).describe(), summary["family"],
+            f"{ch['tokens_per_s_per_gpu_p50']:,.0f}", f"{ch['tokens_per_s_per_gpu_p10']:,.0f}",
+            f"{ch['tokens_per_s_per_gpu_p90']:,.0f}", f"{ch['mem_total_gib_p50']:.1f}",
+            f"{ch['mem_total_gib_p10']:.1f}", f"{ch['mem_total_gib_p90']:.1f}", f"{100 * ch['headroom_frac']:.1f}%",
+            f"{100 * ch['mfu_p50']:.1f}%", f"{summary['hbm_gib']:.1f}",
+            f"{cost['ask']['gpu_hours']:,.0f}GPU-hours", f"${cost['ask']['dollars']:,.0f}",
+            f"{cost['ask']['window_h']:.1f}h"]
+    for t in cost["targets"]:
+        unit = t["unit"]
+        f = (lambda v: f"${v:,.0f}") if unit == "$" else (lambda v: f"{v:.1f}") if unit == "h" else (lambda v: f"{v:,.0f}")
+        want += [f(t["p50"]), f"{f(t['p10'])}–{f(t['p90'])}", f(t["target"])]
+        row = re.search(re.escape(_squash(f"{t['name']} ({unit})")) + r".*?(PASS|FAIL)", p1)
+        assert row and row.group(1) == ("PASS" if t["pass"] else "FAIL"), t["name"]
+    missing = [w for w in want if _squash(w) not in p1]
+    assert not missing
+
+
+def test_page_one_says_what_rests_on_published_data_and_never_uses_cpu_timings(rendered):
+    p1 = " ".join(rendered["pages"][0].split())
+    assert memo.SOURCE_LABELS[_load("calibration/calibration.json")["source"]] in p1
+    assert "not H100 timing evidence" in p1
+    assert "step_time_s_median" not in rendered["text"]  # CPU timings are never shown
+
+
+def test_validation_errors_are_those_of_the_records(rendered):
+    import pandas as pd
+
+    rec = pd.read_csv(FIXTURE / "proxies/records.csv")
+    ok = rec[rec["status"] == "ok"]
+    worst = ((ok["comm_bytes_pred"] - ok["comm_bytes_meas"]) / ok["comm_bytes_meas"]).abs().max()
+    assert _squash(f"comm_bytes (worst {100 * worst:.1f}%)") in _squash(rendered["pages"][0])
+    assert f"{len(rec)} proxy runs" in rendered["pages"][0]
+
+
+def test_all_sections_are_present_and_listed_in_the_contents_with_page_numbers(rendered):
+    text = _squash(rendered["text"])
+    for s in SECTIONS:
+        assert _squash(s) in text, s
+    toc = next(p for p in rendered["pages"] if "Contents" in p)
+    n = len(rendered["pages"])
+    for s in ("Memory math", "Risks and mitigations", "Appendix C: provenance"):
+        m = re.search(re.escape(s) + r"[ .]*(\d+)", toc)
+        assert m and 1 <= int(m.group(1)) <= n, s
+        assert s in rendered["pages"][int(m.group(1)) - 1], f"{s} not on page {m.group(1)}"
+
+
+def test_footer_carries_page_x_of_y_study_hash_and_commit(rendered):
+    n = len(rendered["pages"])
+    for i, page in enumerate(rendered["pages"], 1):
+        assert f"Page {i} of {n}" in page
+        assert HASH[:12] in page and COMMIT[:12] in page
+
+
+def test_each_figure_caption_hash_matches_its_provenance_sidecar(rendered):
+    root = rendered["root"]
+    text = _squash(rendered["text"])
+    svgs = sorted((root / "figures").glob("*.svg"))
+    assert len(svgs) == len(memo.FIGURES)
+    for svg in svgs:
+        cap = read_caption(svg)
+        sidecars = {json.loads((root / (s + ".provenance.json")).read_text())["config_hash"] for s in cap["sources"]}
+        assert cap["config_hash"] == "+".join(sorted(sidecars))
+        assert _squash(f"config {cap['config_hash'][:12]}") in text, svg.name
+
+
+def test_resolved_config_and_provenance_are_attached(rendered):
+    att = rendered["reader"].attachments
+    assert json.loads(att["config.resolved.json"][0]) == CONFIG
+    prov = json.loads(att["provenance.json"][0])
+    files = {p["file"] for p in prov}
+    assert "analytic/candidates.csv" in files and "cost/cost.json" in files
+    for p in prov:
+        assert p["config_hash"] == json.loads((FIXTURE / (p["file"] + ".provenance.json")).read_text())["config_hash"]
+    long = (FIXTURE / "launch/sbatch_4x8.sh").read_text()
+    assert att["sbatch_4x8.sh"][0].decode() == long  # long artifact attached, not printed
+    assert "--option-39" not in rendered["text"]
+    assert "--nproc-per-node 8" in " ".join(rendered["text"].split())  # short artifact printed inline
+
+
+def test_rendering_twice_gives_identical_bytes(rendered):
+    again = memo.render_memo(rendered["root"], rendered["base"] / "again.pdf", config=CONFIG, study_hash=HASH,
+                             git_commit=COMMIT)
+    assert again.read_bytes() == rendered["pdf"].read_bytes()
+
+
+def test_missing_optional_inputs_render_as_not_available(tmp_path):
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    for rel in ("cost/sensitivity.csv", "proxies/records.csv", "calibration/heldout.csv"):
+        (root / rel).unlink()
+    pdf = _render(root, tmp_path / "memo.pdf")
+    text = " ".join("\n".join(p.extract_text() for p in PdfReader(pdf).pages).split())
+    for rel in ("cost/sensitivity.csv", "proxies/records.csv", "calibration/heldout.csv", "figures/tornado.svg",
+                "figures/parity.svg"):
+        assert "Not available in this run: " in text and f"({rel} was not produced)" in text, rel
+
+
+def test_fmt_is_the_one_formatter():
+    assert memo.fmt(5637.06, "int") == "5,637"
+    assert memo.fmt(0.3591, "pct") == "35.9%"
+    assert memo.fmt(9738.0, "usd") == "$9,738"
+    assert memo.fmt(float("nan")) == "n/a" and memo.fmt(None, "int") == "n/a"
+    assert memo.fmt(True) == "yes"
+
+
+def test_template_fails_loudly_on_a_missing_key(rendered):
+    import jinja2
+
+    ctx = memo.build_context(rendered["root"], config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    del ctx["cost"]
+    with pytest.raises(jinja2.UndefinedError):
+        memo.render_html(ctx)

@@ -1,0 +1,249 @@
+"""Memory terms: ZeRO worked example, Korthikanti Table 2, saved activations of real PyTorch modules."""
+
+import contextlib
+from dataclasses import replace
+from importlib import resources
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from trainplan import memory as M
+from trainplan.specs import (
+    GB,
+    MODEL_PRESETS,
+    ClusterSpec,
+    ConfigError,
+    Layout,
+    LayoutTable,
+    ModelSpec,
+    TrainingSpec,
+    resolve_gpu,
+)
+
+LLAMA13 = MODEL_PRESETS["llama2-13b"]
+TRAIN = TrainingSpec(seq_len=4096, global_batch=256)
+
+
+def cluster(nodes: int = 4, gpu: str = "h100-sxm-80gb") -> ClusterSpec:
+    return ClusterSpec(nodes=nodes, gpus_per_node=8, gpu=gpu)
+
+
+# ----------------------------------------------------------------------------- model states
+@pytest.mark.parametrize(("stage", "published_gb"), [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.88)])
+def test_zero_paper_worked_example(stage: int, published_gb: float) -> None:
+    """Rajbhandari 2019 (ZeRO) Fig. 1: Ψ = 7.5B, N_d = 64; baseline, P_os, P_os+g, P_os+g+p."""
+    st = M.model_state_bytes(7.5e9, 64, stage, "bf16", "adamw", "zero")
+    assert sum(st.values()) / GB == pytest.approx(published_gb, abs=0.05)  # the figure rounds
+
+
+def test_fsdp2_split_has_the_same_total_as_zero3() -> None:
+    """FSDP2 (fp32 params + fp32 grads + fp32 m, v) = 16Ψ/d, as ZeRO-3's 2+2+12 (SOURCES.md)."""
+    z = M.model_state_bytes(1e9, 8, 3, convention="zero")
+    f = M.model_state_bytes(1e9, 8, 3, convention="fsdp2")
+    assert sum(z.values()) == sum(f.values()) == 16e9 / 8
+    assert f["weights"] == 4e9 / 8 and z["weights"] == 2e9 / 8
+
+
+def test_sgd_and_fp32_state_bytes() -> None:
+    assert M.state_bytes_per_param("bf16", "sgd") == (2, 2, 4)  # master copy only
+    assert M.state_bytes_per_param("fp32", "adamw") == (4, 4, 8)
+    assert M.state_bytes_per_param("fp32", "sgd") == (4, 4, 0)
+
+
+def test_stage_params_partition_the_model() -> None:
+    """Stages hold every parameter once (untied): first + middle stages + last = N (tp = 1)."""
+    m, pp = LLAMA13, 4
+    first, last = M.stage_params(m, 1, pp, "first"), M.stage_params(m, 1, pp, "last")
+    middle = m.layers / pp * m.n_params_per_layer
+    total = sum(first.values()) + sum(last.values()) + (pp - 2) * middle
+    assert total == m.n_params
+    assert sum(M.stage_params(m, 1, 1, "first").values()) == m.n_params
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_tp_shards_block_matmuls_exactly(tp: int) -> None:
+    m = MODEL_PRESETS["llama2-13b"]  # kv_heads = 40 ≥ tp: no K/V replication
+    assert tp * M.layer_matmul_params_per_rank(m, tp) == m.n_params_per_layer - 2 * m.hidden
+
+
+def test_tp_beyond_kv_heads_replicates_kv() -> None:
+    m = MODEL_PRESETS["llama3-8b"]  # 8 KV heads
+    h, kv, f = m.hidden, m.kv_dim, m.ffn_hidden
+    per_rank_16 = M.layer_matmul_params_per_rank(replace(m, heads=32), 16)
+    assert per_rank_16 == 2 * h * h / 16 + 2 * h * kv / 8 + 3 * h * f / 16
+
+
+def test_lora_adapter_count_llama2_7b_r8_qv() -> None:
+    """Hu 2021 §4.1: r·(d_in + d_out) per adapted matrix. Llama-2-7B, r=8 on q,v: 4,194,304 trainable
+    parameters (what PEFT's print_trainable_parameters reports for this setup)."""
+    m = MODEL_PRESETS["llama2-7b"]
+    assert m.layers * M.lora_params_per_layer(m, 8, ("q", "v")) == 4_194_304
+
+
+def test_qlora_nf4_costs_4_127_bits_per_param() -> None:
+    """Dettmers 2023 §2: double quantisation brings the constants to 0.127 bit/param (from 0.5)."""
+    assert pytest.approx(0.127, abs=5e-4) == (M.NF4_BYTES_PER_PARAM * 8 - 4)
+
+
+@pytest.mark.parametrize("sharding", ["none", "zero1", "zero2", "zero3", "hsdp"])
+def test_lora_only_adapters_carry_gradients_and_optimizer(sharding: str) -> None:
+    c = cluster()
+    lay = Layout(dp=32, sharding=sharding, shard_group=8 if sharding == "hsdp" else None)
+    full = M.model_states(LLAMA13, TRAIN, lay, c)
+    lora = M.model_states(LLAMA13, replace(TRAIN, finetune="lora"), lay, c)
+    qlora = M.model_states(LLAMA13, replace(TRAIN, finetune="qlora"), lay, c)
+    adapters = LLAMA13.layers * M.lora_params_per_layer(LLAMA13, TRAIN.lora_rank, TRAIN.lora_targets)
+    assert lora["gradients"] <= 4 * adapters and lora["optimizer"] <= 12 * adapters
+    assert qlora["weights"] < lora["weights"] < full["weights"] * (2 if sharding != "none" else 1.01)
+    assert lora["gradients"] < full["gradients"] / 100
+
+
+def test_offload_removes_optimizer_from_hbm() -> None:
+    base = Layout(dp=32, sharding="zero2")
+    st = M.model_states(LLAMA13, TRAIN, replace(base, offload="cpu"), cluster())
+    assert st["optimizer"] == 0 and st["weights"] == M.model_states(LLAMA13, TRAIN, base, cluster())["weights"]
+
+
+# ------------------------------------------------------------------------------- activations
+def _korthikanti_table2(s: float, b: float, h: float, a: float, t: float, row: str) -> float:
+    """Korthikanti 2022 Table 2, per-layer activation bytes (closed forms, as printed)."""
+    return {
+        "none": s * b * h * (34 + 5 * a * s / h),
+        "tp": s * b * h * (10 + 24 / t + 5 * a * s / (h * t)),
+        "tp_sp": s * b * h * (34 / t + 5 * a * s / (h * t)),
+        "tp_selective": s * b * h * (10 + 24 / t),
+        "tp_sp_selective": s * b * h * 34 / t,
+        "full": 2 * s * b * h,
+    }[row]
+
+
+@pytest.mark.parametrize(("s", "b", "h", "a", "t"), [(2048, 1, 12288, 96, 8), (2048, 4, 6144, 64, 8),
+                                                     (4096, 2, 5120, 40, 4), (1024, 3, 2048, 16, 2)])
+def test_korthikanti_table2_reproduced_from_itemised_tensors(s: int, b: int, h: int, a: int, t: int) -> None:
+    """The item-by-item account of a GPT block (§4.1) sums to each closed form of Table 2."""
+    k = M.korthikanti_activation_bytes
+    assert k(s, b, h, a) == pytest.approx(_korthikanti_table2(s, b, h, a, 1, "none"), rel=1e-12)
+    assert k(s, b, h, a, t) == pytest.approx(_korthikanti_table2(s, b, h, a, t, "tp"), rel=1e-12)
+    assert k(s, b, h, a, t, True) == pytest.approx(_korthikanti_table2(s, b, h, a, t, "tp_sp"), rel=1e-12)
+    assert k(s, b, h, a, t, False, "selective") == pytest.approx(
+        _korthikanti_table2(s, b, h, a, t, "tp_selective"), rel=1e-12)
+    assert k(s, b, h, a, t, True, "selective") == pytest.approx(
+        _korthikanti_table2(s, b, h, a, t, "tp_sp_selective"), rel=1e-12)
+    assert k(s, b, h, a, t, True, "full") == _korthikanti_table2(s, b, h, a, t, "full")
+
+
+def test_llama_block_bf16_flash_per_token_coefficients() -> None:
+    """docs/analytic-model.md §3: 2·(6h + 2kv + 4f) + 4·heads + 8 bytes/token (fused norm, flash)."""
+    m = LLAMA13
+    got = M.saved_activation_bytes_per_layer(m, 4096, 1)
+    assert got == 4096 * (2 * (6 * m.hidden + 2 * m.kv_dim + 4 * m.ffn_hidden) + 4 * m.heads + 8)
+
+
+def test_activation_divisions_tp_sp_cp_and_recompute() -> None:
+    f = M.saved_activation_bytes_per_layer
+    base = f(LLAMA13, 4096, 1)
+    assert f(LLAMA13, 4096, 1, tp=8, sp=True) == pytest.approx(base / 8)
+    assert base / 8 < f(LLAMA13, 4096, 1, tp=8) < base
+    assert f(LLAMA13, 4096, 1, cp=4) == pytest.approx(base / 4)
+    assert f(LLAMA13, 4096, 1, recompute="full") == 4096 * LLAMA13.hidden * 2
+    assert f(LLAMA13, 4096, 1, recompute="full") < f(LLAMA13, 4096, 1, recompute="selective") < base
+
+
+def test_pipeline_first_stage_holds_L_layers_worth() -> None:
+    """Narayanan 2021 §2.2 / Megatron theoretical_memory_usage: with m ≥ p the first stage stores
+    p micro-batches of L/p layers; interleaving multiplies by 1 + (p−1)/(p·v)."""
+    per = M.saved_activation_bytes_per_layer(LLAMA13, 4096, 1)
+    lay = Layout(dp=8, pp=4, sharding="zero1")
+    extra = 8 * 4096 + M.rope_table_bytes(LLAMA13, 4096)
+    assert M.activation_bytes(LLAMA13, TRAIN, lay) == pytest.approx(LLAMA13.layers * per + 4 * extra)
+    inter = replace(lay, pp_schedule="interleaved", vpp=2)
+    assert M.activation_bytes(LLAMA13, TRAIN, inter) == pytest.approx(LLAMA13.layers * per * (1 + 3 / 8) + 4 * extra)
+
+
+def _saved_bytes(model, tokens, math: bool) -> int:  # type: ignore[no-untyped-def]
+    torch = pytest.importorskip("torch")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):  # type: ignore[no-untyped-def]
+        k = t.untyped_storage().data_ptr()
+        if k not in params:
+            seen[k] = t.untyped_storage().nbytes()
+        return t
+
+    ctx = sdpa_kernel(SDPBackend.MATH) if math else contextlib.nullcontext()
+    with ctx, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(tokens)
+    return sum(seen.values())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("preset", ["debug", "debug-wide"])
+@pytest.mark.parametrize("gqa", [True, False])
+@pytest.mark.parametrize("attn_impl", ["flash", "math"])
+def test_saved_activations_match_the_proxy_model_exactly(preset: str, gqa: bool, attn_impl: str) -> None:
+    """Bytes PyTorch saves for backward (saved_tensors_hooks, unique storages, parameters excluded) on the
+    proxy Llama (fp32, CPU: F.rms_norm decomposes → norm_impl='composite') equal the formula."""
+    torch = pytest.importorskip("torch")
+    proxy = pytest.importorskip("trainplan.proxy.model")
+    spec: ModelSpec = MODEL_PRESETS[preset]
+    if not gqa:
+        spec = replace(spec, kv_heads=spec.heads)
+    s, b = 32, 2
+    model = proxy.build_model(spec)
+    got = _saved_bytes(model, torch.randint(0, spec.vocab, (b, s)), math=attn_impl == "math")
+    assert got == M.model_saved_activation_bytes(spec, s, b, dtype_bytes=4, attn_impl=attn_impl,
+                                                 norm_impl="composite")
+
+
+# ------------------------------------------------------------------------------ breakdown
+def test_breakdown_keys_and_total() -> None:
+    b = M.memory_breakdown(LLAMA13, cluster(), TRAIN, Layout(dp=32, sharding="zero3"))
+    assert tuple(b) == M.TERMS
+    assert b["total"] == pytest.approx(sum(b[k] for k in M.TERMS[:-1]))
+
+
+def test_breakdown_uses_efficiency_overheads() -> None:
+    class Eff:
+        runtime_overhead_bytes = 1e9
+        alloc_frag_frac = 0.0
+
+    b = M.memory_breakdown(LLAMA13, cluster(), TRAIN, Layout(dp=32, sharding="zero3"), Eff())
+    assert b["overhead"] == 1e9
+
+
+def test_torchtitan_llama2_13b_mb2_fits_a100_80gb() -> None:
+    """torchtitan docs/performance.md ran Llama-2-13B, FSDP over 64 A100-80GB, local batch 2, seq 4096,
+    no activation checkpointing: our peak for that run must be under the usable HBM."""
+    df = pd.read_csv(resources.files("trainplan") / "data" / "torchtitan_a100_and_405b_docs_performance.csv")
+    r = df[df.model == "Llama2-13B"].iloc[0]
+    c = cluster(nodes=int(r.gpus) // 8, gpu="a100-80gb")
+    t = TrainingSpec(seq_len=int(r.seq_len_default_cfg), global_batch=int(r.gpus) * int(r.local_batch))
+    b = M.memory_breakdown(LLAMA13, c, t, Layout(dp=int(r.gpus), sharding="zero3", micro_batch=int(r.local_batch)))
+    assert M.fits(b["total"], c.gpu, threshold=1.0)
+
+
+def test_headroom_and_fits_vectorised() -> None:
+    gpu = resolve_gpu("h100-sxm-80gb")
+    tot = np.array([0.5, 0.9, 0.95]) * gpu.hbm_bytes
+    assert M.headroom_frac(tot, gpu) == pytest.approx([0.5, 0.1, 0.05])
+    assert list(M.fits(tot, gpu)) == [True, True, False]
+    assert M.fits(0.95 * gpu.hbm_bytes, gpu, threshold=0.96) is True
+    with pytest.raises(ConfigError, match="threshold"):
+        M.fits(1.0, gpu, threshold=1.5)
+
+
+def test_bad_impl_names_the_key() -> None:
+    with pytest.raises(ConfigError, match="attn_impl"):
+        M.saved_activation_bytes_per_layer(LLAMA13, 4096, 1, attn_impl="sdpa")
+    with pytest.raises(ConfigError, match="norm_impl"):
+        M.saved_activation_bytes_per_layer(LLAMA13, 4096, 1, norm_impl="apex")
+
+
+def test_table_input_returns_arrays() -> None:
+    t = LayoutTable.from_layouts([Layout(dp=32, sharding="zero3"), Layout(dp=8, tp=4, sp=True, sharding="zero1")])
+    b = M.memory_breakdown(LLAMA13, cluster(), TRAIN, t)
+    assert all(np.shape(v) == (2,) for v in b.values())

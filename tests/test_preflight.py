@@ -1,0 +1,144 @@
+"""Preflight: the depth slice of the chosen layout, judged against the analytic prediction."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from trainplan import preflight as pf
+from trainplan.specs import ClusterSpec, ConfigError, Layout, TrainingSpec, resolve_model
+
+MODEL = resolve_model("llama2-13b")
+CLUSTER = ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb")
+TRAINING = TrainingSpec(seq_len=4096, global_batch=256)
+FSDP = Layout(dp=32, sharding="zero3", recompute="full", micro_batch=1)
+
+
+# ------------------------------------------------------------------------------------------ the slice
+@pytest.mark.parametrize("layout,world", [
+    (FSDP, 8), (Layout(dp=16, tp=2, sp=True, sharding="hsdp", shard_group=8), 8),
+    (Layout(dp=8, pp=4, sharding="zero1"), 8), (Layout(dp=16, cp=2, sharding="zero3"), 8), (FSDP, 2)])
+def test_preflight_layout_fits_one_node_and_the_proxy_harness(layout, world):
+    lay, notes = pf.preflight_layout(layout, world)
+    assert lay.world_size == world and lay.pp == lay.cp == 1
+    assert lay.sharding in ("none", "zero2", "zero3", "hsdp")
+    assert lay.recompute == layout.recompute and lay.micro_batch == layout.micro_batch
+    changed = (layout.pp > 1, layout.cp > 1, layout.sharding == "zero1", layout.sharding == "hsdp")
+    assert len(notes) >= sum(changed)
+
+
+def test_preflight_spec_is_a_valid_run_spec_at_production_width_on_cuda():
+    from trainplan.proxy.schema import normalize_run_spec
+
+    spec, _ = pf.preflight_spec(MODEL, CLUSTER, TRAINING, FSDP, device="cuda", layers=2)
+    norm = normalize_run_spec(copy.deepcopy(spec))
+    assert norm["model"]["hidden"] == MODEL.hidden and norm["model"]["ffn_hidden"] == MODEL.ffn_hidden
+    assert norm["model"]["layers"] == 2 and norm["seq_len"] == TRAINING.seq_len
+    assert norm["nproc_per_node"] == CLUSTER.gpus_per_node and norm["nnodes"] == 1
+    assert norm["dtype"] == "bf16" and norm["family"] == "preflight"
+
+
+def test_preflight_spec_on_cpu_is_debug_size():
+    from trainplan.proxy.schema import normalize_run_spec
+
+    spec, notes = pf.preflight_spec(MODEL, CLUSTER, TRAINING, FSDP, device="cpu", layers=2)
+    norm = normalize_run_spec(copy.deepcopy(spec))
+    assert norm["model"]["hidden"] < 1024 and norm["nproc_per_node"] == 2 and norm["dtype"] == "fp32"
+    assert any("not H100 speed" in n for n in notes)
+
+
+def test_preflight_spec_rejects_bad_device_and_depth():
+    with pytest.raises(ConfigError, match="device"):
+        pf.preflight_spec(MODEL, CLUSTER, TRAINING, FSDP, device="tpu")
+    with pytest.raises(ConfigError, match="layers"):
+        pf.preflight_spec(MODEL, CLUSTER, TRAINING, FSDP, layers=0)
+
+
+# -------------------------------------------------------------------------------------- evaluation
+def record(device: str = "cpu", *, params=1000, grads=1000, optim=2000, act=500.0, status="ok",
+           reserved=None, median=0.5) -> dict:
+    spec, _ = pf.preflight_spec(MODEL, CLUSTER, TRAINING, FSDP, device=device, layers=2)
+    state = {"params_bytes": params, "frozen_params_bytes": 0, "grads_bytes": grads, "optimizer_bytes": optim}
+    return {"status": status, "message": "" if status == "ok" else "CUDA out of memory", "spec": spec,
+            "timing": {"step_time_median_s": median},
+            "memory": {"state_bytes_per_rank": [state, state], "saved_activations": {"mean_layer_bytes": act},
+                       "cuda_max_reserved_bytes": reserved},
+            "predicted": {"memory": {"breakdown_bytes": {"weights": 1000, "gradients": 1000, "optimizer": 2000},
+                                     "activation_bytes_per_layer": 500.0}}}
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_cpu_record_matching_prediction_passes_and_time_is_not_comparable():
+    verdict, checks = pf.evaluate(record(), CLUSTER)
+    assert verdict == "PASS"
+    t = by_name(checks)["median step time s"]
+    assert t.status == "NOT_COMPARABLE" and "not comparable on CPU" in t.note
+
+
+@pytest.mark.parametrize("field,value,check", [("params", 1050, "weights bytes/rank"),
+                                               ("optim", 1900, "optimizer bytes/rank"),
+                                               ("act", 600.0, "saved activations bytes/layer")])
+def test_measurement_outside_its_threshold_fails(field, value, check):
+    verdict, checks = pf.evaluate(record(**{field: value}), CLUSTER)
+    assert verdict == "FAIL" and by_name(checks)[check].status == "FAIL"
+
+
+def test_measurement_inside_its_threshold_passes():
+    verdict, _ = pf.evaluate(record(params=1015, act=540.0), CLUSTER)  # +1.5% < 2%, +8% < 10%
+    assert verdict == "PASS"
+
+
+def test_missing_prediction_fails_rather_than_passes():
+    rec = record()
+    del rec["predicted"]["memory"]["activation_bytes_per_layer"]
+    verdict, checks = pf.evaluate(rec, CLUSTER)
+    assert verdict == "FAIL" and by_name(checks)["saved activations bytes/layer"].status == "MISSING"
+
+
+def test_oom_run_fails_with_its_message():
+    verdict, checks = pf.evaluate(record(status="oom"), CLUSTER)
+    assert verdict == "FAIL" and "out of memory" in checks[0].note
+
+
+def test_cuda_record_is_judged_on_peak_memory_and_step_time():
+    peak, time_s = pf._predicted_cuda(record("cuda"), CLUSTER, None)
+    assert peak and time_s and peak > 0 and time_s > 0
+    ok = record("cuda", reserved=int(peak * 1.05), median=time_s * 1.1)
+    verdict, checks = pf.evaluate(ok, CLUSTER)
+    c = by_name(checks)
+    assert c["peak reserved bytes"].status == "PASS" and c["median step time s"].status == "PASS"
+    slow = record("cuda", reserved=int(peak * 1.05), median=time_s * 1.5)
+    assert by_name(pf.evaluate(slow, CLUSTER)[1])["median step time s"].status == "FAIL"
+    big = record("cuda", reserved=int(CLUSTER.gpu.hbm_bytes * 0.95), median=time_s)
+    assert by_name(pf.evaluate(big, CLUSTER)[1])["peak within headroom"].status == "FAIL"
+    assert pf.evaluate(record("cuda", reserved=None), CLUSTER)[0] == "FAIL"
+
+
+def test_report_prints_numbers_thresholds_and_verdict():
+    verdict, checks = pf.evaluate(record(params=1050), CLUSTER)
+    text = pf.format_report(verdict, checks, ["a note"])
+    assert text.endswith("PREFLIGHT FAIL")
+    assert "+5.0%" in text and "tol ±2%" in text and "note: a note" in text
+
+
+# ------------------------------------------------------------------------------------ the real run
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cpu_preflight_runs_the_proxy_and_passes_against_the_analytic_prediction(tmp_path):
+    res = pf.run_preflight(MODEL, CLUSTER, TRAINING, FSDP, tmp_path, device="cpu", steps=3, warmup=1,
+                           timeout_s=240)
+    assert (tmp_path / "preflight_record.json").exists() and (tmp_path / "preflight.json").exists()
+    checks = {c["name"]: c for c in res["checks"]}
+    assert checks["weights bytes/rank"]["measured"] and checks["saved activations bytes/layer"]["measured"]
+    assert checks["median step time s"]["status"] == "NOT_COMPARABLE"
+    assert res["verdict"] == "PASS", res["checks"]
+
+
+def test_main_bad_summary_is_a_config_error(tmp_path, capsys):
+    rc = pf.main(["--summary", str(tmp_path / "none.json"), "--config", "config/config.yaml",
+                  "--out", str(tmp_path / "o")])
+    assert rc == 2 and "summary" in capsys.readouterr().err

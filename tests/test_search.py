@@ -1,0 +1,75 @@
+"""Layout search: enumeration, infeasible rows with reasons, ranking, Pareto front, family verdicts."""
+
+import numpy as np
+import pytest
+
+from trainplan.efficiency import Efficiency
+from trainplan.estimate import estimate
+from trainplan.search import enumerate_layouts, family_verdicts, row_layout, search
+from trainplan.specs import (
+    ClusterSpec,
+    ConfigError,
+    TrainingSpec,
+    layout_problems,
+    resolve_gpu,
+    resolve_model,
+)
+
+MODEL = resolve_model("llama2-13b")
+CLUSTER = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
+TRAIN = TrainingSpec(seq_len=4096, global_batch=256)
+OPTS = {"micro_batch": [1, 2], "recompute": ["none", "full"], "offload": ["none"]}
+
+
+@pytest.fixture(scope="module")
+def df():
+    return search(MODEL, CLUSTER, TRAIN, Efficiency(), OPTS)
+
+
+def test_every_layout_uses_all_gpus():
+    L = enumerate_layouts(CLUSTER, OPTS)
+    assert len(L) > 1000 and np.all(L.world_size == CLUSTER.n_gpus)
+
+
+def test_infeasible_rows_have_reasons_and_structural_reasons_match_specs(df):
+    bad = df[~df["feasible"]]
+    assert len(bad) > 0 and (bad["reason"].str.len() > 0).all()
+    assert (df.loc[df["feasible"], "reason"] == "").all()
+    sample = df.sample(200, random_state=0)
+    for _, r in sample.iterrows():
+        structural = bool(layout_problems(MODEL, CLUSTER, TRAIN, row_layout(r)))
+        assert structural == (r["reason"] != "" and not r["reason"].startswith("OOM")), r["layout_text"]
+
+
+def test_rank_orders_by_throughput_and_matches_estimate(df):
+    feas = df[df["feasible"]].sort_values("rank")
+    assert list(feas["rank"]) == list(range(1, len(feas) + 1))
+    assert (np.diff(feas["tokens_per_s"].to_numpy()) <= 1e-9).all()
+    best = row_layout(feas.iloc[0])
+    est = estimate(MODEL, CLUSTER, TRAIN, best).to_json()
+    assert est["feasible"] and est["tokens_per_s"] == pytest.approx(feas.iloc[0]["tokens_per_s"])
+    assert est["memory_gib"]["total"] == pytest.approx(feas.iloc[0]["mem_total_gib"])
+
+
+def test_pareto_front_is_non_dominated(df):
+    feas = df[df["feasible"]]
+    front = feas[feas["pareto"]]
+    assert front.iloc[0]["rank"] == 1 or front["rank"].min() == 1
+    for _, r in front.iterrows():
+        dominated = (feas["tokens_per_s"] > r["tokens_per_s"]) & (feas["headroom_frac"] > r["headroom_frac"])
+        assert not dominated.any()
+
+
+def test_family_verdicts_one_line_per_family(df):
+    v = family_verdicts(df)
+    assert set(v["family"]) == set(df["family"])
+    assert (v["verdict"] == "chosen").sum() == 1
+    assert v["line"].str.len().gt(0).all()
+    assert "OOM" in set(v["verdict"])  # plain DDP of a 13B model cannot hold 16 bytes/param on 80 GB
+
+
+def test_bad_option_names_key():
+    with pytest.raises(ConfigError, match="search.tpp"):
+        search(MODEL, CLUSTER, TRAIN, Efficiency(), {"tpp": [1]})
+    with pytest.raises(ConfigError, match="search.sharding"):
+        search(MODEL, CLUSTER, TRAIN, Efficiency(), {"sharding": ["zero9"]})
