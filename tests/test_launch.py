@@ -299,3 +299,39 @@ def test_sbatch_test_only_builds_an_override_command(tmp_path, monkeypatch):
     monkeypatch.setattr(launch.subprocess, "run", fake_run)
     launch.sbatch_test_only(tmp_path / "s.sh", partition="debug", account="lab")
     assert seen["cmd"] == ["sbatch", "--test-only", "--partition=debug", "--account=lab", str(tmp_path / "s.sh")]
+
+
+def test_config_launch_options_fill_the_directives(tmp_path):
+    opts = {"job_name": "llama2-13b-fft", "partition": "h100", "account": "lab-7", "time_limit_h": 36.5,
+            "master_port": 29611}
+    launch.write_artifacts(MODEL, CLUSTER, TRAINING, FSDP, tmp_path, study_hash=HASH, options=opts)
+    text = (tmp_path / "sbatch_4x8.sh").read_text()
+    assert "#SBATCH --partition=h100\n" in text and "#SBATCH --account=lab-7\n" in text
+    assert "PLACEHOLDER_PARTITION" not in text and "PLACEHOLDER_ACCOUNT" not in text
+    assert f"#SBATCH --job-name=llama2-13b-fft-{HASH[:12]}\n" in text and "#SBATCH --time=36:30:00\n" in text
+    assert 'RDZV_PORT="${RDZV_PORT:-29611}"' in text and "29611" in (tmp_path / "torchrun.sh").read_text()
+    launch.bash_syntax_check(tmp_path / "sbatch_4x8.sh")
+
+
+@pytest.mark.parametrize("opts,key", [({"partition": "gpu; rm -rf /"}, "launch.partition"),
+                                      ({"master_port": 80}, "launch.master_port"),
+                                      ({"nodes": 3}, "launch.nodes")])
+def test_bad_launch_options_name_the_key(tmp_path, opts, key):
+    with pytest.raises(ConfigError) as e:
+        launch.write_artifacts(MODEL, CLUSTER, TRAINING, FSDP, tmp_path, study_hash=HASH, options=opts)
+    assert e.value.key == key
+
+
+def test_main_writes_artifacts_from_the_study_config(tmp_path, capsys):
+    from trainplan.config import load_config
+    from trainplan.provenance import config_hash
+
+    cfg = load_config("config/config.yaml")
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"layout": FSDP.to_dict()}))
+    rc = launch.main(["--summary", str(summary), "--config", "config/config.yaml", "--out", str(tmp_path / "o")])
+    assert rc == 0, capsys.readouterr().err
+    text = (tmp_path / "o" / launch.sbatch_name(cfg.cluster)).read_text()
+    assert f"study hash: {config_hash(cfg.raw)}" in text
+    assert f"--job-name={cfg.launch['job_name']}-" in text
+    assert "accelerate_fsdp2.yaml" in capsys.readouterr().out

@@ -61,8 +61,9 @@ def test_widening_the_shard_degree_never_raises_memory(model, training, layout, 
     wide = replace(narrow, dp=narrow.dp * 2)
     a = M.memory_breakdown(model, CLUSTER, training, narrow)
     b = M.memory_breakdown(model, CLUSTER, training, wide)
-    states = ("weights", "gradients", "optimizer")
-    assert sum(b[k] for k in states) <= sum(a[k] for k in states) * (1 + 1e-12)
+    for stage in ("first", "last"):  # per stage: the peak rank may switch stage as in-flight work shrinks
+        narrow_states = sum(M.model_states(model, training, narrow, CLUSTER, stage).values())
+        assert sum(M.model_states(model, training, wide, CLUSTER, stage).values()) <= narrow_states * (1 + 1e-12)
     assert b["total"] <= a["total"] * (1 + 1e-12)
 
 

@@ -334,7 +334,7 @@ def make_figures(results_dir: str | Path, out_dir: str | Path, *, hbm_gib: float
 
     cand_p = r / "analytic/candidates.csv"
     if cand_p.exists():
-        cand = pd.read_csv(cand_p)
+        cand = pd.read_csv(cand_p, low_memory=False)
         rep = representative_layouts(cand)
         hbm = hbm_gib
         if hbm is None:

@@ -24,7 +24,7 @@ import json
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ __all__ = ["Artifact", "DEEPSPEED_DOCUMENTED_KEYS", "accelerate_config", "bash_s
 DECODER_LAYER_CLS = "LlamaDecoderLayer"  # transformers' Llama block; FSDP2 wraps one unit per layer
 DEFAULT_TRAIN_SCRIPT = "train.py"  # PLACEHOLDER: the training entry point the run will use
 RDZV_PORT = 29500  # torchrun's default c10d port
+LAUNCH_OPTIONS = frozenset({"job_name", "partition", "account", "time_limit_h", "master_port"})
 SHORT_MAX_LINES = 45  # artifacts up to this many lines are inlined in the memo; longer ones attached
 
 # Top-level and zero_optimization keys as documented at https://www.deepspeed.ai/docs/config-json/ and
@@ -93,6 +94,11 @@ def _check_hash(study_hash: str) -> str:
     if not isinstance(study_hash, str) or not study_hash or not all(c.isalnum() for c in study_hash):
         raise ConfigError("study_hash", study_hash, "a non-empty alphanumeric hash (e.g. provenance.config_hash)")
     return study_hash
+
+
+def _slurm_word(v: object) -> bool:
+    """A value safe on an #SBATCH line (Slurm parses those itself, not the shell)."""
+    return isinstance(v, str) and bool(v) and all(c.isascii() and (c.isalnum() or c in "._-") for c in v)
 
 
 def sbatch_name(cluster: ClusterSpec) -> str:
@@ -255,23 +261,33 @@ def _template(name: str) -> Any:
 
 
 def torchrun_script(model: ModelSpec, cluster: ClusterSpec, layout: Layout, *, study_hash: str,
-                    train_script: str = DEFAULT_TRAIN_SCRIPT, train_args: Sequence[str] = ()) -> str:
+                    train_script: str = DEFAULT_TRAIN_SCRIPT, train_args: Sequence[str] = (),
+                    master_port: int = RDZV_PORT) -> str:
     """A runnable torchrun.sh (header, HEAD_NODE guard, the torchrun command)."""
     _check_hash(study_hash)
     return _template("torchrun.sh.j2").render(
         header=_header("torchrun command (run on every node)", study_hash, model, cluster, layout),
-        rdzv_port=RDZV_PORT, rdzv_id=shlex.quote(f"trainplan-{study_hash[:12]}"),
+        rdzv_port=int(master_port), rdzv_id=shlex.quote(f"trainplan-{study_hash[:12]}"),
         command=torchrun_command(cluster, train_script=train_script, train_args=train_args))
 
 
 def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, *,
                   study_hash: str, train_script: str = DEFAULT_TRAIN_SCRIPT, train_args: Sequence[str] = (),
-                  time_limit_h: float = 72.0, collective_timeout_s: int = 1800,
+                  time_limit_h: float = 72.0, collective_timeout_s: int = 1800, job_name: str = "trainplan",
+                  partition: str | None = None, account: str | None = None, master_port: int = RDZV_PORT,
                   accelerate_file: str = "accelerate_fsdp2.yaml") -> str:
-    """The Slurm batch script for nodes x gpus_per_node (accelerate launch under srun, c10d rendezvous)."""
+    """The Slurm batch script for nodes x gpus_per_node (accelerate launch under srun, c10d rendezvous).
+
+    ``partition``/``account`` of None leave a disabled, marked PLACEHOLDER directive.
+    """
     _check_hash(study_hash)
-    if not (isinstance(time_limit_h, int | float) and time_limit_h > 0):
-        raise ConfigError("time_limit_h", time_limit_h, "a positive number of hours")
+    if isinstance(time_limit_h, bool) or not (isinstance(time_limit_h, int | float) and time_limit_h > 0):
+        raise ConfigError("launch.time_limit_h", time_limit_h, "a positive number of hours")
+    if isinstance(master_port, bool) or not isinstance(master_port, int) or not 1024 <= master_port <= 65535:
+        raise ConfigError("launch.master_port", master_port, "an integer port in 1024..65535")
+    for key, val in (("job_name", job_name), ("partition", partition), ("account", account)):
+        if val is not None and not _slurm_word(val):
+            raise ConfigError(f"launch.{key}", val, "letters, digits, '.', '_' or '-' only (an #SBATCH value)")
     minutes = max(1, round(time_limit_h * 60))
     inner = " ".join([
         "exec accelerate launch --config_file", '"$LAUNCH_DIR"/' + shlex.quote(accelerate_file),
@@ -281,11 +297,12 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     return _template("sbatch.sh.j2").render(
         header=_header(f"Slurm batch script ({cluster.nodes} x {cluster.gpus_per_node} GPUs)", study_hash,
                        model, cluster, layout),
-        script_name=sbatch_name(cluster), job_name=shlex.quote(f"trainplan-{study_hash[:12]}"),
+        script_name=sbatch_name(cluster), job_name=f"{job_name}-{study_hash[:12]}",
+        partition=partition, account=account,
         nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node,
         time_limit=f"{minutes // 60:d}:{minutes % 60:02d}:00", collective_timeout_s=int(collective_timeout_s),
         seq_len=training.seq_len, micro_batch=layout.micro_batch, grad_accum=grad_accum(training, layout),
-        rdzv_port=RDZV_PORT, node_command=shlex.quote(inner))
+        rdzv_port=master_port, node_command=shlex.quote(inner))
 
 
 def bash_syntax_check(path: str | Path) -> None:
@@ -313,15 +330,24 @@ def sbatch_test_only(path: str | Path, *, partition: str | None = None, account:
 # ------------------------------------------------------------------------------------------ write
 def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,
                     out_dir: str | Path, *, study_hash: str, train_script: str = DEFAULT_TRAIN_SCRIPT,
-                    train_args: Sequence[str] = (), time_limit_h: float = 72.0) -> list[tuple[str, bool]]:
-    """Write every artifact (atomically) plus manifest.json; return [(filename, short?), ...]."""
+                    train_args: Sequence[str] = (), options: Mapping[str, Any] | None = None
+                    ) -> list[tuple[str, bool]]:
+    """Write every artifact (atomically) plus manifest.json; return [(filename, short?), ...].
+
+    ``options`` is the config's ``launch`` section: job_name, partition, account, time_limit_h, master_port.
+    """
     out = Path(out_dir)
+    opts = dict(options or {})
+    unknown = sorted(set(opts) - LAUNCH_OPTIONS)
+    if unknown:
+        raise ConfigError("launch." + unknown[0], opts[unknown[0]], "valid: " + ", ".join(sorted(LAUNCH_OPTIONS)))
     kw = {"study_hash": study_hash, "train_script": train_script, "train_args": train_args}
     texts: dict[str, tuple[str, str]] = {
         "accelerate_fsdp2.yaml": (accelerate_config(model, cluster, training, layout, study_hash=study_hash),
                                   "Accelerate FSDP2 config"),
-        "torchrun.sh": (torchrun_script(model, cluster, layout, **kw), "torchrun command, one per node"),
-        sbatch_name(cluster): (sbatch_script(model, cluster, training, layout, time_limit_h=time_limit_h, **kw),
+        "torchrun.sh": (torchrun_script(model, cluster, layout, master_port=opts.get("master_port", RDZV_PORT), **kw),
+                        "torchrun command, one per node"),
+        sbatch_name(cluster): (sbatch_script(model, cluster, training, layout, **opts, **kw),
                                "Slurm batch script"),
     }
     ds = deepspeed_config(model, cluster, training, layout, study_hash=study_hash)
@@ -373,13 +399,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--study-hash", help="hash for the headers (default: config_hash of the config)")
     ap.add_argument("--train-script", default=DEFAULT_TRAIN_SCRIPT, help="training entry point (PLACEHOLDER)")
-    ap.add_argument("--time-limit-h", type=float, default=72.0, help="Slurm --time in hours (default 72)")
+    ap.add_argument("--time-limit-h", type=float, help="Slurm --time in hours (default: config launch.time_limit_h)")
     a = ap.parse_args(argv)
     try:
         cfg, model, cluster, training, layout = _load_inputs(a.summary, a.config)
         h = a.study_hash or study_hash_of(cfg)
+        opts = {k: v for k, v in dict(getattr(cfg, "launch", None) or {}).items() if k in LAUNCH_OPTIONS}
+        if a.time_limit_h is not None:
+            opts["time_limit_h"] = a.time_limit_h
         arts = write_artifacts(model, cluster, training, layout, a.out, study_hash=h,
-                               train_script=a.train_script, time_limit_h=a.time_limit_h)
+                               train_script=a.train_script, options=opts)
         for name, _ in arts:
             if name.endswith(".sh"):
                 bash_syntax_check(Path(a.out) / name)

@@ -83,7 +83,7 @@ class Results:
 
     def csv(self, rel: str) -> pd.DataFrame | None:
         p = self.path(rel)
-        return pd.read_csv(p) if p.exists() else None
+        return pd.read_csv(p, low_memory=False) if p.exists() else None
 
     def sidecars(self) -> list[tuple[str, dict]]:
         """Every ``<file>.provenance.json`` under the tree, with ``git_commit``/``git_dirty`` flattened."""
@@ -157,7 +157,8 @@ def _families(fam: pd.DataFrame | None, top: int = FAMILIES_SHOWN) -> dict[str, 
     rows = _records(fam[keep])
     for r in rows:  # producer column names: best_layout/line (search.family_verdicts) or layout/reason
         r["layout_text"] = r.get("best_layout") or r.get("layout") or ""
-        r["why"] = r.get("line") or r.get("reason") or ""
+        v = str(r.get("verdict") or "")
+        r["why"] = r.get("line") or (f"{v}: {r['reason']}" if r.get("reason") else v)
     return {"families": rows, "families_total": len(fam)}
 
 

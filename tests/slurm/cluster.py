@@ -1,7 +1,8 @@
 """A throwaway one-node Slurm 22.05 cluster on localhost (root, no systemd), for the e2e test.
 
-slurm.conf lives in a temp dir and is passed by ``SLURM_CONF`` (never /etc/slurm): nothing is left behind
-that would make later ``snakemake`` calls stall. Daemons are stopped by the PIDs this module started.
+slurm.conf lives in a temp dir (``SLURM_CONF``) and, because ``srun`` inside batch jobs only finds the
+default path, is also copied to /etc/slurm/slurm.conf when none exists there — and removed afterwards (a
+leftover slurm.conf makes every later ``snakemake`` call stall). Daemons are stopped by the PIDs started here.
 """
 
 from __future__ import annotations
@@ -64,7 +65,13 @@ def local_slurm(tmp: Path):
     conf.write_text(CONF.format(host=host, d=d, cpus=os.cpu_count() or 2, mem=mem))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     procs: list[subprocess.Popen] = []
+    system_conf = Path("/etc/slurm/slurm.conf")
+    placed = False
     try:
+        if not system_conf.exists():
+            system_conf.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(conf, system_conf)
+            placed = True
         key = Path("/etc/munge/munge.key")
         if not key.exists():
             key.parent.mkdir(parents=True, exist_ok=True)
@@ -96,3 +103,5 @@ def local_slurm(tmp: Path):
             except subprocess.TimeoutExpired:
                 p.kill()
         conf.unlink(missing_ok=True)
+        if placed:
+            system_conf.unlink(missing_ok=True)

@@ -64,20 +64,12 @@ def fakemem(model: str, *, world: int = 32, seq_len: int = 4096, micro_batch: in
     finally:
         if created:
             dist.destroy_process_group()
-    per_dev = {str(d): {str(k): int(v) for k, v in cats.items()} for d, cats in snap.items()}
-    peak_total = max((c.get("Total", 0) for c in per_dev.values()), default=0)
-    mods: dict[str, Any] = {}
-    for mod, st in getattr(tracker, "memory_tracking", {}).items():
-        name = getattr(st, "mod_fqn", str(mod))
-        if name.count(".") > 1:
-            continue
-        phases = getattr(st, "snapshots", {})
-        mods[name] = {str(getattr(ph, "value", ph)): max((sum(int(v) for k, v in s_[0].get(next(iter(s_[0])), {}).items() if k == "Total") for s_ in [snaps] if snaps), default=0)
-                      for ph, snaps in phases.items()} if phases else {}
+    per_dev = {str(d): {str(getattr(k, "name", k)).lower(): int(v) for k, v in cats.items()} for d, cats in snap.items()}
+    peak_total = max((c.get("total", 0) for c in per_dev.values()), default=0)
     layout = Layout(dp=world, sharding="zero3", recompute=recompute, micro_batch=micro_batch)
     return {"model": spec.name, "world": world, "seq_len": seq_len, "micro_batch": micro_batch, "dtype": dtype,
             "recompute": recompute, "device_type": dev_type, "peak_bytes_by_category": per_dev,
-            "peak_total_bytes": peak_total, "modules": mods, "seconds": time.perf_counter() - t0,
+            "peak_total_bytes": peak_total, "seconds": time.perf_counter() - t0,
             "analytic": _analytic(spec, layout, seq_len, dtype)}
 
 
