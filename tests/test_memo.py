@@ -22,7 +22,7 @@ from trainplan.specs import Layout
 FIXTURE = Path(__file__).parent / "fixtures" / "results_min"
 HASH, COMMIT = "5f" * 32, "c0ffee" + "0" * 34
 CONFIG = {"study": {"name": "fixture study"}, "model": {"preset": "llama2-13b"},
-          "cluster": {"nodes": 4, "gpus_per_node": 8, "gpu": "h100-sxm-80gb"},
+          "cluster": {"nodes": 4, "gpus_per_node": 8, "gpu": "h100-sxm-80gb", "inter_busbw_GBps": 46},
           "training": {"seq_len": 4096, "global_batch": 256}, "cost": {"price_per_gpu_hour": 3.0},
           "targets": {"max_hours": 72, "max_dollars": 15000, "min_tokens_per_s_per_gpu": 4000}}
 SECTIONS = ["The decision", "What was validated, and how", "Day-1 go/no-go checks", "The ask", "Contents",
@@ -65,7 +65,8 @@ def test_page_one_states_the_decision_with_numbers_from_the_results(rendered):
             f"{ch['mem_total_gib_p10']:.1f}", f"{ch['mem_total_gib_p90']:.1f}", f"{100 * ch['headroom_frac']:.1f}%",
             f"{100 * ch['mfu_p50']:.1f}%", f"{summary['hbm_gib']:.1f}",
             f"{cost['ask']['gpu_hours']:,.0f}GPU-hours", f"${cost['ask']['dollars']:,.0f}",
-            f"{cost['ask']['window_h']:.1f}h"]
+            f"{cost['ask']['window_h']:.1f}h", f"{CONFIG['cluster']['inter_busbw_GBps']}GB/sperGPU",
+            f"≤{ch['mem_total_gib_p90']:.1f}GiB(p90prediction)", f"≥{ch['tokens_per_s_per_gpu_p10']:,.0f}(p10)"]
     for t in cost["targets"]:
         unit = t["unit"]
         f = (lambda v: f"${v:,.0f}") if unit == "$" else (lambda v: f"{v:.1f}") if unit == "h" else (lambda v: f"{v:,.0f}")

@@ -231,6 +231,7 @@ def build_context(results_dir: str | Path, *, config: dict, study_hash: str, git
         "sensitivity": _records(res.csv("cost/sensitivity.csv")) or None,
         "validation": _validation(rec), "launch": _launch(res), "figures": _figures(fig_dir, res),
         "config_rows": _flatten(config),
+        "inter_busbw_GBps": (config.get("cluster") or {}).get("inter_busbw_GBps") if config else None,
         "assumptions": [(k, v) for s in ("model", "cluster", "training", "cost", "targets")
                         for k, v in _flatten(config.get(s), s)] if config else [],
         "provenance": [{"file": f, **sc} for f, sc in res.sidecars()],

@@ -47,7 +47,7 @@ def fakemem(model: str, *, world: int = 32, seq_len: int = 4096, micro_batch: in
                 m = Transformer(spec)
             apply_ac(m, recompute)
             apply_fsdp(m, mesh, reshard_after_forward=True, bf16=dtype == "bf16")
-            opt = torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True)
+            opt = torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=False)  # foreach temporaries would dominate the peak
             tokens = torch.randint(0, spec.vocab, (micro_batch, seq_len + 1), device=dev_type)
             tracker = FSDPMemTracker(m, opt)
             tracker.track_inputs((tokens,))
