@@ -1,0 +1,73 @@
+"""Flatten proxy RECORDs into one table: predicted next to measured, with relative errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from trainplan.io import read_json
+
+
+def _rel(measured: Any, predicted: Any) -> float | None:
+    if measured is None or predicted is None or predicted == 0:
+        return None
+    return (float(measured) - float(predicted)) / float(predicted)
+
+
+def record_row(rec: dict[str, Any]) -> dict[str, Any]:
+    """One flat row of a RECORD (rank 0's per-rank figures)."""
+    spec, lay = rec["spec"], rec["spec"]["layout"]
+    mem, fl, pred = rec["memory"], rec["flops"], rec["predicted"]
+    st = (mem.get("state_bytes_per_rank") or [{}])[0]
+    ex = pred.get("exact_state_bytes") or {}
+    am = pred.get("memory") or {}
+    bd = am.get("breakdown_bytes") or {}
+    saved = mem.get("saved_activations") or {}
+    timing = rec.get("timing", {})
+    state_meas = sum(st.get(k, 0) for k in ("params_bytes", "frozen_params_bytes", "grads_bytes",
+                                             "optimizer_bytes")) if st else None
+    state_exact = sum(ex.values()) if ex else None
+    state_analytic = sum(bd[k] for k in ("weights", "gradients", "optimizer")) if bd else None
+    act_meas = saved.get("mean_layer_bytes") if saved.get("complete", True) else None
+    act_pred = am.get("activation_bytes_per_layer")
+    row: dict[str, Any] = {
+        "id": rec["id"], "family": rec.get("family"), "status": rec["status"], "message": rec["message"],
+        "layout_family": rec.get("layout_family"), "layout": rec.get("layout_describe"),
+        "model": spec["model"]["name"], "layers": spec["model"]["layers"], "hidden": spec["model"]["hidden"],
+        "seq_len": spec["seq_len"], "global_batch": spec["global_batch"], "micro_batch": lay["micro_batch"],
+        "dp": lay["dp"], "tp": lay["tp"], "sp": lay["sp"], "sharding": lay["sharding"], "recompute": lay["recompute"],
+        "finetune": spec["finetune"], "device": spec["device"], "dtype": spec["dtype"],
+        "world_size": rec["environment"].get("world_size"),
+        "params_measured": rec["params"].get("module"), "params_predicted": rec["params"].get("spec"),
+        "state_bytes_measured": state_meas, "state_bytes_exact": state_exact, "state_bytes_analytic": state_analytic,
+        "act_bytes_per_layer_measured": act_meas, "act_bytes_per_layer_analytic": act_pred,
+        "flops_per_rank_step_measured": fl.get("measured_model_per_rank_step"),
+        "flops_per_rank_step_analytic": fl.get("analytic_model_per_rank_step"),
+        "loss0": rec["loss"][0] if rec["loss"] else None, "loss_last": rec["loss"][-1] if rec["loss"] else None,
+        "step_time_median_s": timing.get("step_time_median_s"), "step_time_p10_s": timing.get("step_time_p10_s"),
+        "step_time_p90_s": timing.get("step_time_p90_s"), "tokens_per_s": timing.get("tokens_per_s"),
+        "cuda_max_allocated_bytes": mem.get("cuda_max_allocated_bytes"),
+        "cuda_max_reserved_bytes": mem.get("cuda_max_reserved_bytes"),
+    }
+    for kind, c in (rec.get("comm") or {}).items():
+        row[f"comm_{kind}_bytes"] = c["bytes"]
+        row[f"comm_{kind}_calls"] = c["calls"]
+    row["params_rel_err"] = _rel(row["params_measured"], row["params_predicted"])
+    row["state_rel_err_exact"] = _rel(state_meas, state_exact)
+    row["state_rel_err_analytic"] = _rel(state_meas, state_analytic)
+    row["act_rel_err"] = _rel(act_meas, act_pred)
+    row["flops_rel_err"] = _rel(row["flops_per_rank_step_measured"], row["flops_per_rank_step_analytic"])
+    return row
+
+
+def aggregate(record_paths: Iterable[str | Path]) -> pd.DataFrame:
+    """One row per RECORD file (see :func:`record_row`), plus ``loss0_rel_spread``: |loss0 − median|/median."""
+    rows = [record_row(read_json(p)) for p in record_paths]
+    df = pd.DataFrame(rows)
+    if len(df) and "loss0" in df and df["loss0"].notna().any():
+        ref = df.groupby(["model", "seq_len", "global_batch", "finetune"])["loss0"].transform("median")
+        df["loss0_rel_spread"] = (df["loss0"] - ref).abs() / ref
+    return df
