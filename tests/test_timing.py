@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from trainplan import comm
+from trainplan import comm, timing
 from trainplan.efficiency import Efficiency
 from trainplan.specs import (
     ClusterSpec,
@@ -80,3 +80,69 @@ def test_efficiency_round_trip_and_errors():
     with pytest.raises(ConfigError, match="gemm_eff_max"):
         Efficiency(gemm_eff_max=1.5)
     assert np.isfinite(step_time(MODEL, CLUSTER, TRAIN, Layout(dp=32), e)["step_time_s"])
+
+
+# --- kernel physics (docs/timing-model.md) ---------------------------------------------------------------
+A100 = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("a100-80gb"))
+
+
+def test_eager_llama_block_bytes_match_the_derivation():
+    """docs/timing-model.md §2, bf16: 72h (2 fp32-upcast RMSNorms) + 12h (2 residual adds)
+    + 20(h+kv) (complex RoPE on q, k) + 4(kv+h) (GQA repeat_kv of k, v) + 10f (SiLU·up)."""
+    m = resolve_model("llama3.1-8b")
+    h, kv, f = m.hidden, m.kv_dim, m.ffn_hidden
+    want = 72 * h + 12 * h + 20 * (h + kv) + 4 * (kv + h) + 10 * f
+    assert timing.membound_bytes_fwd(m, "eager", 1, False, 2.0) == pytest.approx(want)
+    fused = timing.membound_bytes_fwd(m, "fused", 1, False, 2.0)
+    assert fused == pytest.approx(8 * h + 12 * h + 4 * (h + kv) + 6 * f)  # 2 fused norms, adds, RoPE, SwiGLU
+    assert timing.membound_bytes_fwd(m, "compiled", 1, False, 2.0) > fused  # compiled still copies GQA k/v
+
+
+def test_eager_costs_more_on_h100_than_on_a100():
+    """Same bytes, 2× the FLOP/B ridge: the eager-vs-fused slowdown is larger on H100 (docs §2)."""
+    lay = Layout(dp=32)
+    slow = {}
+    for name, c in (("h100", CLUSTER), ("a100", A100)):
+        t = {k: step_time(MODEL, c, TrainingSpec(seq_len=4096, global_batch=256, kernels=k), lay)["step_time_s"]
+             for k in ("eager", "fused")}
+        slow[name] = t["eager"] / t["fused"]
+    assert slow["h100"] > slow["a100"] > 1.0
+
+
+def test_materialised_attention_is_slower_than_flash():
+    flash = step_time(MODEL, CLUSTER, TRAIN, Layout(dp=32))["step_time_s"]
+    math = step_time(MODEL, CLUSTER, TrainingSpec(seq_len=4096, global_batch=256, attn_impl="math"),
+                     Layout(dp=32))["step_time_s"]
+    assert math > flash
+
+
+def test_fsdp2_copies_only_for_fsdp():
+    assert timing.fsdp_copy_mb_s(MODEL, TRAIN, Layout(dp=32, sharding="zero3"), 3.35e12, Efficiency()) > 0
+    assert timing.fsdp_copy_mb_s(MODEL, TRAIN, Layout(dp=32, sharding="zero2"), 3.35e12, Efficiency()) == 0
+
+
+def test_selective_recompute_semantics_per_framework():
+    g, a, e = 3.0, 1.0, 2.0
+    assert timing.selective_redo_s(g, a, e, "fused") == a  # Megatron: attention core only
+    assert timing.selective_redo_s(g, a, e, "eager") == 0.5 * g + e  # torchtitan op-level SAC
+
+
+def test_busiest_stage_takes_the_ceiling():
+    assert timing.busiest_stage_layers(126, 8, 1) == 16
+    assert timing.busiest_stage_layers(126, 8, 2) == 16  # ceil(126/16)=8 per virtual stage × 2
+    assert timing.busiest_stage_layers(40, 4, 1) == 10
+
+
+def test_kernel_switches_reject_bad_values():
+    with pytest.raises(ConfigError, match="kernels"):
+        TrainingSpec(seq_len=8, global_batch=1, kernels="jit")
+    with pytest.raises(ConfigError, match="attn_impl"):
+        TrainingSpec(seq_len=8, global_batch=1, attn_impl="xformers")
+
+
+@pytest.mark.parametrize("kernels", ["eager", "compiled", "fused"])
+def test_table_matches_scalar_rows_for_every_kernel_kind(kernels):
+    train = TrainingSpec(seq_len=4096, global_batch=256, kernels=kernels)
+    table = step_time(MODEL, CLUSTER, train, LayoutTable.from_layouts(LAYOUTS))
+    for i, lay in enumerate(LAYOUTS):
+        assert table["step_time_s"][i] == pytest.approx(step_time(MODEL, CLUSTER, train, lay)["step_time_s"], rel=1e-12)

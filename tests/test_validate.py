@@ -1,30 +1,38 @@
 """Predicted vs published tables (data/, citations in src/trainplan/data/SOURCES.md), one named tolerance each.
 
 The tolerances record what the default Efficiency reaches today (one Efficiency for every row, no per-row
-tuning); the project's target is 10% MAPE for throughput and 10% for torchtitan's reserved memory.
+tuning; the defaults are the joint fit of docs/timing-model.md §7), with a little margin; the project's
+target is 10% MAPE for throughput and 10% for torchtitan's reserved memory.
 """
 
+import numpy as np
 import pytest
 
 from trainplan.efficiency import Efficiency
-from trainplan.validate import mape_table, validate_all
+from trainplan.validate import FIT_PARAMS, FIT_TABLES, _fit_residuals, fit_defaults, mape_table, validate_all
 
-# Narayanan 2021 Table 1 (TFLOP/s per GPU, the paper's formula)
-MEGATRON_T1_MAPE_TOL_PCT = 20.0
-# Korthikanti 2022 Tables 3/5 (iteration time, full recompute and TP+SP+selective)
-KORTHIKANTI_MAPE_TOL_PCT = 10.0
-# torchtitan docs/performance.md, 64×A100 FSDP (tokens/s/GPU)
-TORCHTITAN_A100_MAPE_TOL_PCT = 40.0
-# torchtitan H100 2024-12, eager bf16 rows (tokens/s/GPU) and peak reserved memory
-TORCHTITAN_H100_TPS_MAPE_TOL_PCT = 100.0
+# Narayanan 2021 Table 1 (TFLOP/s per GPU, the paper's formula): reached 3.7% (target 10%)
+MEGATRON_T1_MAPE_TOL_PCT = 5.0
+# Korthikanti 2022 Tables 3/5 (iteration time, full recompute and TP+SP+selective): reached 3.8% (target 10%)
+KORTHIKANTI_MAPE_TOL_PCT = 5.0
+# torchtitan docs/performance.md, 64×A100 FSDP (tokens/s/GPU): reached 2.6% (target 10%)
+TORCHTITAN_A100_MAPE_TOL_PCT = 5.0
+# torchtitan 500 W H100s (benchmarks 2024-12 bf16 eager + compile rows, docs 405B bf16 row), held out of the
+# fit: reached 28.3%, all over-predicted (the power cap is not modelled; target 10%)
+TORCHTITAN_H100_TPS_MAPE_TOL_PCT = 32.0
 # Memory: memory.py's selective-recompute activations over-predict the seq-8192 rows (~137 vs 82 GiB);
 # this guards the current level until that term is fixed (target: 10%).
 TORCHTITAN_H100_MEM_MAPE_TOL_PCT = 80.0
 
 
 @pytest.fixture(scope="module")
-def mape():
-    m = mape_table(validate_all(Efficiency()))
+def rows():
+    return validate_all(Efficiency())
+
+
+@pytest.fixture(scope="module")
+def mape(rows):
+    m = mape_table(rows)
     return {(r.table, r.metric): r.mape_pct for r in m.itertuples()}
 
 
@@ -45,7 +53,28 @@ def test_torchtitan_h100(mape):
     assert mape[("torchtitan_h100", "memory_gib")] <= TORCHTITAN_H100_MEM_MAPE_TOL_PCT
 
 
-def test_unmodelled_rows_are_shown_but_excluded():
-    df = validate_all(Efficiency())
+def test_unmodelled_rows_are_shown_but_excluded(rows):
+    df = rows
     fp8 = df[df["note"].str.contains("float8|Float8", regex=True)]
     assert len(fp8) > 0 and not fp8["in_mape"].any()
+
+
+def test_compile_rows_are_modelled_and_slower_than_published_less_than_eager_gap(rows):
+    tps = rows[(rows["table"] == "torchtitan_h100") & (rows["metric"] == "tokens_per_s_per_gpu")]
+    t1 = tps[tps["row"].str.startswith("T1 ")]
+    eager, compiled = t1.iloc[0], t1.iloc[1]  # same layout, compile off / on (benchmarks table 1)
+    assert eager["in_mape"] and compiled["in_mape"]
+    assert compiled["predicted"] > eager["predicted"]  # fused elementwise ops move fewer bytes
+
+
+def test_405b_pipeline_rows_are_evaluated_with_uneven_stages(rows):
+    pp = rows[rows["row"].str.contains("405b") & rows["row"].str.contains("pp8")]
+    assert len(pp) >= 8 and np.isfinite(pp["predicted"]).all() and (pp["predicted"] > 0).all()
+
+
+def test_defaults_are_the_documented_fit():
+    """The shipped defaults must stay the joint fit of FIT_PARAMS on FIT_TABLES (refit when physics changes)."""
+    fitted, _ = fit_defaults()
+    at_defaults = float(np.sum(_fit_residuals(Efficiency(), FIT_TABLES) ** 2))
+    at_fit = float(np.sum(_fit_residuals(fitted, FIT_TABLES) ** 2))
+    assert at_defaults <= 1.10 * at_fit + 1e-4, {p: getattr(fitted, p) for p in FIT_PARAMS}

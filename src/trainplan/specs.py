@@ -310,6 +310,13 @@ FINETUNE_KINDS = ("full", "lora", "qlora")
 PRECISIONS = ("bf16", "fp32")
 OPTIMIZERS = ("adamw", "sgd")
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+# How the block's elementwise ops run (timing.py, docs/timing-model.md): "eager" = PyTorch eager ops
+# (torchtitan / HF transformers without torch.compile), "compiled" = torch.compile (Inductor fuses the
+# elementwise chains), "fused" = hand-fused kernels (Megatron-LM / Transformer Engine).
+KERNEL_KINDS = ("eager", "compiled", "fused")
+# Attention core: "flash" = FlashAttention/SDPA (no s×s matrix); "math" = materialised scores + softmax
+# (Megatron-LM 2021/2022 before flash attention).
+ATTN_IMPL_KINDS = ("flash", "math")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -323,10 +330,14 @@ class TrainingSpec:
     finetune: str = "full"
     lora_rank: int = 16
     lora_targets: tuple[str, ...] = ("q", "k", "v", "o")
+    kernels: str = "eager"  # KERNEL_KINDS; the default study runs HF transformers under Accelerate FSDP2
+    attn_impl: str = "flash"  # ATTN_IMPL_KINDS
 
     def __post_init__(self) -> None:
         _positive_int(self, "seq_len", "global_batch", "lora_rank")
         _positive_num(self, "dataset_tokens", "epochs")
+        _one_of(self, "kernels", KERNEL_KINDS)
+        _one_of(self, "attn_impl", ATTN_IMPL_KINDS)
         _one_of(self, "precision", PRECISIONS)
         _one_of(self, "optimizer", OPTIMIZERS)
         _one_of(self, "finetune", FINETUNE_KINDS)

@@ -150,6 +150,22 @@ def _enumerate_structural(model: Any, cluster: Any, training: Any, search: Mappi
     return pd.DataFrame(rows)
 
 
+def _layout_from_row(row: Any) -> Any:
+    """A Layout from one candidates row (numpy scalars → Python; empty shard_group → None)."""
+    import math
+
+    from trainplan.specs import Layout, LayoutTable
+
+    d = {}
+    for k in LayoutTable.FIELDS:
+        if k in row.index:
+            v = row[k].item() if hasattr(row[k], "item") else row[k]
+            d[k] = None if k == "shard_group" and (v is None or (isinstance(v, float) and math.isnan(v)) or v == 0) else v
+    if d.get("shard_group") is not None:
+        d["shard_group"] = int(d["shard_group"])
+    return Layout.from_dict(d)
+
+
 def run_analytic_model(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     """candidates.csv, families.csv, summary.json from ``trainplan.search`` (structural placeholder without it)."""
     import pandas as pd
@@ -158,15 +174,15 @@ def run_analytic_model(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     search = _hook("trainplan.search", "search")
     verdicts = _hook("trainplan.search", "family_verdicts")
     if search is not None and verdicts is not None:
-        options = {**cfg["search"], "layout": s["layout"]}
+        options = dict(cfg["search"])
+        if s["layout"] is not None:  # a pinned layout: its fields become single-valued search options
+            options.update({k: v for k, v in s["layout"].to_dict().items() if k != "dp"})
         df = search(s["model"], s["cluster"], s["training"], s["efficiency"], options)
         fam = verdicts(df)
         summary: dict[str, Any] = {"status": "ok"}
         best = df[df["rank"] == 1] if "rank" in df else df.iloc[:0]
         if len(best):
-            from trainplan.specs import Layout, LayoutTable
-
-            layout = LayoutTable.from_frame(best).row(0) if "shard_group" in best else Layout()
+            layout = _layout_from_row(best.iloc[0])
             summary["layout"] = layout.to_dict()
             summary["family"] = str(best.iloc[0].get("family", layout.family))
             est = _hook("trainplan.estimate", "estimate")
@@ -254,10 +270,11 @@ def run_aggregate(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     """records.csv: one flattened row per proxy RECORD, predicted next to measured."""
     import pandas as pd
 
-    records = [read_json(p) for p in inp.get("records", [])]
+    paths = [str(p) for p in inp.get("records", [])]
+    records = [read_json(p) for p in paths]
     agg = _hook("trainplan.proxy.aggregate", "aggregate")
     if agg is not None:
-        df = agg(records)
+        df = agg(paths)
     else:
         _placeholder("aggregate", "trainplan.proxy.aggregate.aggregate")
         df = pd.json_normalize(records) if records else pd.DataFrame({"id": [], "status": []})
@@ -346,7 +363,7 @@ def run_cost_and_risk(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     else:
         doc = _placeholder("cost_and_risk", "trainplan.cost.stage_cost_and_risk")
         doc.update(n_gpus=s["cluster"].n_gpus, total_tokens=s["training"].total_tokens,
-                   price_per_gpu_hour_usd=cfg["cost"]["price_per_gpu_hour_usd"], targets=cfg["targets"])
+                   price_per_gpu_hour_usd=cfg["cost"]["price_per_gpu_hour_usd"], target_config=cfg["targets"])
         sens = pd.DataFrame({"assumption": [], "low": [], "high": []})
     write_json(out["cost"], doc)
     write_csv(sens, out["sensitivity"])

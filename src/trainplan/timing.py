@@ -7,6 +7,9 @@ on layout fields). Times are per rank of the slowest pipeline stage (the last: i
 Conventions: T = micro_batch·seq_len/cp tokens per rank per micro-batch; GEMM backward = 2× forward
 (dgrad + wgrad; LoRA/QLoRA freeze the base weights, so only dgrad); flash attention backward = 2.5×
 forward (5 vs 2 GEMMs, Dao 2023 FlashAttention-2 §3); causal attention does half of the 4·T·s·h FLOPs.
+``training.kernels`` (eager | compiled | fused) sets the bytes the non-GEMM ops move and what selective
+recompute reruns; ``training.attn_impl`` (flash | math) whether the s×s scores are materialised. The
+kernel-by-kernel byte counts and the fit of the Efficiency defaults are derived in docs/timing-model.md.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ PARAM_COMM_BYTES = {"full": 2.0, "lora": 2.0, "qlora": 0.5}  # QLoRA all-gathers
 GRAD_REDUCE_BYTES = 4.0
 DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP default bucket_cap_mb=25 (the last bucket is exposed)
 ATTN_BWD_FACTOR = 2.5
+# Backward of an elementwise/norm op reads its saved input(s) and the incoming gradient and writes the input
+# gradient: about twice the forward traffic (docs/timing-model.md §2) [I].
+MEMBOUND_BWD_FACTOR = 2.0
 
 TIMING_KEYS = ("compute_s", "tp_comm_s", "cp_comm_s", "fsdp_comm_s", "dp_comm_s", "pp_p2p_s",
                "comm_exposed_s", "bubble_s", "optimizer_s", "offload_s", "step_time_s", "tokens_per_s",
@@ -68,21 +74,84 @@ def attn_fwd_s(model: ModelSpec, tokens: Array, seq_len: int, tp: Array, peak: f
     return 2.0 * tokens * seq_len * model.hidden / tp / (peak * eff.attn_eff)
 
 
-def layer_membound_fwd_s(model: ModelSpec, tokens: Array, tp: Array, sp: Array, hbm_Bps: float,
-                         eff: Efficiency, act_bytes: float) -> Array:
-    """Norms, residual adds, activation, RoPE: bytes moved / (HBM bw·membound_eff) (roofline, Williams 2009)."""
+def norm_bytes_per_elem(model: ModelSpec, kernels: str, e: float) -> float:
+    """HBM bytes per element of one norm, forward (kernel-by-kernel count, docs/timing-model.md §2)."""
+    if kernels == "eager" and model.norm == "rmsnorm":
+        # x.float() (e r, 4 w) · pow(2) (4 r, 4 w) · mean (4 r) · x*rsqrt (4 r, 4 w) · type_as (4 r, e w) · ×w (e r, e w)
+        return 28.0 + 4.0 * e
+    return 2.0 * e  # one fused kernel (apex/TE/Inductor; nn.LayerNorm is one native kernel): read x, write y
+
+
+def membound_bytes_fwd(model: ModelSpec, kernels: str, tp: Array, sp: Array, e: float) -> Array:
+    """HBM bytes per token of one block's non-GEMM ops, forward (docs/timing-model.md §2; Williams 2009 roofline).
+
+    ``replicated`` ops run on all h features on every TP rank unless SP splits them; ``split`` ops act on
+    the TP-split q/k/v/FFN activations.
+    """
     h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
-    e = act_bytes / 2.0
-    replicated = 20.0 * h * e / np.where(sp, tp, 1)  # 2 norms (r+w), 2 residual adds (2r+w), bf16
-    split = ((6.0 if model.mlp == "swiglu" else 4.0) * f + (4.0 * (h + kv) if model.pos_embedding == "rope" else 0.0)) * e / tp
-    return tokens * (replicated + split) / (hbm_Bps * eff.membound_eff)
+    eager = kernels == "eager"
+    residual = 3.0 * e  # x + y: read 2, write 1 (Megatron/Inductor fuse it with dropout/norm: same traffic)
+    replicated = 2.0 * norm_bytes_per_elem(model, kernels, e) + 2.0 * residual
+    if model.mlp == "swiglu":
+        act = 5.0 * e if eager else 3.0 * e  # silu (r, w) then ·up (2 r, w) | one fused kernel (2 r, w)
+    else:
+        act = 2.0 * e  # (bias-)GELU: read, write
+    rope = 0.0
+    if model.pos_embedding == "rope":
+        # eager complex RoPE per q/k element: .float() (e r, 4 w) · complex mul (4 r, 4 w) · type_as (4 r, e w)
+        rope = (16.0 + 2.0 * e if eager else 2.0 * e) * (h + kv)
+    # GQA: eager/compiled torchtitan and HF materialise repeat_kv for SDPA (k and v: read kv, write h)
+    gqa = 2.0 * e * (kv + h) if (kv < h and kernels != "fused") else 0.0
+    split = act * f + rope + gqa
+    return replicated * h / np.where(sp, tp, 1) + split / tp
+
+
+def layer_membound_fwd_s(model: ModelSpec, tokens: Array, tp: Array, sp: Array, hbm_Bps: float,
+                         eff: Efficiency, act_bytes: float, kernels: str = "fused") -> Array:
+    """Norms, residual adds, activation, RoPE, GQA copies: bytes moved / (HBM bw·membound_eff) (roofline)."""
+    return tokens * membound_bytes_fwd(model, kernels, tp, sp, act_bytes) / (hbm_Bps * eff.membound_eff)
+
+
+def attn_math_bytes_per_score(act_bytes: float) -> tuple[float, float]:
+    """Materialised attention, HBM bytes per score element (fwd, bwd): fused scale-mask-softmax (r, w) + dropout
+    (r, w, 1-byte mask); backward dropout (r, mask, w) + softmax (2 r, w) (Megatron-LM 2021 kernels; §3)."""
+    e = act_bytes
+    return 4.0 * e + 1.0, 5.0 * e + 1.0
+
+
+def attn_math_fwd_s(model: ModelSpec, tokens: Array, seq_len: int, tp: Array, peak: float, hbm_Bps: float,
+                    eff: Efficiency, act_bytes: float) -> tuple[Array, Array]:
+    """Unfused attention (no flash): QKᵀ and PV batched GEMMs over the full s×s (4·T·s·h/t FLOPs) at the
+    head-dim-limited GEMM efficiency, plus softmax/dropout traffic over T·(a/t)·s scores (Korthikanti 2022 §4).
+    Returns (forward s, backward s)."""
+    d = model.head_dim
+    g = 4.0 * tokens * seq_len * model.hidden / tp / (peak * gemm_eff(seq_len, seq_len, d, eff))
+    scores = tokens * (model.heads / tp) * seq_len
+    fb, bb = attn_math_bytes_per_score(act_bytes)
+    bw = hbm_Bps * eff.membound_eff
+    return g + scores * fb / bw, 2.0 * g + scores * bb / bw
+
+
+def loss_bytes_per_logit(kernels: str) -> float:
+    """Cross-entropy traffic per logit, fwd+bwd (§4): eager fp32 upcast chain 40 B; fused/compiled 16 B."""
+    # eager: .float() (2 r, 4 w) · log_softmax (2 passes 8 r, 4 w) · nll bwd (4 w) ·
+    #        log_softmax bwd (8 r, 4 w) · back to bf16 (4 r, 2 w) = 40
+    return 40.0 if kernels == "eager" else 16.0
+
+
+def fsdp_copy_bytes_per_param(training: TrainingSpec) -> tuple[float, float]:
+    """FSDP2 per parameter per micro-batch (§5): (copy-out of each all-gather, fwd and bwd, read + write
+    the gathered dtype, on the compute stream; reduce-scatter copy-in with the fp32 reduce cast, read bf16 +
+    write fp32, on the reduce-scatter stream) (torch ``_fsdp_collectives`` foreach_all_gather_copy_out, foreach_reduce)."""
+    p = PARAM_COMM_BYTES[training.finetune]
+    return 2.0 * 2.0 * p, (2.0 + GRAD_REDUCE_BYTES) * _trainable_frac_full(training)
 
 
 def logits_s(model: ModelSpec, tokens: Array, tp: Array, peak: float, hbm_Bps: float, eff: Efficiency,
-             wgrad: float) -> Array:
-    """Output projection (fwd + dgrad + wgrad) and fp32 cross-entropy over V/t (16 B per logit moved)."""
+             wgrad: float, kernels: str = "fused") -> Array:
+    """Output projection (fwd + dgrad + wgrad) and cross-entropy over V/t (loss_bytes_per_logit)."""
     g = _gemm_s(tokens, model.vocab / tp, model.hidden, peak, eff)
-    loss = tokens * model.vocab / tp * 16.0 / (hbm_Bps * eff.membound_eff)
+    loss = tokens * model.vocab / tp * loss_bytes_per_logit(kernels) / (hbm_Bps * eff.membound_eff)
     return g * (2.0 + wgrad) + loss
 
 
@@ -112,7 +181,7 @@ def cp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, tokens: Array, layout: 
 
 
 def fsdp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayoutLike,
-                   shard: Array, compute_mb: Array, eff: Efficiency) -> Array:
+                   shard: Array, compute_mb: Array, eff: Efficiency, side_s: Array = 0.0) -> Array:
     """ZeRO-3/FSDP per micro-batch: all-gather fwd + bwd, reduce-scatter grads (Rajbhandari 2019 §5: 3Ψ);
     prefetch hides fsdp_overlap of it behind compute; the first unit's all-gather is exposed."""
     tp, pp = np.asarray(layout.tp), np.asarray(layout.pp)
@@ -125,7 +194,7 @@ def fsdp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     replicas = layout.dp * layout.cp // np.maximum(shard, 1)
     rbw, rlat = comm.group_link(cluster, replicas, tp * shard)
     ar = comm.all_reduce_s(unit * GRAD_REDUCE_BYTES * _trainable_frac(model, training) / shard, replicas, rbw, rlat, eff)
-    total = units * (2.0 * ag + rs + ar)
+    total = units * (2.0 * ag + rs + ar) + side_s  # side_s: work on the comm streams (FSDP2 RS copy-in)
     exposed = ag + np.maximum(0.0, total - eff.fsdp_overlap * compute_mb)
     return np.where(np.isin(layout.sharding, ("zero3", "hsdp")), exposed, 0.0)
 
@@ -158,6 +227,27 @@ def pp_p2p_mb_s(model: ModelSpec, cluster: ClusterSpec, tokens: Array, layout: L
     return np.where(layout.pp > 1, 2.0 * layout.vpp * one * (1.0 - eff.pp_p2p_overlap), 0.0)
 
 
+def busiest_stage_layers(n_layers: int, pp: Array, vpp: Array) -> Array:
+    """Layers on the busiest pipeline rank: ceil(L/(p·v))·v (torchtitan splits unevenly; Megatron needs p·v | L)."""
+    return np.ceil(n_layers / (pp * vpp)) * vpp
+
+
+def selective_redo_s(g: Array, a: Array, e: Array, kernels: str) -> Array:
+    """Selective recompute per block: Megatron reruns the attention core (Korthikanti 2022 §5); torchtitan's
+    op-level SAC (eager/compiled) saves every second matmul and SDPA, so reruns half the GEMMs and every
+    elementwise op (torchtitan ``_apply_ac_to_transformer_block``, ``_save_list``)."""
+    return a if kernels == "fused" else 0.5 * g + e
+
+
+def fsdp_copy_mb_s(model: ModelSpec, training: TrainingSpec, layout: LayoutLike, hbm_Bps: float,
+                   eff: Efficiency, stream: int = 0) -> Array:
+    """FSDP2 copy-out (stream 0, compute) or reduce-scatter copy-in (stream 1) per micro-batch over the rank's
+    stage at HBM speed (fsdp_copy_bytes_per_param)."""
+    params = model.n_params / (np.asarray(layout.tp) * np.asarray(layout.pp))
+    t = params * fsdp_copy_bytes_per_param(training)[stream] / (hbm_Bps * eff.membound_eff)
+    return np.where(np.isin(layout.sharding, ("zero3", "hsdp")), t, 0.0)
+
+
 def bubble_s(pp: Array, vpp: Array, m: Array, per_mb_s: Array) -> Array:
     """Pipeline bubble: (p−1)/(v·m) of the ideal m·τ (Narayanan 2021 §2.2.1–2.2.2)."""
     return (pp - 1) / (vpp * m) * (m * per_mb_s)
@@ -172,6 +262,11 @@ def offload_s(local_params: Array, cluster: ClusterSpec, eff: Efficiency) -> Arr
     """CPU optimizer: fp32 grads D2H + bf16 params H2D over PCIe, plus CPU Adam (Ren 2021, ZeRO-Offload §4)."""
     pcie = local_params * (GRAD_REDUCE_BYTES + 2.0) / cluster.host_to_device_Bps
     return pcie + local_params / eff.cpu_optimizer_params_per_s
+
+
+def _trainable_frac_full(training: TrainingSpec) -> float:
+    """1 when the base weights train (their gradients are reduce-scattered), 0 for LoRA/QLoRA (adapters only)."""
+    return 1.0 if training.finetune == "full" else 0.0
 
 
 def _trainable_frac(model: ModelSpec, training: TrainingSpec) -> float:
@@ -197,21 +292,28 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     rc = np.asarray(layout.recompute)
     m = np.asarray(grad_accum(training, layout))
     tokens = layout.micro_batch * s / cp
-    layers = model.layers / pp
+    layers = busiest_stage_layers(model.layers, pp, vpp)
     wgrad = 1.0 if training.finetune == "full" else 0.0
+    kernels = training.kernels
 
     g = layer_gemm_fwd_s(model, tokens, tp, peak, eff)
-    a = attn_fwd_s(model, tokens, s, tp, peak, eff)
-    e = layer_membound_fwd_s(model, tokens, tp, sp, hbm, eff, act)
+    e = layer_membound_fwd_s(model, tokens, tp, sp, hbm, eff, act, kernels)
+    if training.attn_impl == "math":
+        a, a_bwd = attn_math_fwd_s(model, tokens, s, tp, peak, hbm, eff, act)
+    else:
+        a = attn_fwd_s(model, tokens, s, tp, peak, eff)
+        a_bwd = a * ATTN_BWD_FACTOR
     fwd = g + a + e
-    bwd = g * (1.0 + wgrad) + a * ATTN_BWD_FACTOR + 2.0 * e
-    redo = np.where(rc == "full", fwd, np.where(rc == "selective", a, 0.0))
-    compute_mb = layers * (fwd + bwd + redo) + logits_s(model, tokens, tp, peak, hbm, eff, wgrad)
+    bwd = g * (1.0 + wgrad) + a_bwd + MEMBOUND_BWD_FACTOR * e
+    redo = np.where(rc == "full", fwd, np.where(rc == "selective", selective_redo_s(g, a, e, kernels), 0.0))
+    shard = np.asarray(shard_degree(layout, cluster))
+    copy = fsdp_copy_mb_s(model, training, layout, hbm, eff)
+    compute_mb = layers * (fwd + bwd + redo) + logits_s(model, tokens, tp, peak, hbm, eff, wgrad, kernels) + copy
 
     tp_mb = tp_comm_mb_s(model, cluster, tokens, layout, layers, eff, act)
-    cp_mb = cp_comm_mb_s(model, cluster, tokens, layout, layers, a * (1 + ATTN_BWD_FACTOR), eff, act)
-    shard = np.asarray(shard_degree(layout, cluster))
-    fsdp_mb = fsdp_comm_mb_s(model, cluster, training, layout, shard, compute_mb, eff)
+    cp_mb = cp_comm_mb_s(model, cluster, tokens, layout, layers, a + a_bwd, eff, act)
+    rs_copy = fsdp_copy_mb_s(model, training, layout, hbm, eff, stream=1)
+    fsdp_mb = fsdp_comm_mb_s(model, cluster, training, layout, shard, compute_mb, eff, rs_copy)
     p2p_mb = pp_p2p_mb_s(model, cluster, tokens, layout, eff, act)
     dp = dp_comm_step_s(model, cluster, training, layout, layers * bwd, eff)
 

@@ -126,10 +126,10 @@ def train(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
                 for i in range(accum):
                     x = local[i * mb:(i + 1) * mb]
                     tracker = measure.SavedTensorTracker(model) if first and i == 0 else _null()
-                    with tracker, autocast:
-                        logits = model(x[:, :-1])
-                        loss = F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten()) / accum
-                    with _grad_sync(model, last=i == accum - 1):
+                    with _grad_sync(model, last=i == accum - 1):  # DDP decides in forward: wrap both
+                        with tracker, autocast:
+                            logits = model(x[:, :-1])
+                            loss = F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten()) / accum
                         loss.backward()
                     total += loss.detach()
                     if first and i == 0:

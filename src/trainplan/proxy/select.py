@@ -49,7 +49,9 @@ def _proxy_layout(row: dict[str, Any] | Layout, world: int) -> Layout | None:
             return None
         return Layout(dp=dp, tp=tp, sp=sp and tp > 1, sharding="hsdp", shard_group=max(1, dp // 2),
                       recompute=d.get("recompute", "none"))
-    if tp > 1 and sharding == "none":
+    if dp == 1:
+        sharding = "none"  # nothing to shard over: pure TP (family "TP"/"TP+SP")
+    elif tp > 1 and sharding == "none":
         sharding = "zero3"
     return Layout(dp=dp, tp=tp, sp=sp and tp > 1, sharding=sharding, recompute=d.get("recompute", "none"))
 
@@ -138,7 +140,7 @@ def _always(world: int) -> list[Layout]:
             Layout(dp=world, sharding="zero2")]
     if world >= 2:
         lays += [Layout(dp=world, sharding="hsdp", shard_group=max(1, world // 2)),
-                 Layout(dp=1, tp=world, sharding="zero3"), Layout(dp=1, tp=world, sp=True, sharding="zero3")]
+                 Layout(dp=1, tp=world, sharding="none"), Layout(dp=1, tp=world, sp=True, sharding="none")]
     return lays
 
 
