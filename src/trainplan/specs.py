@@ -481,7 +481,8 @@ class LayoutTable:
         return cls(**{k: df[k].to_numpy() for k in cls.FIELDS})
 
     def row(self, i: int) -> Layout:
-        d = {k: getattr(self, k)[i].item() for k in self.FIELDS}
+        d = {k: getattr(self, k)[i] for k in self.FIELDS}
+        d = {k: v.item() if hasattr(v, "item") else v for k, v in d.items()}  # numpy scalar → Python
         d["shard_group"] = d["shard_group"] or None
         return Layout(**d)
 
