@@ -73,3 +73,38 @@ def test_bad_option_names_key():
         search(MODEL, CLUSTER, TRAIN, Efficiency(), {"tpp": [1]})
     with pytest.raises(ConfigError, match="search.sharding"):
         search(MODEL, CLUSTER, TRAIN, Efficiency(), {"sharding": ["zero9"]})
+
+
+def test_technique_verdicts_one_line_each_and_families_are_coarse():
+    from trainplan.search import family_verdicts, search, technique_verdicts
+    from trainplan.specs import MODEL_PRESETS, ClusterSpec, TrainingSpec, resolve_gpu
+
+    c = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
+    df = search(MODEL_PRESETS["llama2-13b"], c, TrainingSpec(seq_len=4096, global_batch=256))
+    fams = family_verdicts(df)
+    assert len(fams) <= 20  # sharding (5) × TP (2) × PP (2)
+    assert (fams["verdict"] == "chosen").sum() == 1
+    assert set(fams["family"]) <= {f"{s}{t}{p}" for s in ("DDP", "ZeRO-1", "ZeRO-2", "FSDP", "HSDP")
+                                   for t in ("", "×TP") for p in ("", "×PP")}
+    tech = technique_verdicts(df)
+    assert {"context parallelism (CP)", "full recompute", "optimizer offload to CPU"} <= set(tech["technique"])
+    assert tech["line"].str.len().gt(10).all()
+
+
+def test_zero2_reduces_every_microbatch():
+    """ZeRO-2 keeps a gradient shard only, so its reduce-scatter repeats per micro-batch; ZeRO-1 once per step."""
+    import dataclasses
+
+    from trainplan.efficiency import Efficiency
+    from trainplan.specs import MODEL_PRESETS, ClusterSpec, Layout, TrainingSpec, resolve_gpu
+    from trainplan.timing import step_time
+
+    # A slow network makes the communication visible.
+    c = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"), inter_busbw_Bps=1e9)
+    eff = dataclasses.replace(Efficiency(), ddp_overlap=0.0)
+    m = MODEL_PRESETS["llama2-13b"]
+    one = step_time(m, c, TrainingSpec(seq_len=4096, global_batch=32), Layout(dp=32, sharding="zero2"), eff)
+    eight = step_time(m, c, TrainingSpec(seq_len=4096, global_batch=256), Layout(dp=32, sharding="zero2"), eff)
+    z1 = step_time(m, c, TrainingSpec(seq_len=4096, global_batch=256), Layout(dp=32, sharding="zero1"), eff)
+    assert eight["dp_comm_s"] > 4 * one["dp_comm_s"]
+    assert z1["dp_comm_s"] < 2 * one["dp_comm_s"]

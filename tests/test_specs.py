@@ -115,5 +115,6 @@ def test_shard_degree_and_accum_vectorised_equal_scalar():
 
 def test_layout_family_names():
     assert Layout(dp=32).family == "FSDP"
-    assert Layout(dp=4, tp=8, sp=True, sharding="none").family == "DDP×TP+SP"
+    assert Layout(dp=4, tp=8, sp=True, sharding="none").family == "DDP×TP"
+    assert Layout(dp=2, tp=4, pp=4, sharding="hsdp", shard_group=1).family == "HSDP×TP×PP"
     assert Layout(dp=32, sharding="hsdp").family == "HSDP"

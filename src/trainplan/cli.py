@@ -135,7 +135,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     from trainplan.config import load_config
     from trainplan.efficiency import Efficiency
-    from trainplan.search import family_verdicts, search
+    from trainplan.search import family_verdicts, search, technique_verdicts
 
     if args.top < 1:
         raise ConfigError("top", args.top, "must be a positive integer")
@@ -159,8 +159,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                   f"{r['mem_optimizer_gib']:.1f}", f"{r['mem_activations_gib']:.1f}", f"{r['mem_total_gib']:.1f}",
                   f"{r['headroom_frac']:.0%}")
     con.print(t)
+    con.print("[bold]Why each family loses[/bold] (data-parallel sharding × TP × PP; best layout of each):")
     for _, v in family_verdicts(df).iterrows():
-        con.print(f"[bold]{v['family']}[/bold] ({v['verdict']}): {v['line']}", highlight=False)
+        con.print(f"  [bold]{v['family']}[/bold] ({v['verdict']}): {v['line']}", highlight=False)
+    con.print("[bold]What each technique buys[/bold] (best layout with it vs without it):")
+    for _, v in technique_verdicts(df).iterrows():
+        con.print(f"  [bold]{v['technique']}[/bold]: {v['line']}", highlight=False)
     return 0
 
 

@@ -34,7 +34,7 @@ from trainplan.specs import (
     grad_accum,
 )
 
-__all__ = ["row_layout", "search", "enumerate_layouts", "family_verdicts", "structural_reasons", "OPTION_KEYS"]
+__all__ = ["row_layout", "search", "enumerate_layouts", "family_verdicts", "technique_verdicts", "structural_reasons", "OPTION_KEYS"]
 
 OPTION_KEYS = ("tp", "pp", "cp", "vpp", "micro_batch", "sp", "pp_schedule", "cp_kind", "sharding", "recompute",
                "offload", "shard_group", "max_mem_frac")
@@ -195,24 +195,30 @@ _SHARD_NAMES = {"none": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "F
 
 
 def _family_of(r: dict) -> str:
-    """Layout.family for one combination of the fields it depends on."""
-    parts = []
-    if r["sharding"] == "hsdp" or r["dp"] * r["cp"] > 1 or r["sharding"] != "none":
-        parts.append(_SHARD_NAMES[r["sharding"]])
+    """Layout.family for one combination of the fields it depends on (see :attr:`Layout.family`)."""
+    parts = [_SHARD_NAMES[r["sharding"]]]
     if r["tp"] > 1:
-        parts.append("TP+SP" if r["sp"] else "TP")
+        parts.append("TP")
     if r["pp"] > 1:
         parts.append("PP")
-    if r["cp"] > 1:
-        parts.append("CP")
-    if r["offload"] != "none":
-        parts.append("offload")
-    return "×".join(parts) or "single"
+    return "×".join(parts)
 
 
 def _family(df: pd.DataFrame) -> np.ndarray:
     """Layout.family, vectorised over the frame's columns."""
-    return _per_unique(df, ["sharding", "dp", "cp", "tp", "sp", "pp", "offload"], _family_of)
+    return _per_unique(df, ["sharding", "tp", "pp"], _family_of)
+
+
+# Techniques that modify a family: each gets a verdict "with vs without" (technique_verdicts).
+TECHNIQUES: dict[str, Any] = {
+    "sequence parallelism (SP)": lambda d: d["sp"].astype(bool),
+    "context parallelism (CP)": lambda d: d["cp"] > 1,
+    "optimizer offload to CPU": lambda d: d["offload"] != "none",
+    "selective recompute": lambda d: d["recompute"] == "selective",
+    "full recompute": lambda d: d["recompute"] == "full",
+    "interleaved pipeline": lambda d: d["pp_schedule"] == "interleaved",
+    "micro-batch > 1": lambda d: d["micro_batch"] > 1,
+}
 
 
 def _complexity(df: pd.DataFrame) -> pd.Series:
@@ -345,3 +351,40 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
                      "mem_total_gib": r["mem_total_gib"], "verdict": verdict, "line": line})
     out = pd.DataFrame(rows)
     return out.sort_values("tokens_per_s_per_gpu", ascending=False, na_position="last").reset_index(drop=True)
+
+
+def technique_verdicts(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per technique (SP, CP, offload, recompute, ...): best feasible layout with it vs without it.
+
+    Families are coarse (data-parallel sharding × TP × PP); this says what each modifier buys or costs.
+    """
+    feas = df[df["feasible"]]
+    rows = []
+    for name, sel in TECHNIQUES.items():
+        mask = sel(df)
+        with_t, without = df[mask], feas[~sel(feas)]
+        wf = with_t[with_t["feasible"]]
+        if len(with_t) == 0:
+            continue
+        if len(wf) == 0:
+            line = "every layout using it is infeasible: " + str(with_t["reason"].value_counts().index[0])
+            rows.append({"technique": name, "used_by_best": False, "delta_frac": np.nan, "line": line})
+            continue
+        bw = wf["tokens_per_s"].max()
+        bo = without["tokens_per_s"].max() if len(without) else np.nan
+        delta = bw / bo - 1.0 if bo == bo else np.nan
+        if delta != delta:
+            line = "needed: no feasible layout without it"
+        elif delta >= -0.005:
+            line = f"helps or ties: best with it {wf['tokens_per_s_per_gpu'].max():.0f} tokens/s/GPU ({delta:+.1%})"
+        else:
+            r = wf.loc[wf["tokens_per_s"].idxmax()]
+            o = without.loc[without["tokens_per_s"].idxmax()]
+            extra = {"bubble": r["bubble_s"] - o["bubble_s"], "exposed comm": r["comm_exposed_s"] - o["comm_exposed_s"],
+                     "compute": r["compute_s"] - o["compute_s"],
+                     "optimizer/offload": r["optimizer_s"] + r["offload_s"] - o["optimizer_s"] - o["offload_s"]}
+            cause = max(extra, key=lambda k: extra[k])
+            line = f"costs {-delta:.1%} at best ({r['tokens_per_s_per_gpu']:.0f} tokens/s/GPU), mostly {cause}"
+        rows.append({"technique": name, "used_by_best": bool(sel(feas.loc[[feas['tokens_per_s'].idxmax()]]).iloc[0])
+                     if len(feas) else False, "delta_frac": delta, "line": line})
+    return pd.DataFrame(rows)

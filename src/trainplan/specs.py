@@ -406,21 +406,9 @@ class Layout:
 
     @property
     def family(self) -> str:
-        """A human name for the strategy family, used to explain why families lose."""
-        parts = []
-        if self.sharding == "hsdp":
-            parts.append("HSDP")
-        elif self.dp * self.cp > 1 or self.sharding != "none":
-            parts.append({"none": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "FSDP"}[self.sharding])
-        if self.tp > 1:
-            parts.append("TP+SP" if self.sp else "TP")
-        if self.pp > 1:
-            parts.append("PP")
-        if self.cp > 1:
-            parts.append("CP")
-        if self.offload != "none":
-            parts.append("offload")
-        return "×".join(parts) or "single"
+        """The strategy family: data-parallel sharding × TP × PP (SP, CP, offload, recompute are modifiers)."""
+        names = {"none": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "FSDP", "hsdp": "HSDP"}
+        return "×".join([names[self.sharding]] + ["TP"] * (self.tp > 1) + ["PP"] * (self.pp > 1))
 
     def describe(self) -> str:
         s = f"dp{self.dp}·tp{self.tp}{'(sp)' if self.sp else ''}·pp{self.pp}"

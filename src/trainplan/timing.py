@@ -200,9 +200,11 @@ def fsdp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
 
 
 def dp_comm_step_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayoutLike,
-                   bwd_mb: Array, eff: Efficiency) -> Array:
-    """DDP all-reduce (or ZeRO-1/2 reduce-scatter + param all-gather) once per step; buckets overlap the
-    last micro-batch's backward except the last bucket (Li 2020, PyTorch DDP §3.2.3)."""
+                   bwd_mb: Array, eff: Efficiency, m: Array = 1) -> Array:
+    """DDP all-reduce (or ZeRO-1 reduce-scatter + param all-gather) once per step; buckets overlap the
+    last micro-batch's backward except the last bucket (Li 2020, PyTorch DDP §3.2.3). ZeRO-2 keeps only a
+    gradient shard, so it must reduce-scatter after *every* micro-batch's backward (Rajbhandari 2019 §5.2;
+    DeepSpeed stage 2, FSDP2 reshard_after_forward=False): m reductions, each overlapping one backward."""
     tp, pp = np.asarray(layout.tp), np.asarray(layout.pp)
     n = layout.dp * layout.cp
     bw, lat = comm.group_link(cluster, n, tp)
@@ -213,6 +215,7 @@ def dp_comm_step_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     reduce = np.where(layout.sharding == "none", ar, rs)
     frac_last = np.minimum(1.0, DDP_BUCKET_BYTES / np.maximum(grad_bytes, 1.0))
     exposed = reduce * frac_last + np.maximum(0.0, reduce * (1 - frac_last) - eff.ddp_overlap * bwd_mb)
+    exposed = exposed * np.where(layout.sharding == "zero2", m, 1)
     exposed = exposed + np.where(layout.sharding == "none", 0.0, ag)
     return np.where(np.isin(layout.sharding, ("none", "zero1", "zero2")), exposed, 0.0)
 
@@ -315,7 +318,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     rs_copy = fsdp_copy_mb_s(model, training, layout, hbm, eff, stream=1)
     fsdp_mb = fsdp_comm_mb_s(model, cluster, training, layout, shard, compute_mb, eff, rs_copy)
     p2p_mb = pp_p2p_mb_s(model, cluster, tokens, layout, eff, act)
-    dp = dp_comm_step_s(model, cluster, training, layout, layers * bwd, eff)
+    dp = dp_comm_step_s(model, cluster, training, layout, layers * bwd, eff, m)
 
     per_mb = compute_mb + tp_mb + cp_mb
     bubble = bubble_s(pp, vpp, m, per_mb)
