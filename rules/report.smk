@@ -30,7 +30,7 @@ rule memo:
         scaling=f"{R}/calibration/scaling.json",
         production=f"{R}/prediction/production.json",
         cost=f"{R}/cost/cost.json",
-        launch=f"{R}/launch",
+        launch=f"{R}/launch/manifest.json",
     output:
         pdf=f"{R}/memo/design_memo.pdf",
     params:
@@ -44,11 +44,12 @@ rule memo:
 
 
 rule launch_artifacts:
-    """Accelerate FSDP2 config, torchrun and sbatch scripts, DeepSpeed config for the chosen layout."""
+    """Accelerate FSDP2 config, torchrun and sbatch scripts, DeepSpeed config (if pure DP + ZeRO) for the
+    chosen layout, written next to manifest.json (the declared output: the sbatch name depends on the cluster)."""
     input:
         summary=f"{R}/analytic/summary.json",
     output:
-        launch=directory(f"{R}/launch"),
+        manifest=f"{R}/launch/manifest.json",
     params:
         cfg=cfg("launch_artifacts"),
     log:

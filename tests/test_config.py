@@ -69,6 +69,17 @@ def test_every_schema_property_has_a_description():
     walk(load_schema(), [])
 
 
+def test_kernel_and_attention_keys_reach_the_training_spec():
+    r = raw()
+    assert load_config(r).training.kernels == r["training"]["kernels"]
+    r["training"].update(kernels="compiled", attn_impl="math")
+    t = load_config(r).training
+    assert (t.kernels, t.attn_impl) == ("compiled", "math")
+    del r["training"]["kernels"], r["training"]["attn_impl"]
+    t = load_config(r).training
+    assert (t.kernels, t.attn_impl) == ("eager", "flash")  # schema defaults = TrainingSpec defaults
+
+
 def test_defaults_are_filled():
     r = raw()
     del r["search"], r["cost"]["startup_h"]
@@ -87,6 +98,9 @@ BAD = [
     ("cost.price_range_usd", lambda r: r["cost"].update(price_per_gpu_hour_usd=9.0)),
     ("training.seq_len", lambda r: r["training"].update(seq_len=8192)),
     ("cluster.nodes", lambda r: r["cluster"].update(nodes=0)),
+    ("training.kernels", lambda r: r["training"].update(kernels="triton")),
+    ("training.attn_impl", lambda r: r["training"].update(attn_impl="sdpa")),
+    ("calibration.source", lambda r: r["calibration"].update(source="cpu-proxies")),
 ]
 
 
@@ -114,7 +128,7 @@ def test_tp_not_dividing_heads_is_rejected_with_the_reason():
 def test_config_slice_has_only_the_rule_sections():
     c = load_config(DEFAULT)
     s = config_slice(c.raw, "cost_and_risk")
-    assert set(s) == set(RULE_SECTIONS["cost_and_risk"]) and "model" not in s
+    assert set(s) == set(RULE_SECTIONS["cost_and_risk"]) and "proxies" not in s and "memo" not in s
     assert config_slice(c.raw, "memo") == c.raw
     r2 = copy.deepcopy(c.raw)
     r2["cost"]["price_per_gpu_hour_usd"] = 4.0

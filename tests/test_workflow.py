@@ -60,7 +60,7 @@ def test_tiny_study_runs_end_to_end_and_reruns_only_what_changed(tmp_path):
         sc = read_sidecar(res / out)
         assert sc["inputs"] or out.startswith("analytic"), out
     cost_slice = read_sidecar(res / "cost/cost.json")["config_slice"]
-    assert set(cost_slice) == {"cluster", "training", "cost", "targets"}
+    assert set(cost_slice) == {"model", "cluster", "training", "layout", "search", "cost", "targets"}
     assert read_sidecar(res / "cost/cost.json")["config_hash"] == config_hash(cost_slice)
 
     # nothing changed: nothing to do

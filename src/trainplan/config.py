@@ -44,9 +44,10 @@ RULE_SECTIONS: dict[str, tuple[str, ...]] = {
     "proxy_run": ("proxies",),
     "aggregate": ("model", "efficiency"),
     "calibrate": ("cluster", "efficiency", "calibration"),
-    "fit_scaling": ("calibration",),
+    "fit_scaling": ("model", "cluster", "calibration"),  # extrapolation targets: depth, width, world size
     "predict_production": ("model", "cluster", "training", "layout", "search", "calibration"),
-    "cost_and_risk": ("cluster", "training", "cost", "targets"),
+    # the sensitivity re-runs the layout search under each assumption (layout flips), hence search inputs
+    "cost_and_risk": ("model", "cluster", "training", "layout", "search", "cost", "targets"),
     "figures": ("study", "targets"),
     "memo": ("*",),  # the memo attaches the whole resolved config, so it depends on all of it
     "launch_artifacts": ("model", "cluster", "training", "launch"),

@@ -262,3 +262,63 @@ def check_targets(result: dict[str, Any], targets: dict[str, Any]) -> dict[str, 
                              "margin_frac": (q["p50"] - t) / t if t else float("inf"),
                              "verdict": _verdict(q["p50"] >= t, q["p10"] >= t)}
     return out
+
+
+# ---------------------------------------------------------------------------- Snakemake stage glue
+TARGET_ROWS = (  # cost_and_risk key, memo name, unit, interval key, target key, direction
+    ("deadline", "wall-clock", "h", "wall_h", "target_h", "max"),
+    ("budget_usd", "cost", "$", "usd", "target_usd", "max"),
+    ("throughput", "tokens/s per GPU", "tokens/s", None, "target", "min"),
+)
+
+
+def memo_cost(res: dict[str, Any], inputs: CostInputs) -> dict[str, Any]:
+    """The memo's view of a :func:`cost_and_risk` result (hours, GPU-hours, dollars, overheads, targets, ask)."""
+    iv, pt = res["intervals"], res["point"]
+    train_h, wall_h = pt["train_h"], pt["wall_h"]
+    eval_h = train_h * inputs.eval_frac
+    ckpt_h = train_h * pt["checkpoint_stall_s"] / (pt["checkpoint_interval_h"] * HOUR)
+    startup_h = inputs.startup_s / HOUR
+    targets = []
+    for key, name, unit, ivk, tk, direction in TARGET_ROWS:
+        t = res["targets"].get(key)
+        if not t:
+            continue
+        q = iv[ivk] if ivk else res["tokens_per_s_per_gpu"]
+        verdict = t.get("verdict", t.get("verdict_usd"))
+        targets.append({"name": name, "unit": unit, "p10": q["p10"], "p50": q["p50"], "p90": q["p90"],
+                        "target": t[tk], "direction": direction, "verdict": verdict, "pass": verdict == "pass"})
+    lo, hi = inputs.price_range_usd
+    return {
+        "train_hours": iv["train_h"], "wallclock_hours": iv["wall_h"], "gpu_hours": iv["gpu_hours"],
+        "dollars": iv["usd"],
+        "price_per_gpu_hour": {"default": inputs.price_per_gpu_hour_usd, "low": lo, "high": hi},
+        "dollars_price_range": {"low": float(dollars(iv["gpu_hours"]["p50"], lo)),
+                                "high": float(dollars(iv["gpu_hours"]["p50"], hi))},
+        "overheads_hours": {"startup": startup_h, "evaluation": eval_h, "checkpoint stalls": ckpt_h,
+                            "failures (lost work + restarts)": wall_h - train_h - eval_h - ckpt_h - startup_h},
+        "goodput_frac": pt["goodput"], "checkpoint_interval_h": pt["checkpoint_interval_h"],
+        "checkpoint_gib": pt["checkpoint_gb"] * 1e9 / 1024**3, "expected_interruptions": pt["expected_failures"],
+        "failure_rate_per_1000_gpu_h": res["failure_rate_per_gpu_hour"] * 1000.0,
+        "failure_source": res["failure_source"], "targets": targets,
+        "ask": {"gpu_hours": iv["gpu_hours"]["p90"], "dollars": iv["usd"]["p90"], "window_h": iv["wall_h"]["p90"]},
+        "detail": res,
+    }
+
+
+def stage_cost_and_risk(production: dict[str, Any], *, n_params: float, n_gpus: int, total_tokens: float,
+                        d2h_Bps: float, cost_cfg: dict[str, Any], targets: dict[str, Any],
+                        seed: int = 0) -> tuple[dict[str, Any], CostInputs]:
+    """cost.json content for the chosen layout's throughput interval (production.json ``chosen``)."""
+    chosen = production.get("chosen")
+    if not chosen:
+        raise ConfigError("prediction.chosen", None, "a feasible layout (the search found none: see families.csv)")
+    inputs = CostInputs.from_config(cost_cfg)
+    tps = tuple(float(chosen[f"tokens_per_s_per_gpu_{q}"]) for q in ("p10", "p50", "p90"))
+    res = cost_and_risk(tps, n_gpus=n_gpus, n_params=n_params, total_tokens=total_tokens, d2h_Bps=d2h_Bps,
+                        inputs=inputs, targets=targets, seed=seed,
+                        calibration_source=str(production.get("source", "defaults")))
+    doc = memo_cost(res, inputs)
+    doc["layout"] = chosen.get("layout")
+    doc["calibration_source"] = res["calibration_source"]
+    return doc, inputs

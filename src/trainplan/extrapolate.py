@@ -213,3 +213,35 @@ def predict_production(candidates: pd.DataFrame, model: ModelSpec, cluster: Clus
         row["mem_peak_gib_p50"] = row["mem_peak_bytes_p50"] / 1024**3
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------- Snakemake stage glue
+def _memo_row(r: dict[str, Any], hbm_bytes: float) -> dict[str, Any]:
+    """A production row in the memo's shape: GiB quantiles, ``source``, headroom at the p90 memory."""
+    out = dict(r)
+    for q in ("p10", "p50", "p90"):
+        out[f"mem_total_gib_{q}"] = r[f"mem_peak_bytes_{q}"] / 1024**3
+    out["source"] = r.get("calibration_source", "defaults")
+    out["headroom_frac"] = 1.0 - r["mem_peak_bytes_p90"] / hbm_bytes
+    return out
+
+
+def stage_predict_production(candidates: pd.DataFrame, calibration: dict[str, Any], scaling: dict[str, Any],
+                             model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                             cfg: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """production.csv rows and production.json (``chosen``, ``extrapolation`` curves) for the rule."""
+    calib = cfg.get("calibration") or {}
+    df = predict_production(candidates, model, cluster, training, calibration, top=int(cfg["search"]["top_k"]),
+                            seed=int(calib.get("seed", 0)), quantiles=tuple(calib.get("interval", (0.1, 0.9))))
+    rows = [_memo_row(r, cluster.gpu.hbm_bytes) for r in df.to_dict("records")]
+    out = pd.DataFrame(rows)
+    doc: dict[str, Any] = {
+        "source": calibration.get("source", "defaults"), "efficiency": calibration.get("efficiency"),
+        "chosen": rows[0] if rows else None, "n_layouts": len(rows),
+        "interval": {"quantiles": list(calib.get("interval", (0.1, 0.9))),
+                     "throughput_errors_n": len(calibration.get("loo_relative_errors") or []),
+                     "memory_errors_n": len(calibration.get("memory_relative_errors") or [])},
+        "extrapolation": list(scaling.get("curves") or []),
+        "scaling_evidence": scaling.get("evidence"),
+    }
+    return out, doc

@@ -20,6 +20,8 @@ from trainplan.specs import ConfigError, ModelSpec
 
 ATTN_FLOP_MODES = ("full", "causal", "none")
 RECOMPUTES = ("none", "selective", "full")
+SAC_POLICIES = ("attention", "torchtitan_op", "matmul")  # specs.SAC_POLICIES less "auto"
+CHECKPOINT_IMPLS = ("reentrant", "non_reentrant")
 
 
 def _check(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -59,14 +61,32 @@ def model_flops_per_token(model: ModelSpec, seq_len: int, *, count_input_embeddi
     return 6.0 * n + 12.0 * model.layers * attn_width(model) * seq_len
 
 
-def recompute_flops_per_token(model: ModelSpec, seq_len: int, recompute: str) -> float:
-    """Extra forward FLOPs per token from recompute: full 2·N_blocks+4·L·h·s, selective 4·L·h·s (Korthikanti 2022 HFU)."""
+def recompute_flops_per_token(model: ModelSpec, seq_len: int, recompute: str, *, policy: str = "attention",
+                              checkpoint_impl: str = "reentrant") -> float:
+    """Extra forward FLOPs per token from recompute: full 2·N_blocks+4·L·h·s, selective 4·L·h·s (Korthikanti 2022 HFU).
+
+    ``checkpoint_impl='non_reentrant'`` (``torch.utils.checkpoint(use_reentrant=False)``, what FSDP2 /
+    torchtitan / the proxies use) stops recomputing once every saved tensor is rebuilt, so the block's last
+    matmul (down / fc2, ``2·h·f``) is not rerun, and counts matmul parameters only (norms cost no FLOPs).
+    ``policy`` (selective): ``attention`` reruns QKᵀ and PV; ``torchtitan_op`` the unsaved mm's (wk, wo and,
+    for SwiGLU, w3); ``matmul`` no matmul at all. The LM head sits outside every checkpointed block.
+    """
     _check("recompute", recompute, RECOMPUTES)
-    attn = 4.0 * model.layers * attn_width(model) * seq_len  # forward QKᵀ + PV, causal counted as full
+    _check("policy", policy, SAC_POLICIES)
+    _check("checkpoint_impl", checkpoint_impl, CHECKPOINT_IMPLS)
+    h, kv, f, L = model.hidden, model.kv_dim, model.ffn_hidden, model.layers
+    attn = 4.0 * L * attn_width(model) * seq_len  # forward QKᵀ + PV, causal counted as full
     if recompute == "full":
-        return 2.0 * n_params_blocks(model) + attn
+        if checkpoint_impl == "reentrant":
+            return 2.0 * n_params_blocks(model) + attn
+        per_tok = sum(block_matmul_flops(model, 1).values()) - 2 * h * f  # all but the last matmul
+        return float(L * per_tok) + attn
     if recompute == "selective":
-        return attn
+        if policy == "attention":
+            return attn
+        if policy == "torchtitan_op":  # mm #2 (wk), #4 (wo), #6 (w3; GELU's fc2 is never needed)
+            return 2.0 * L * (h * kv + h * h + (h * f if model.mlp == "swiglu" else 0))
+        return 0.0
     return 0.0
 
 
@@ -128,6 +148,33 @@ def model_forward_flops(model: ModelSpec, seq_len: int, micro_batch: int = 1, at
 def model_train_step_flops(model: ModelSpec, seq_len: int, micro_batch: int = 1, attention: str = "full") -> float:
     """Forward + backward matmul FLOPs of one micro-batch: 3 × forward (backward = 2 × forward; Kaplan 2020 §2.1)."""
     return 3.0 * model_forward_flops(model, seq_len, micro_batch, attention)
+
+
+def lora_train_step_flops(model: ModelSpec, seq_len: int, micro_batch: int, rank: int, targets: tuple[str, ...],
+                          attention: str = "full") -> float:
+    """Forward + backward matmul FLOPs of a LoRA micro-batch: frozen weights get no weight-gradient GEMM (Hu 2021 §4).
+
+    Forward: the model's + each adapter's ``2·t·r·(in + out)``. Backward: every frozen matmul's input
+    gradient (= its forward), except the first block's q/k/v, whose input needs no gradient (frozen
+    embedding; assumes a q/k/v target); the attention core 2× forward; each adapter's grad B, grad (x·Aᵀ),
+    grad A and grad x (the last not in the first block for q/k/v targets). Checked against FlopCounterMode.
+    """
+    _check("attention", attention, ATTN_FLOP_MODES)
+    t = seq_len * micro_batch
+    h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
+    mm = block_matmul_flops(model, seq_len, micro_batch)
+    fwd_mm = model.layers * sum(mm.values()) + lm_head_forward_flops(model, seq_len, micro_batch)
+    core = model.layers * attention_core_flops(model, seq_len, micro_batch, attention)
+    first_qkv = mm["q"] + mm["k"] + mm["v"]
+    dims = {"q": (h, h), "k": (h, kv), "v": (h, kv), "o": (h, h), "gate": (h, f), "up": (h, f), "down": (f, h)}
+    ad_fwd = ad_bwd = 0.0
+    for tg in targets:
+        if tg == "gate" and model.mlp != "swiglu":
+            continue
+        i, o = dims[tg]
+        ad_fwd += model.layers * 2.0 * t * rank * (i + o)
+        ad_bwd += model.layers * 2.0 * t * rank * (2 * o + 2 * i) - (2.0 * t * rank * i if tg in ("q", "k", "v") else 0.0)
+    return fwd_mm + ad_fwd + core + (fwd_mm - first_qkv) + ad_bwd + 2.0 * core
 
 
 # --------------------------------------------------------------------- Megatron closed forms (GPT)

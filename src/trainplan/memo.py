@@ -29,6 +29,9 @@ INLINE_MAX_LINES = 30  # launch artifacts longer than this are attached, not pri
 FIGURES = ("memory", "time_breakdown", "pareto", "parity", "extrapolation", "cost", "tornado")
 SOURCE_LABELS = {
     "gpu-proxies": "GPU proxy runs on this cluster",
+    "published-open-set": ("the Efficiency defaults fitted on the published A100 open set (Narayanan 2021 T1, "
+                           "Korthikanti 2022 T3/5, torchtitan 64×A100; docs/timing-model.md §7), checked on "
+                           "torchtitan's held-out H100 rows; not this cluster"),
     "published-h100": "published H100 measurements (bundled data/, cited), not this cluster",
     "defaults": "uncalibrated defaults (no measurements)",
 }

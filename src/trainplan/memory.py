@@ -199,16 +199,39 @@ def frozen_base_bytes(model: ModelSpec, training: TrainingSpec, tp: Any = 1, pp:
 
 
 # -------------------------------------------------------------------------------- activations
+def resolve_sac_policy(training: TrainingSpec) -> str:
+    """The selective-recompute policy in force: ``auto`` → Megatron's for fused kernels, else torchtitan's op SAC."""
+    if training.sac_policy != "auto":
+        return training.sac_policy
+    return "attention" if training.kernels == "fused" else "torchtitan_op"
+
+
+def resolve_sp_impl(training: TrainingSpec) -> str:
+    """The SP implementation in force: ``auto`` → Megatron (shards kept) for fused kernels, else PyTorch DTensor."""
+    if training.sp_impl != "auto":
+        return training.sp_impl
+    return "megatron" if training.kernels == "fused" else "pytorch"
+
+
+def _norm_bytes(model: ModelSpec, d: int, norm_impl: str, frozen: bool) -> float:
+    """One norm's saves per token: input (+ x·rstd when composite and the weight trains) + fp32 statistics."""
+    if model.norm == "layernorm":
+        return model.hidden * d + 2 * FP32  # input; mean, rstd
+    return (1 if norm_impl == "fused" or frozen else 2) * model.hidden * d + FP32
+
+
 def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any = 1,
                                      sp: Any = False, cp: Any = 1, recompute: Any = "none",
                                      dtype_bytes: int = 2, attn_impl: str = "flash",
-                                     norm_impl: str = "fused") -> Any:
+                                     norm_impl: str = "fused", sac_policy: str = "attention",
+                                     sp_impl: str = "megatron", lora_rank: int = 0,
+                                     lora_targets: tuple[str, ...] = ()) -> Any:
     """Bytes one Llama/GPT block saves for backward per micro-batch (derivation: docs/analytic-model.md §3).
 
     Counted per token (``s·b/cp`` tokens), in units of ``dtype_bytes`` unless marked fp32:
 
     * each norm: its input ``h`` (+ ``h`` for x·rstd if ``norm_impl='composite'``, i.e. ``F.rms_norm``
-      on CPU, which decomposes) + rstd (fp32; LayerNorm also the mean);
+      on CPU, which decomposes, and the weight trains) + rstd (fp32; LayerNorm also the mean);
     * the inputs of the QKV and MLP-in linears: ``h`` each (k/v/q share one saved input);
     * attention, ``attn_impl='flash'`` (CUDA flash and CPU ``_scaled_dot_product_flash_attention_for_cpu``):
       q ``h``, k, v ``kv_dim`` each, output ``h`` (the o-proj input is a view of it), logsumexp
@@ -218,36 +241,77 @@ def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch
 
     RoPE saves only its cos/sin tables, shared by all layers (see :func:`rope_table_bytes`).
     TP divides heads, ``kv_dim`` (over ``min(tp, kv_heads)``) and ``f``; SP also divides the norm and
-    linear-input parts (Korthikanti 2022 §4.2.2). ``recompute='selective'`` recomputes the attention
-    core (keeps q, k, v and the output: ``2h + 2kv``); ``'full'`` keeps only the layer input ``h``.
+    linear-input parts (Korthikanti 2022 §4.2.2); ``sp_impl='pytorch'`` (DTensor) keeps the all-gathered
+    QKV and MLP-in inputs instead (``+2h(1−1/tp)``). ``recompute='full'`` keeps only the layer input ``h``;
+    ``'selective'`` keeps what ``sac_policy`` says (:data:`~trainplan.specs.SAC_POLICIES`; §3.2).
+    LoRA (``lora_rank > 0``): frozen linears keep no input (no weight gradient), each adapter keeps its
+    input and its rank-``r`` intermediate, SwiGLU's down input is kept only if ``down`` is adapted.
     The proxy harness compares this with ``saved_tensors_hooks`` (unique storages, parameters excluded).
     """
     _check("attn_impl", attn_impl, ATTN_IMPLS)
     _check("norm_impl", norm_impl, NORM_IMPLS)
     _check("recompute", recompute, ("none", "selective", "full"))
+    _check("sac_policy", sac_policy, SAC_KEEPS)
+    _check("sp_impl", sp_impl, ("megatron", "pytorch"))
     tp, cp = np.asarray(tp, dtype=float), np.asarray(cp, dtype=float)
     sp = np.asarray(sp, dtype=bool)
-    h, f, a, s = model.hidden, model.ffn_hidden, model.heads, seq_len
+    h, f, a, s, kv = model.hidden, model.ffn_hidden, model.heads, seq_len, model.kv_dim
     d = dtype_bytes
+    lora = lora_rank > 0
+    tg = set(lora_targets) if lora else set()
+    swiglu = model.mlp == "swiglu"
     tokens = s * micro_batch / cp
     rep = np.where(sp, tp, 1.0)  # divisor of the parts TP leaves replicated
-    h_loc, kv_loc, f_loc, a_loc = h / tp, model.kv_dim / _kv_shards(model, tp), f / tp, a / tp
-    if model.norm == "layernorm":
-        norm = (h * d + 2 * FP32) / rep  # input + mean, rstd (fp32) per token
-    else:
-        norm = ((1 if norm_impl == "fused" else 2) * h * d + FP32) / rep  # input (+ x·rstd) + rstd
-    linear_in = 2 * h * d / rep  # QKV input and MLP-in input
+    h_loc, kv_loc, f_loc, a_loc = h / tp, kv / _kv_shards(model, tp), f / tp, a / tp
+    norm = _norm_bytes(model, d, norm_impl, lora) / rep
+    # A linear input saved for the weight gradient: SP shard (Megatron) or the gathered sequence (DTensor).
+    lin_in = np.where(sp & (sp_impl == "pytorch"), h * d, h * d / rep)
+    qkv_in = lin_in if not lora or tg & {"q", "k", "v"} else 0.0 * lin_in
+    mlp_in = lin_in if not lora or tg & {"gate", "up"} - ({"gate"} if not swiglu else set()) else 0.0 * lin_in
     if attn_impl == "flash":
         attn = (2 * h_loc + 2 * kv_loc) * d + a_loc * FP32
     else:
         attn = (4 * h_loc + a_loc * s) * d
-    attn_kept = (2 * h_loc + 2 * kv_loc) * d  # selective: inputs q, k, v and the output of the core
-    mlp = (4 if model.mlp == "swiglu" else 2) * f_loc * d
-    none = 2 * norm + linear_in + attn + mlp
-    selective = 2 * norm + linear_in + attn_kept + mlp
+    if swiglu:  # gate out, up out, SiLU out; down input unless down is frozen
+        mlp = (3 + (0 if lora and "down" not in tg else 1)) * f_loc * d
+    else:  # fc1 out (GELU backward); GELU out (fc2 input) unless fc2 is frozen
+        mlp = (1 + (0 if lora and "down" not in tg else 1)) * f_loc * d
+    adapters = sum(1 for t in tg if swiglu or t != "gate") * lora_rank * d  # x·Aᵀ of each adapter
+    none = 2 * norm + qkv_in + mlp_in + attn + mlp + adapters
     full = h * d / rep
+    selective = _sac_kept_per_token(model, d, tp, sp, attn_impl, sac_policy, h_loc, kv_loc, f_loc, a_loc,
+                                    norm, qkv_in, mlp_in, mlp, rep)
     per_token = np.select([recompute == "full", recompute == "selective"], [full, selective], none)
     return _out(tokens * per_token)
+
+
+SAC_KEEPS = ("attention", "torchtitan_op", "matmul")
+
+
+def _sac_kept_per_token(model: ModelSpec, d: int, tp: Any, sp: Any, attn_impl: str, policy: str, h_loc: Any,
+                        kv_loc: Any, f_loc: Any, a_loc: Any, norm: Any, qkv_in: Any, mlp_in: Any, mlp: Any,
+                        rep: Any) -> Any:
+    """Bytes per token a block keeps under selective recompute ``policy`` (docs/analytic-model.md §3.2).
+
+    attention (Korthikanti 2022 §5): everything but the attention core's internals (keeps q, k, v and
+    its output). torchtitan_op (``_apply_ac_to_transformer_block``, ``_save_list``, 9dec370): the block
+    input, the outputs of the 1st, 3rd, 5th, 7th mm (wq, wv, w1, w2 for SwiGLU; wq, wv, fc1 for GELU),
+    flash SDPA's output and logsumexp, and under SP the reduce-scatter outputs of wo and w2. matmul: the
+    block input and every mm/addmm and SDPA output. Row-parallel mm outputs are partial sums of full
+    width ``h`` on every TP rank.
+    """
+    h = model.hidden
+    swiglu = model.mlp == "swiglu"
+    block_in = h * d / rep
+    sdpa = (h_loc * d + a_loc * FP32) if attn_impl == "flash" else 0.0 * h_loc
+    if policy == "attention":
+        return 2 * norm + qkv_in + mlp_in + (2 * h_loc + 2 * np.asarray(kv_loc)) * d + mlp
+    if policy == "torchtitan_op":
+        mms = (h_loc + kv_loc + f_loc) * d + (h * d if swiglu else 0.0)  # wq, wv, w1 (+ w2's partial sum)
+        rs = np.where(np.asarray(sp, dtype=bool), 2 * h * d / tp, 0.0)  # _c10d_functional.reduce_scatter_tensor
+        return block_in + mms + sdpa + rs
+    mms = (h_loc + 2 * kv_loc + (2 if swiglu else 1) * f_loc) * d + 2 * h * d  # q, k, v, gate/up; wo, w2
+    return block_in + mms + sdpa
 
 
 def rope_table_bytes(model: ModelSpec, seq_len: int, dtype_bytes: int = 2) -> float:
@@ -256,17 +320,21 @@ def rope_table_bytes(model: ModelSpec, seq_len: int, dtype_bytes: int = 2) -> fl
 
 
 def head_saved_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any = 1, sp: Any = False,
-                     cp: Any = 1, dtype_bytes: int = 2, norm_impl: str = "fused") -> Any:
-    """Final norm + LM-head input saved for backward on the last stage (as a block's norm and linear input)."""
+                     cp: Any = 1, dtype_bytes: int = 2, norm_impl: str = "fused", sp_impl: str = "megatron",
+                     frozen: bool = False) -> Any:
+    """Final norm + LM-head input saved for backward on the last stage (as a block's norm and linear input).
+
+    ``sp_impl='pytorch'``: DTensor's Colwise LM head keeps the all-gathered input; ``frozen`` (LoRA): the
+    frozen head keeps no input and the frozen norm no x·rstd.
+    """
     _check("norm_impl", norm_impl, NORM_IMPLS)
+    _check("sp_impl", sp_impl, ("megatron", "pytorch"))
     tp, cp = np.asarray(tp, dtype=float), np.asarray(cp, dtype=float)
-    rep = np.where(np.asarray(sp, dtype=bool), tp, 1.0)
+    sp = np.asarray(sp, dtype=bool)
+    rep = np.where(sp, tp, 1.0)
     h, d = model.hidden, dtype_bytes
-    if model.norm == "layernorm":
-        norm = (h * d + 2 * FP32) / rep
-    else:
-        norm = ((1 if norm_impl == "fused" else 2) * h * d + FP32) / rep
-    return _out(seq_len * micro_batch / cp * (norm + h * d / rep))
+    lin_in = 0.0 if frozen else np.where(sp & (sp_impl == "pytorch"), h * d, h * d / rep)
+    return _out(seq_len * micro_batch / cp * (_norm_bytes(model, d, norm_impl, frozen) / rep + lin_in))
 
 
 def logits_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any = 1, cp: Any = 1,
@@ -278,18 +346,24 @@ def logits_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any = 1, 
 
 def model_saved_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, dtype_bytes: int = 4,
                                  attn_impl: str = "flash", norm_impl: str = "composite",
-                                 recompute: str = "none") -> float:
+                                 recompute: str = "none", lora_rank: int = 0,
+                                 lora_targets: tuple[str, ...] = ()) -> float:
     """Everything a single-rank forward saves for backward, up to the logits (the CPU proxy's measurement).
 
-    = token ids (int64, saved by the embedding) + RoPE tables + L × per-layer + final norm and LM-head
-    input. The loss's own saves (log-probs) are in :func:`logits_bytes`, not here.
+    = token ids (int64, saved by a trainable embedding) + RoPE tables + L × per-layer + final norm and
+    LM-head input. The loss's own saves (log-probs) are in :func:`logits_bytes`, not here. LoRA: the
+    frozen embedding saves no ids and the first block's input needs no gradient, so its first norm saves
+    nothing (one norm less).
     """
-    per_layer = saved_activation_bytes_per_layer(model, seq_len, micro_batch, recompute=recompute,
-                                                 dtype_bytes=dtype_bytes, attn_impl=attn_impl,
-                                                 norm_impl=norm_impl)
-    return float(8 * seq_len * micro_batch + rope_table_bytes(model, seq_len, dtype_bytes)
-                 + model.layers * per_layer
-                 + head_saved_bytes(model, seq_len, micro_batch, dtype_bytes=dtype_bytes, norm_impl=norm_impl))
+    kw = dict(dtype_bytes=dtype_bytes, attn_impl=attn_impl, norm_impl=norm_impl, lora_rank=lora_rank,
+              lora_targets=tuple(lora_targets))
+    per_layer = saved_activation_bytes_per_layer(model, seq_len, micro_batch, recompute=recompute, **kw)
+    lora = lora_rank > 0
+    first_norm = seq_len * micro_batch * _norm_bytes(model, dtype_bytes, norm_impl, True) if lora else 0.0
+    ids = 0 if lora else 8 * seq_len * micro_batch
+    return float(ids + rope_table_bytes(model, seq_len, dtype_bytes) + model.layers * per_layer - first_norm
+                 + head_saved_bytes(model, seq_len, micro_batch, dtype_bytes=dtype_bytes, norm_impl=norm_impl,
+                                    frozen=lora))
 
 
 def pipeline_in_flight(pp: Any, microbatches: Any, stage: str = "first") -> Any:
@@ -304,23 +378,35 @@ def interleave_factor(pp: Any, vpp: Any, schedule: Any) -> Any:
     return _out(np.where(schedule == "interleaved", 1 + (pp - 1) / (pp * vpp), 1.0))
 
 
+def activation_kwargs(training: TrainingSpec, layout: Any, dtype_bytes: int | None = None,
+                      norm_impl: str = "fused") -> dict[str, Any]:
+    """Keyword arguments of :func:`saved_activation_bytes_per_layer` that a training setup and layout imply."""
+    lora = training.finetune != "full"
+    return dict(tp=layout.tp, sp=layout.sp, cp=layout.cp,
+                dtype_bytes=dtype_bytes or (2 if training.precision == "bf16" else FP32),
+                attn_impl=training.attn_impl, norm_impl=norm_impl, sac_policy=resolve_sac_policy(training),
+                sp_impl=resolve_sp_impl(training), lora_rank=training.lora_rank if lora else 0,
+                lora_targets=tuple(training.lora_targets) if lora else ())
+
+
 def activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, stage: str = "first",
-                     dtype_bytes: int | None = None, attn_impl: str = "flash", norm_impl: str = "fused") -> Any:
+                     dtype_bytes: int | None = None, norm_impl: str = "fused") -> Any:
     """Block activations on one rank: per-layer × L/pp × micro-batches in flight (× interleave), + recompute working set."""
     L = layout
-    d = dtype_bytes or (2 if training.precision == "bf16" else FP32)
-    kw = dict(tp=L.tp, sp=L.sp, cp=L.cp, dtype_bytes=d, attn_impl=attn_impl, norm_impl=norm_impl)
+    kw = activation_kwargs(training, L, dtype_bytes, norm_impl)
+    d = kw["dtype_bytes"]
     per_layer = saved_activation_bytes_per_layer(model, training.seq_len, L.micro_batch, recompute=L.recompute, **kw)
     m = grad_accum(training, L)
     inflight = pipeline_in_flight(L.pp, m, stage)
     factor = interleave_factor(L.pp, L.vpp, L.pp_schedule) if stage == "first" else 1.0
     stored = np.asarray(per_layer) * _layers_per_stage(model, L.pp) * inflight * factor
     # Recompute rebuilds what it dropped, one layer at a time, during that layer's backward: the whole
-    # layer (full) or its attention core (selective) — the working set on top of what is stored.
+    # layer (full) or what the SAC policy did not keep (selective) — the working set on top of what is stored.
     one_layer = np.asarray(saved_activation_bytes_per_layer(model, training.seq_len, L.micro_batch, **kw))
-    work = np.where(L.recompute == "none", 0.0, one_layer - np.where(L.recompute == "full", 0.0, per_layer))
-    first_extra = 8 * training.seq_len * L.micro_batch / np.asarray(L.cp, dtype=float) + rope_table_bytes(
-        model, training.seq_len, d)
+    work = np.where(L.recompute == "none", 0.0,
+                    np.maximum(one_layer - np.where(L.recompute == "full", 0.0, per_layer), 0.0))
+    ids = 0 if training.finetune != "full" else 8 * training.seq_len * L.micro_batch / np.asarray(L.cp, dtype=float)
+    first_extra = ids + rope_table_bytes(model, training.seq_len, d)
     return _out(stored + work + (first_extra * inflight if stage == "first" else 0.0))
 
 
@@ -350,12 +436,28 @@ def buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, dtype_by
     else:
         rs = lora_params_per_layer(model, training.lora_rank, training.lora_targets, tp) * FP32
     fsdp = np.where(z >= 3, 2 * unit_bytes + rs, 0.0)
+    # FSDP2 under PyTorch pipelining (torchtitan): reshard_after_forward=False for every block of the stage,
+    # and gradient sync only on the last micro-batch, so the whole stage stays gathered (compute dtype) and
+    # its unsharded grads accumulate in the fp32 reduce dtype (FSDPParam.to_accumulated_grad_if_needed).
+    if resolve_sp_impl(training) == "pytorch":
+        n_stage = _layers_per_stage(model, L.pp) * (mat + other)
+        trainable = n_stage if training.finetune == "full" else _layers_per_stage(model, L.pp) * (
+            lora_params_per_layer(model, training.lora_rank, training.lora_targets, tp))
+        stage_unsharded = np.where(training.finetune == "qlora", mat * NF4_BYTES_PER_PARAM + other * d,
+                                   (mat + other) * d) * _layers_per_stage(model, L.pp) + trainable * FP32
+        fsdp = np.where((z >= 3) & (np.asarray(L.pp) > 1), np.maximum(fsdp, stage_unsharded + unit_bytes), fsdp)
     grads = model_states(model, training, L)["gradients"]  # a bucket never exceeds the grads it packs
     ddp = np.where((z < 3) & (L.dp * L.cp > 1), 2 * np.minimum(DDP_BUCKET_BYTES, grads), 0.0)
     act = training.seq_len * L.micro_batch / cp * model.hidden * d
     tpb = np.where(tp > 1, act, 0.0)
     ppb = np.where(np.asarray(L.pp) > 1, 2 * act / np.where(np.asarray(L.sp, dtype=bool), tp, 1.0), 0.0)
     return _out(fsdp + ddp + tpb + ppb)
+
+
+def reserved_bytes(breakdown: dict[str, Any], eff: Any = None) -> Any:
+    """What ``torch.cuda.max_memory_reserved`` reports: the total less the runtime overhead outside the caching allocator."""
+    base = getattr(eff, "runtime_overhead_bytes", DEFAULT_RUNTIME_OVERHEAD_BYTES)
+    return _out(np.asarray(breakdown["total"], dtype=float) - base)
 
 
 def overhead_bytes(dynamic_bytes: Any, eff: Any = None) -> Any:
@@ -375,7 +477,8 @@ def stage_breakdown(model: ModelSpec, cluster: Any, training: TrainingSpec, layo
     d = 2 if training.precision == "bf16" else FP32
     last = np.asarray(L.pp) == 1 if stage == "first" else True
     lg = np.asarray(logits_bytes(model, training.seq_len, L.micro_batch, L.tp, L.cp, d)) + np.asarray(
-        head_saved_bytes(model, training.seq_len, L.micro_batch, L.tp, L.sp, L.cp, d))
+        head_saved_bytes(model, training.seq_len, L.micro_batch, L.tp, L.sp, L.cp, d,
+                         sp_impl=resolve_sp_impl(training), frozen=training.finetune != "full"))
     out["logits"] = _out(np.where(last, lg, 0.0))
     out["buffers"] = buffer_bytes(model, training, L)
     dynamic = np.asarray(out["activations"]) + np.asarray(out["logits"]) + np.asarray(out["buffers"])

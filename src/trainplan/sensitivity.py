@@ -78,3 +78,57 @@ def default_ranges(inputs: C.CostInputs, *, dataset_tokens: float, efficiency_x:
         base["inter_busbw_GBps"], lo, hi = inter_busbw_GBps  # (base, low, high), GB/s
         ranges["inter_busbw_GBps"] = (lo, hi)
     return base, ranges
+
+
+# ---------------------------------------------------------------------------- Snakemake stage glue
+# Assumptions the search itself depends on (so moving them can flip the layout): name → (unit, range source).
+SEARCH_ASSUMPTIONS = {
+    "inter_busbw_GBps": "GB/s",  # config cluster value, × (0.5, 1.2): 200G … 480G-class rails [assumption]
+    "comm_bw_eff": "fraction",  # validate.FIT_BOUNDS physical range of the NCCL efficiency
+    "runtime_overhead_GiB": "GiB",  # CUDA context + NCCL + allocator slack [assumption: 1–8 GiB]
+}
+UNITS = {"efficiency_x": "× throughput", "price_per_gpu_hour_usd": "$/GPU-h", "failure_rate_x": "× failure rate",
+         "dataset_tokens": "tokens", "checkpoint_write_GBps": "GB/s", **SEARCH_ASSUMPTIONS}
+
+
+def search_ranker(model: Any, cluster: Any, training: Any, eff: Any, options: dict[str, Any]
+                  ) -> Callable[[dict[str, Any]], tuple[str, float]]:
+    """``rank(a)``: re-run the layout search under assumptions ``a``; (best layout, its tokens/s/GPU). Cached."""
+    from trainplan.search import search
+
+    cache: dict[tuple[float, float, float], tuple[str, float]] = {}
+
+    def rank(a: dict[str, Any]) -> tuple[str, float]:
+        key = (float(a["inter_busbw_GBps"]), float(a["comm_bw_eff"]), float(a["runtime_overhead_GiB"]))
+        if key not in cache:
+            c = replace(cluster, inter_busbw_Bps=key[0] * 1e9)
+            e = eff.replace(comm_bw_eff=key[1], runtime_overhead_bytes=key[2] * 2**30)
+            df = search(model, c, training, e, options)
+            best = df[df["rank"] == 1]
+            cache[key] = (("no feasible layout", 1e-9) if not len(best) else
+                          (str(best["layout_text"].iloc[0]), float(best["tokens_per_s_per_gpu"].iloc[0])))
+        return cache[key]
+
+    return rank
+
+
+def stage_sensitivity(chosen: dict[str, Any], *, model: Any, cluster: Any, training: Any, eff: Any,
+                      options: dict[str, Any], inputs: C.CostInputs, inter_busbw_GBps: float) -> pd.DataFrame:
+    """sensitivity.csv: tornado over cost and search assumptions; ``changes_recommendation`` re-ranks layouts."""
+    rank = search_ranker(model, cluster, training, eff, options)
+    base, ranges = default_ranges(
+        inputs, dataset_tokens=float(training.total_tokens),
+        efficiency_x=(chosen["tokens_per_s_per_gpu_p10"] / chosen["tokens_per_s_per_gpu_p50"],
+                      chosen["tokens_per_s_per_gpu_p90"] / chosen["tokens_per_s_per_gpu_p50"]),
+        inter_busbw_GBps=(inter_busbw_GBps, 0.5 * inter_busbw_GBps, 1.2 * inter_busbw_GBps))
+    base |= {"comm_bw_eff": eff.comm_bw_eff, "runtime_overhead_GiB": eff.runtime_overhead_bytes / 2**30}
+    ranges |= {"comm_bw_eff": (0.3, 1.0), "runtime_overhead_GiB": (1.0, 8.0)}
+    evaluate = cost_evaluator(rank, n_gpus=cluster.n_gpus, n_params=float(model.n_params),
+                              d2h_Bps=cluster.host_to_device_Bps, inputs=inputs)
+    t = tornado(base, ranges, evaluate)
+    return pd.DataFrame({
+        "parameter": t["assumption"], "unit": t["assumption"].map(UNITS).fillna(""), "base_value": t["base"],
+        "low_value": t["low"], "high_value": t["high"], "metric": "cost at p50 throughput ($)",
+        "metric_base": t["cost_base"], "metric_low": t["cost_low"], "metric_high": t["cost_high"],
+        "changes_recommendation": t["flips"], "layout_base": t["layout_base"], "layout_low": t["layout_low"],
+        "layout_high": t["layout_high"]})

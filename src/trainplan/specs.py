@@ -317,6 +317,16 @@ KERNEL_KINDS = ("eager", "compiled", "fused")
 # Attention core: "flash" = FlashAttention/SDPA (no s×s matrix); "math" = materialised scores + softmax
 # (Megatron-LM 2021/2022 before flash attention).
 ATTN_IMPL_KINDS = ("flash", "math")
+# What ``recompute='selective'`` keeps (memory.py, docs/analytic-model.md §3): "attention" = Megatron's
+# selective recompute (reruns the attention core; Korthikanti 2022 §5), "torchtitan_op" = torchtitan's
+# op-level SAC (saves every other mm output + SDPA outputs; ``_save_list`` at 9dec370), "matmul" = saves
+# every mm/addmm and SDPA output (the proxy harness's policy). "auto": fused kernels → "attention", else
+# "torchtitan_op" (the same assumption timing.py makes).
+SAC_POLICIES = ("auto", "attention", "torchtitan_op", "matmul")
+# How sequence parallelism keeps the QKV / MLP-in inputs for backward: "megatron" keeps the s/t shards and
+# re-gathers in backward (Korthikanti 2022 §4.2.2); "pytorch" (DTensor SequenceParallel + Colwise) saves the
+# all-gathered full-sequence input. "auto": fused kernels → "megatron", else "pytorch".
+SP_IMPLS = ("auto", "megatron", "pytorch")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -332,12 +342,16 @@ class TrainingSpec:
     lora_targets: tuple[str, ...] = ("q", "k", "v", "o")
     kernels: str = "eager"  # KERNEL_KINDS; the default study runs HF transformers under Accelerate FSDP2
     attn_impl: str = "flash"  # ATTN_IMPL_KINDS
+    sac_policy: str = "auto"  # SAC_POLICIES: what recompute='selective' keeps
+    sp_impl: str = "auto"  # SP_IMPLS: sharded (Megatron) or gathered (PyTorch DTensor) linear inputs under SP
 
     def __post_init__(self) -> None:
         _positive_int(self, "seq_len", "global_batch", "lora_rank")
         _positive_num(self, "dataset_tokens", "epochs")
         _one_of(self, "kernels", KERNEL_KINDS)
         _one_of(self, "attn_impl", ATTN_IMPL_KINDS)
+        _one_of(self, "sac_policy", SAC_POLICIES)
+        _one_of(self, "sp_impl", SP_IMPLS)
         _one_of(self, "precision", PRECISIONS)
         _one_of(self, "optimizer", OPTIMIZERS)
         _one_of(self, "finetune", FINETUNE_KINDS)

@@ -9,6 +9,7 @@ are modelled with ``kernels="compiled"`` (docs/timing-model.md).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from importlib import resources
 from typing import Any
 
@@ -48,6 +49,9 @@ ROCE_RAIL_BUSBW_Bps = 46e9  # 400 Gb/s per GPU rail (SOURCES: nccl-tests #290, #
 MEGATRON_T1_MICRO_BATCH = 1
 # torchtitan splits each rank's local batch into micro-batches of 1 under PP (pipeline_parallel_microbatch_size).
 TORCHTITAN_PP_MICRO_BATCH = 1
+# Memory rows: torchtitan at 9dec370 (the benchmark's commit) splits the local batch into
+# ``pipeline_parallel_microbatches or pp`` micro-batches (torchtitan/parallelisms/pipeline_llama.py), so a
+# micro-batch holds local_batch/pp sequences (405B T5: 32/8 = 4). The timing rows keep the value above.
 GPT_VOCAB = 51200  # both Megatron papers: V = 51,200 (SOURCES.md)
 GPT_SEQ = 2048
 # Kernels per framework (TrainingSpec.kernels / attn_impl; docs/timing-model.md): Megatron-LM 2021/2022
@@ -155,7 +159,9 @@ def torchtitan_h100(eff: Efficiency) -> list[dict]:
         mem_ok = ok and not compiled
         mem_note = note if mem_ok or not ok else "; ".join(x for x in ("memory under compile not modelled", note) if x)
         tim = timing.step_time(m, c, t, lay, eff)
-        mem = memory.memory_breakdown(m, c, t, lay, eff)["total"]
+        # torchtitan logs torch.cuda max reserved: the caching allocator only (no CUDA context / NCCL).
+        lay_mem = replace(lay, micro_batch=int(r.local_batch) // int(r.pp)) if int(r.pp) > 1 else lay
+        mem = memory.reserved_bytes(memory.memory_breakdown(m, c, t, lay_mem, eff), eff)
         label = f"T{r.table} {m.name} {lay.describe()}"
         rows.append(_row("torchtitan_h100", label, "tokens_per_s_per_gpu", r.tps_per_gpu, tim["tokens_per_s_per_gpu"],
                          ok, note))

@@ -25,11 +25,9 @@ def copy_workflow(dst: Path) -> Path:
     return dst
 
 
-def snakemake(cwd: Path, *args: str, timeout: int = 600, placeholders: bool = True,
-              env: dict | None = None) -> subprocess.CompletedProcess:
+def snakemake(cwd: Path, *args: str, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run Snakemake in ``cwd``: the real stages (no placeholders) on whatever config ``args`` name."""
     e = {**os.environ, **(env or {})}
-    if placeholders:
-        e["TRAINPLAN_PLACEHOLDER_STAGES"] = "1"
     return subprocess.run([SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=e)
 
 

@@ -84,14 +84,18 @@ class SavedTensorTracker:
     that module: that is what activation checkpointing keeps. Use as a context manager around forward.
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, sac_save_ops: set | frozenset | None = None):
         self.model = model
+        self.sac_save_ops = sac_save_ops  # None: the harness's policy (trainplan.proxy.parallelize._SAVE_OPS)
+        self.sac_depth = 0  # > 0 while the forward runs inside a selectively checkpointed block
+        self.sac_seen = False
         self.stack: list[str] = ["loss"]  # saves outside any module: the loss
         self.first: dict[int, tuple[str, int, str]] = {}  # storage ptr → (module, bytes, op label)
         self.users: dict[int, set[str]] = defaultdict(set)
         self.param_ptrs: list[set[int]] = []  # params of the modules now running (scoped: freed storages get reused)
         self._handles: list[Any] = []
         self._ctx: contextlib.ExitStack | None = None
+        self.sac_stack: list[bool] = []
 
     def _record(self, t: torch.Tensor, label: str) -> None:
         loc = _local(t)
@@ -118,13 +122,23 @@ class SavedTensorTracker:
             self._handles.append(m.register_forward_hook(self._post, always_call=True))
         self._ctx = contextlib.ExitStack()
         self._ctx.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t))
+        if any(_is_selective(m) for m in self.model.modules()):
+            if self.sac_save_ops is None:
+                from trainplan.proxy.parallelize import _SAVE_OPS
+
+                self.sac_save_ops = frozenset(_SAVE_OPS)
+            self._ctx.enter_context(_SACOutputs(self))
         return self
 
     def _pre(self, name: str, module: nn.Module):
         checkpointed = type(module).__name__ == "CheckpointWrapper"
+        selective = _is_selective(module)
 
         def hook(mod: nn.Module, args: tuple, kwargs: dict) -> None:
             self.stack.append(name)
+            self.sac_stack.append(selective)
+            if selective:
+                self.sac_depth += 1
             self.param_ptrs.append({_local(p).untyped_storage().data_ptr() for p in mod.parameters(recurse=False)})
             if checkpointed and torch.is_grad_enabled():
                 for a in (*args, *kwargs.values()):
@@ -136,6 +150,8 @@ class SavedTensorTracker:
     def _post(self, *_: Any) -> None:
         self.stack.pop()
         self.param_ptrs.pop()
+        if self.sac_stack.pop():
+            self.sac_depth -= 1
 
     def __exit__(self, *exc: Any) -> None:
         assert self._ctx is not None
@@ -166,11 +182,40 @@ class SavedTensorTracker:
             rest = mod[len(lay):].lstrip(".") or "block"
             per_term[rest] += nb
         n = max(len(per_layer), 1)
-        return {"total_bytes": sum(per_layer.values()) + sum(other.values()),
+        return {"complete": True, "sac_outputs_counted": self.sac_seen,
+                "total_bytes": sum(per_layer.values()) + sum(other.values()),
                 "per_layer_bytes": dict(per_layer),
                 "mean_layer_bytes": sum(per_layer.values()) / n,
                 "per_term_bytes_per_layer": {k: v / n for k, v in sorted(per_term.items())},
                 "non_layer_bytes": dict(other)}
+
+
+def _is_selective(module: nn.Module) -> bool:
+    """A ``checkpoint_wrapper`` whose checkpoint has a ``context_fn`` (selective activation checkpointing)."""
+    fn = getattr(module, "checkpoint_fn", None)
+    return type(module).__name__ == "CheckpointWrapper" and bool(getattr(fn, "keywords", {}).get("context_fn"))
+
+
+class _SACOutputs(TorchDispatchMode):
+    """Records the outputs of the ops a selective checkpoint MUST_SAVEs, as the tracker's saved bytes.
+
+    SAC keeps those outputs in its own cache (``torch.utils.checkpoint``'s caching dispatch mode), out of
+    ``saved_tensors_hooks``' reach; this mode sits below it on the mode stack and sees every op with its
+    outputs. Only the forward inside a selectively checkpointed block counts (not the recompute).
+    """
+
+    def __init__(self, tracker: SavedTensorTracker):
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        out = func(*args, **(kwargs or {}))
+        tr = self.tracker
+        if tr.sac_depth > 0 and torch.is_grad_enabled() and func in (tr.sac_save_ops or ()):
+            tr.sac_seen = True
+            for t in _tensors(out):
+                tr._record(t, "sac-saved")
+        return out
 
 
 def _layer_of(mod: str) -> str | None:

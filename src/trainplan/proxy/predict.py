@@ -56,13 +56,19 @@ def analytic_memory(spec: ModelSpec, layout: Layout, seq_len: int, global_batch:
     norm_impl = "composite" if device == "cpu" else "fused"
     d = 2 if dtype == "bf16" else 4
     out["norm_impl"], out["attn_impl"] = norm_impl, "flash"
+    # The proxies run DTensor SP (gathered linear inputs kept) and the harness's SAC policy, which saves every
+    # mm/addmm and SDPA output (trainplan.proxy.parallelize._SAVE_OPS) → sac_policy "matmul".
+    lora = finetune != "full"
+    out["sp_impl"], out["sac_policy"] = "pytorch", "matmul"
     try:
         out["activation_bytes_per_layer"] = float(memory.saved_activation_bytes_per_layer(
             spec, seq_len, layout.micro_batch, layout.tp, layout.sp, layout.cp, layout.recompute, d, "flash",
-            norm_impl))
+            norm_impl, sac_policy="matmul", sp_impl="pytorch", lora_rank=lora_rank if lora else 0,
+            lora_targets=tuple(lora_targets) if lora else ()))
         out["rope_table_bytes"] = float(memory.rope_table_bytes(spec, seq_len, d))
         out["head_saved_bytes"] = float(memory.head_saved_bytes(spec, seq_len, layout.micro_batch, layout.tp,
-                                                                layout.sp, layout.cp, d, norm_impl))
+                                                                layout.sp, layout.cp, d, norm_impl,
+                                                                sp_impl="pytorch", frozen=lora))
         out["logits_bytes"] = float(memory.logits_bytes(spec, seq_len, layout.micro_batch, layout.tp, layout.cp, d))
     except Exception as e:  # noqa: BLE001
         out["activation_error"] = f"{type(e).__name__}: {e}"
@@ -70,15 +76,26 @@ def analytic_memory(spec: ModelSpec, layout: Layout, seq_len: int, global_batch:
 
 
 def analytic_flops(spec: ModelSpec, seq_len: int, micro_batch: int, accum: int, tp: int,
-                   recompute: str = "none") -> dict[str, Any] | None:
-    """Model FLOPs per rank per step: ``flops.model_train_step_flops`` × micro-batches ÷ tp."""
+                   recompute: str = "none", *, finetune: str = "full", lora_rank: int = 0,
+                   lora_targets: tuple[str, ...] | list[str] = ()) -> dict[str, Any] | None:
+    """Model FLOPs per rank per step: ``flops.model_train_step_flops`` (LoRA: ``lora_train_step_flops``) × micro-batches ÷ tp.
+
+    Hardware FLOPs add what the proxies' non-reentrant checkpoint recomputes (full: every block matmul but
+    the last, and the attention core; selective with the harness's save-every-matmul policy: none).
+    """
     try:
         from trainplan import flops
     except ImportError:
         return None
-    per_mb = float(flops.model_train_step_flops(spec, seq_len, micro_batch))
+    if finetune != "full":
+        per_mb = float(flops.lora_train_step_flops(spec, seq_len, micro_batch, lora_rank, tuple(lora_targets)))
+        source = "trainplan.flops.lora_train_step_flops"
+    else:
+        per_mb = float(flops.model_train_step_flops(spec, seq_len, micro_batch))
+        source = "trainplan.flops.model_train_step_flops"
     tokens = seq_len * micro_batch * accum
-    extra = float(flops.recompute_flops_per_token(spec, seq_len, recompute)) * tokens / tp
-    return {"source": "trainplan.flops.model_train_step_flops", "model_flops_per_rank_step": per_mb * accum / tp,
+    extra = float(flops.recompute_flops_per_token(spec, seq_len, recompute, policy="matmul",
+                                                  checkpoint_impl="non_reentrant")) * tokens / tp
+    return {"source": source, "model_flops_per_rank_step": per_mb * accum / tp,
             "hardware_flops_per_rank_step": per_mb * accum / tp + extra,
             "model_flops_per_token": float(flops.model_flops_per_token(spec, seq_len))}

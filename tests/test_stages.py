@@ -1,0 +1,166 @@
+"""The stage glue, without Snakemake: real package functions on small inputs, memo-facing shapes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from trainplan import stages
+from trainplan.calibrate import OPEN_SET, stage_calibrate, stage_fit_scaling
+from trainplan.config import config_slice, load_config
+from trainplan.cost import CostInputs, stage_cost_and_risk
+from trainplan.efficiency import Efficiency
+from trainplan.io import read_json
+from trainplan.proxy.select import _cpu_model
+from trainplan.sensitivity import stage_sensitivity
+from trainplan.specs import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [ROOT / "config" / "config.yaml", ROOT / "config" / "tiny.yaml"]
+DEFAULT = ROOT / "config" / "config.yaml"
+
+
+def synthetic_records(model) -> pd.DataFrame:
+    """CPU records whose bytes follow the analytic parameter counts exactly (what a correct harness measures)."""
+    rows = []
+    for L in (1, 2, 3, 4):
+        p = _cpu_model(model, 64, L, 128).n_params
+        rows.append({"id": f"depth-L{L}", "family": "depth", "device": "cpu", "status": "ok", "layers": L,
+                     "hidden": 64, "world_size": 2, "params_meas": p, "state_bytes_meas": 16 * p / 2,
+                     "flops_per_step_meas": 1e6 * (3 + 2 * L), "comm_bytes_meas": 4e5 * L + 1e4})
+    for h in (64, 128, 192, 256):
+        p = _cpu_model(model, h, 2, 128).n_params
+        rows.append({"id": f"width-h{h}", "family": "width", "device": "cpu", "status": "ok", "layers": 2,
+                     "hidden": h, "world_size": 2, "params_meas": p, "state_bytes_meas": 8 * p})
+    p = _cpu_model(model, 64, 2, 128).n_params
+    for n in (1, 2):
+        rows.append({"id": f"scaleout-n{n}", "family": "scaleout", "device": "cpu", "status": "ok", "layers": 2,
+                     "hidden": 64, "world_size": n, "params_meas": p, "state_bytes_meas": 16 * p / n})
+    df = pd.DataFrame(rows)
+    df["state_bytes_pred"], df["saved_act_bytes_pred"], df["saved_act_bytes_meas"] = (
+        df["state_bytes_meas"], 1000.0, 1010.0)
+    return df
+
+
+def test_parity_columns_name_predicted_and_measured_pairs():
+    df = pd.DataFrame({"params_predicted": [10], "params_measured": [10], "flops_per_rank_step_analytic": [5.0],
+                       "flops_per_rank_step_measured": [6.0], "comm_all_gather_into_tensor_bytes": [100],
+                       "comm_reduce_scatter_tensor_bytes": [np.nan], "loss0": [5.5]})
+    out = stages.parity_columns(df)
+    assert (out["params_pred"].item(), out["params_meas"].item()) == (10, 10)
+    assert (out["flops_per_step_pred"].item(), out["flops_per_step_meas"].item()) == (5.0, 6.0)
+    assert out["comm_bytes_meas"].item() == 100 and out["loss_step0"].item() == 5.5
+
+
+def test_scaling_fits_extrapolate_bytes_to_the_production_point():
+    c = load_config(DEFAULT)
+    doc = stage_fit_scaling(synthetic_records(c.model), c.model, c.cluster.n_gpus, {"bootstrap": 50, "seed": 0})
+    fits = doc["fits"]
+    assert {"depth: params", "width: params", "scale-out: state bytes/rank"} <= set(fits)
+    d = fits["depth: params"]
+    assert d["x_target"] == 40 and d["y_target"] == pytest.approx(d["analytic_target"], rel=1e-9)
+    assert d["r2"] == pytest.approx(1.0) and d["n"] == 4
+    w = fits["width: params"]
+    # a·h² + b·h misses the FFN width's rounding to a multiple (SwiGLU 8/3·h): a few % at 20× the ladder
+    assert w["x_target"] == 5120 and abs(w["rel_err_vs_analytic"]) < 0.05
+    s = fits["scale-out: state bytes/rank"]
+    assert s["x_target"] == 32 and s["y_target"] == pytest.approx(s["y"][0] / 32)
+    assert "time" not in " ".join(fits) and "no timing is fitted" in doc["evidence"]
+    kinds = {(r["fit"], r["kind"]) for r in doc["curves"]}
+    assert ("depth: params", "measured") in kinds and ("depth: params", "fit") in kinds
+
+
+def test_scaling_fits_say_why_they_were_skipped():
+    c = load_config(DEFAULT)
+    rec = synthetic_records(c.model)
+    rec = rec[~((rec["family"] == "depth") & (rec["layers"] > 2))]
+    doc = stage_fit_scaling(rec, c.model, c.cluster.n_gpus, {"bootstrap": 20})
+    assert "depth: params" not in doc["fits"]
+    assert "2 distinct layers values, need 3" in doc["skipped"]["depth: params"]
+
+
+def test_cpu_records_never_calibrate_time():
+    c = load_config(DEFAULT)
+    doc, heldout = stage_calibrate(synthetic_records(c.model), Efficiency(), {"source": "auto"})
+    assert doc["source"] == OPEN_SET and doc["efficiency"] == Efficiency().to_dict()
+    assert set(heldout.columns) >= {"table", "metric", "n", "mape", "role"}
+    roles = dict(zip(heldout["table"] + ":" + heldout["metric"], heldout["role"], strict=True))
+    assert roles["torchtitan_h100:tokens_per_s_per_gpu"] == "held out"
+    assert roles["megatron2021_t1:tflops_per_gpu"] == "fit"
+    assert (heldout["mape"] < 1.0).all()  # fractions, not percent
+    assert len(doc["loo_relative_errors"]) >= 27 and doc["memory_relative_errors"]
+    assert doc["fits"]["gemm_eff_max"]["value"] == Efficiency().gemm_eff_max
+
+
+def test_overriding_a_fitted_efficiency_field_makes_the_source_defaults():
+    doc, _ = stage_calibrate(pd.DataFrame(), Efficiency().replace(gemm_eff_max=0.6), {"source": "auto"})
+    assert doc["source"] == "defaults" and doc["efficiency"]["gemm_eff_max"] == 0.6
+
+
+def test_gpu_records_without_a_predictor_are_not_claimed_as_calibration():
+    c = load_config(DEFAULT)
+    rec = synthetic_records(c.model).assign(device="cuda:0")
+    doc, _ = stage_calibrate(rec, Efficiency(), {"source": "auto"})
+    assert doc["source"] == OPEN_SET and doc["notes"]
+
+
+def chosen(p10: float, p50: float, p90: float) -> dict:
+    return {"layout": "x", "tokens_per_s_per_gpu_p10": p10, "tokens_per_s_per_gpu_p50": p50,
+            "tokens_per_s_per_gpu_p90": p90}
+
+
+def test_cost_doc_has_the_memo_shape_and_overheads_add_up():
+    c = load_config(DEFAULT)
+    doc, inputs = stage_cost_and_risk({"chosen": chosen(4000, 5000, 5500), "source": OPEN_SET},
+                                      n_params=13e9, n_gpus=32, total_tokens=10e9, d2h_Bps=50e9,
+                                      cost_cfg=c.cost, targets=c.targets)
+    for k in ("train_hours", "wallclock_hours", "gpu_hours", "dollars"):
+        assert doc[k]["p10"] <= doc[k]["p50"] <= doc[k]["p90"]
+    pt = doc["detail"]["point"]
+    assert sum(doc["overheads_hours"].values()) == pytest.approx(pt["wall_h"] - pt["train_h"])
+    assert doc["price_per_gpu_hour"] == {"default": 3.0, "low": 2.0, "high": 6.88}
+    names = {t["name"]: t for t in doc["targets"]}
+    assert set(names) == {"wall-clock", "cost", "tokens/s per GPU"}
+    assert names["tokens/s per GPU"]["pass"] is (names["tokens/s per GPU"]["verdict"] == "pass")
+    assert doc["ask"]["gpu_hours"] == doc["gpu_hours"]["p90"]
+    assert doc["dollars_price_range"]["low"] < doc["dollars"]["p50"] < doc["dollars_price_range"]["high"]
+
+
+def test_cost_without_a_feasible_layout_is_a_config_error():
+    with pytest.raises(ConfigError, match="prediction.chosen"):
+        stage_cost_and_risk({"chosen": None}, n_params=1e9, n_gpus=8, total_tokens=1e9, d2h_Bps=50e9,
+                            cost_cfg={"price_per_gpu_hour_usd": 3.0}, targets={})
+
+
+def test_sensitivity_reranks_layouts_and_flags_flips():
+    c = load_config(TINY)
+    sens = stage_sensitivity(chosen(900, 1000, 1100), model=c.model, cluster=c.cluster, training=c.training,
+                             eff=c.efficiency, options=dict(c.search), inputs=CostInputs.from_config(c.cost),
+                             inter_busbw_GBps=c.raw["cluster"]["inter_busbw_GBps"])
+    assert {"parameter", "unit", "base_value", "low_value", "high_value", "metric", "metric_base", "metric_low",
+            "metric_high", "changes_recommendation"} <= set(sens.columns)
+    row = sens.set_index("parameter")
+    assert not row.loc["price_per_gpu_hour_usd", "changes_recommendation"]  # price never re-ranks layouts
+    assert row.loc["price_per_gpu_hour_usd", "metric_high"] > row.loc["price_per_gpu_hour_usd", "metric_low"]
+    flips = sens["changes_recommendation"] == (
+        (sens["layout_low"] != sens["layout_base"]) | (sens["layout_high"] != sens["layout_base"]))
+    assert flips.all()
+
+
+def test_analytic_then_launch_stages_write_real_outputs(tmp_path):
+    c = load_config(TINY)
+    out = {"candidates": tmp_path / "a/candidates.csv", "families": tmp_path / "a/families.csv",
+           "summary": tmp_path / "a/summary.json"}
+    stages.run_analytic_model({}, out, config_slice(c.raw, "analytic_model"))
+    summary = read_json(out["summary"])
+    assert summary["layout"] and summary["model"]["n_params"] == c.model.n_params
+    assert summary["flops_per_token"] > 0 and "status" in summary and summary["status"] == "ok"
+    man = tmp_path / "launch/manifest.json"
+    stages.run_launch_artifacts({"summary": out["summary"]}, {"manifest": man}, config_slice(c.raw, "launch_artifacts"))
+    doc = read_json(man)
+    assert doc["layout"] == summary["layout"]
+    assert all((man.parent / a["filename"]).exists() for a in doc["artifacts"])
+    assert (man.parent / "manifest.json.provenance.json").exists()
