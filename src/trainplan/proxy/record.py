@@ -33,7 +33,8 @@ def assemble_record(spec: dict[str, Any], ranks: list[dict], *, timed_out: bool,
     accum = r0.get("accum", 1)
     fl = r0.get("flops", {})
     analytic_fl = predict.analytic_flops(mspec, spec["seq_len"], layout.micro_batch, accum, layout.tp,
-                                         layout.recompute)
+                                         layout.recompute, finetune=spec["finetune"], lora_rank=spec["lora_rank"],
+                                         lora_targets=spec["lora_targets"])
     analytic_mem = predict.analytic_memory(mspec, layout, spec["seq_len"], spec["global_batch"], spec["dtype"],
                                            spec["finetune"], spec["lora_rank"], spec["lora_targets"], spec["device"])
     env = dict(r0.get("environment", {}))

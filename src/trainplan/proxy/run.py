@@ -133,9 +133,7 @@ def train(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
                         loss.backward()
                     total += loss.detach()
                     if first and i == 0:
-                        detail["saved"] = tracker.summary()
-                        # op-level SAC keeps its saves inside checkpoint's own storage, out of our hooks' reach
-                        detail["saved"]["complete"] = layout.recompute != "selective"
+                        detail["saved"] = tracker.summary()  # carries its own `complete` flag
             opt.step()
         _sync(dev)
         times.append(time.perf_counter() - t0)
