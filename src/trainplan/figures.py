@@ -179,8 +179,12 @@ def plot_extrapolation(df: pd.DataFrame, *, ax: Axes | Sequence[Axes] | None = N
     fits = list(dict.fromkeys(df["fit"]))
     with _style():
         if ax is None:
-            fig, axs = plt.subplots(1, len(fits), figsize=(3.5 * len(fits), 3.0), squeeze=False)
-            axes = list(axs[0])
+            ncols = min(3, len(fits))
+            nrows = -(-len(fits) // ncols)
+            fig, axs = plt.subplots(nrows, ncols, figsize=(3.5 * ncols, 3.0 * nrows), squeeze=False)
+            axes = list(axs.ravel())
+            for extra in axes[len(fits):]:
+                extra.set_visible(False)
         else:
             axes = list(ax) if isinstance(ax, Sequence) else [ax]
             fig = axes[0].figure  # type: ignore[assignment]

@@ -171,7 +171,7 @@ def _launch(res: Results) -> list[dict]:
         return []
     out = []
     for p in sorted(d.iterdir()):
-        if p.name.endswith(".provenance.json") or p.name.startswith(".") or not p.is_file():
+        if p.name.endswith(".provenance.json") or p.name.startswith(".") or not p.is_file() or p.name == "manifest.json":
             continue
         text = p.read_text(encoding="utf-8", errors="replace")
         n = len(text.splitlines())
