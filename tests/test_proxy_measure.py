@@ -108,3 +108,16 @@ def test_lora_saved_activations_and_flops_match_the_analytic_terms(targets):
         spec, s, b, dtype_bytes=4, norm_impl="composite", lora_rank=r, lora_targets=targets), rel=0.02)
     model_flops = fl["total"] - fl["attention_recompute"]
     assert model_flops == pytest.approx(flops.lora_train_step_flops(spec, s, b, r, targets), rel=0.01)
+
+
+def test_zero2_state_at_rest_is_sharded_like_fsdp2():
+    """FSDP2 ZeRO-2 (reshard_after_forward=False) is sharded between steps; its peak keeps full weights."""
+    from trainplan.proxy import predict
+    from trainplan.specs import MODEL_PRESETS, Layout
+
+    m = MODEL_PRESETS["debug"]
+    z2 = predict.analytic_memory(m, Layout(dp=2, sharding="zero2"), 64, 4, "fp32", "full", 8, ["q"])
+    z3 = predict.analytic_memory(m, Layout(dp=2, sharding="zero3"), 64, 4, "fp32", "full", 8, ["q"])
+    assert z2["state_at_rest_bytes"] == z3["state_at_rest_bytes"]
+    assert sum(z2["state_at_rest_bytes"].values()) == 8 * m.n_params  # fp32: (4 + 4 + 8) B / 2 ranks
+    assert z2["breakdown_bytes"]["weights"] > z3["breakdown_bytes"]["weights"]

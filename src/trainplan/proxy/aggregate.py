@@ -30,7 +30,8 @@ def record_row(rec: dict[str, Any]) -> dict[str, Any]:
     state_meas = sum(st.get(k, 0) for k in ("params_bytes", "frozen_params_bytes", "grads_bytes",
                                              "optimizer_bytes")) if st else None
     state_exact = sum(ex.values()) if ex else None
-    state_analytic = sum(bd[k] for k in ("weights", "gradients", "optimizer")) if bd else None
+    rest = am.get("state_at_rest_bytes") or bd  # what is resident between steps (see predict.analytic_memory)
+    state_analytic = sum(rest[k] for k in ("weights", "gradients", "optimizer")) if rest else None
     act_meas = saved.get("mean_layer_bytes") if saved.get("complete", True) else None
     act_pred = am.get("activation_bytes_per_layer")
     row: dict[str, Any] = {

@@ -7,6 +7,7 @@ terms (``trainplan.memory`` / ``trainplan.flops``), or ``None`` where a term is 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from trainplan.specs import ClusterSpec, Layout, ModelSpec, TrainingSpec, shard_degree
@@ -50,6 +51,12 @@ def analytic_memory(spec: ModelSpec, layout: Layout, seq_len: int, global_batch:
         from trainplan.efficiency import Efficiency
 
         out["breakdown_bytes"] = memory.memory_breakdown(spec, cluster, training, layout, Efficiency())
+        # The harness measures state between steps. FSDP2's ZeRO-2 (reshard_after_forward=False) holds the
+        # unsharded parameters only inside forward/backward; at rest it is sharded like ZeRO-3, so the state
+        # it is compared with is the ZeRO-3 (FSDP2) split. The peak (breakdown_bytes) keeps ZeRO-2's.
+        rest = replace(layout, sharding="zero3") if layout.sharding == "zero2" else layout
+        at_rest = memory.model_states(spec, training, rest, cluster)
+        out["state_at_rest_bytes"] = {k: float(at_rest[k]) for k in ("weights", "gradients", "optimizer")}
     except Exception as e:  # noqa: BLE001 - record, never crash the proxy over an analytic gap
         out["breakdown_error"] = f"{type(e).__name__}: {e}"
     # CPU: F.rms_norm decomposes (saves x and x·rstd); SDPA runs the CPU flash kernel (saves out + lse).
