@@ -73,8 +73,9 @@ def test_select_proxies_covers_every_family_with_valid_specs():
     ids = [s["id"] for s in specs]
     assert len(ids) == len(set(ids))
     assert {s["family"] for s in specs} == {"depth", "width", "scaleout", "layout"}
-    fams = {Layout.from_dict(s["layout"]).family for s in specs}
-    assert {"DDP", "FSDP", "HSDP", "TP", "TP+SP"} <= fams
+    layouts = [Layout.from_dict(s["layout"]) for s in specs]
+    assert {"DDP", "FSDP", "HSDP"} <= {x.family for x in layouts}
+    assert any(x.tp > 1 and not x.sp for x in layouts) and any(x.tp > 1 and x.sp for x in layouts)  # TP, TP+SP
     assert any(s["finetune"] == "lora" for s in specs)
     for s in specs:
         n = normalize_run_spec(s)

@@ -23,7 +23,8 @@ from trainplan.io import read_json, write_bytes
 REPORT_DIR = Path(__file__).resolve().parents[2] / "report"
 TEMPLATES = REPORT_DIR / "templates"
 DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z, used when SOURCE_DATE_EPOCH is unset
-FAMILIES_SHOWN = 14  # rows of the alternatives table (plus the chosen and every OOM family)
+FAMILIES_SHOWN = 14  # rows of the alternatives table when it is truncated (plus the chosen and every OOM family)
+FAMILIES_ALL_MAX = 20  # up to this many families (the coarse sharding × TP × PP ones) the table shows them all
 INLINE_MAX_LINES = 30  # launch artifacts longer than this are attached, not printed
 
 FIGURES = ("memory", "time_breakdown", "pareto", "parity", "extrapolation", "cost", "tornado")
@@ -143,8 +144,14 @@ def _validation(rec: pd.DataFrame | None) -> dict | None:
     devices = sorted(set(rec["device"].dropna().astype(str))) if "device" in rec else []
     loss = None
     if "loss_step0" in rec and rec["loss_step0"].notna().any():
-        ls = rec.loc[rec["status"] == "ok", "loss_step0"].dropna() if "status" in rec else rec["loss_step0"].dropna()
-        loss = {"n": len(ls), "spread": float(ls.max() - ls.min()), "value": float(ls.median())}
+        ok = rec[rec["status"] == "ok"] if "status" in rec else rec
+        # Loss parity only means something between runs of the same model on the same data: take the
+        # largest group of runs sharing the model (different layouts / world sizes of one proxy model).
+        if "model" in ok and ok["model"].notna().any():
+            ok = ok[ok["model"] == ok["model"].value_counts().index[0]]
+        ls = ok["loss_step0"].dropna()
+        loss = {"n": len(ls), "spread": float(ls.max() - ls.min()), "value": float(ls.median()),
+                "model": str(ok["model"].iloc[0]) if "model" in ok and len(ok) else ""}
     return {"n_runs": len(rec), "status": {str(k): int(v) for k, v in sorted(status.items())},
             "devices": devices, "gpu_measured": any(d.startswith("cuda") for d in devices), "metrics": metrics,
             "runs": _records(rec[[c for c in ("id", "family", "device", "world_size", "status") if c in rec]]),
@@ -152,17 +159,30 @@ def _validation(rec: pd.DataFrame | None) -> dict | None:
 
 
 def _families(fam: pd.DataFrame | None, top: int = FAMILIES_SHOWN) -> dict[str, Any]:
-    """The family table: the ``top`` first rows (the file is ranked), the chosen one, every OOM family."""
+    """The family table: every family if there are at most FAMILIES_ALL_MAX, else the ``top`` first rows (the
+    file is ranked), the chosen one and every OOM family."""
     if fam is None or not len(fam):
         return {"families": None, "families_total": 0}
     verdict = fam["verdict"].astype(str) if "verdict" in fam else pd.Series("", index=fam.index)
-    keep = (fam.index < top) | (verdict == "chosen") | verdict.str.startswith("OOM")
+    keep = (fam.index < top) | (verdict == "chosen") | verdict.str.startswith("OOM") | (len(fam) <= FAMILIES_ALL_MAX)
     rows = _records(fam[keep])
     for r in rows:  # producer column names: best_layout/line (search.family_verdicts) or layout/reason
         r["layout_text"] = r.get("best_layout") or r.get("layout") or ""
         v = str(r.get("verdict") or "")
         r["why"] = r.get("line") or (f"{v}: {r['reason']}" if r.get("reason") else v)
     return {"families": rows, "families_total": len(fam)}
+
+
+def _techniques(tech: pd.DataFrame | None) -> list[dict] | None:
+    """The "what each technique buys" table (``search.technique_verdicts`` rows), or None if not produced."""
+    if tech is None or not len(tech):
+        return None
+    rows = _records(tech)
+    for r in rows:
+        r["used_by_best"] = str(r.get("used_by_best")).lower() == "true"
+        for k in ("best_with", "best_without", "verdict", "line"):
+            r[k] = "" if r.get(k) is None else str(r[k])
+    return rows
 
 
 def _launch(res: Results) -> list[dict]:
@@ -225,7 +245,7 @@ def build_context(results_dir: str | Path, *, config: dict, study_hash: str, git
                   "hash": study_hash, "hash_short": study_hash[:12], "commit": git_commit,
                   "commit_short": git_commit[:12], "date": date.strftime("%Y-%m-%d")},
         "summary": summary, "layout_str": layout_str, "chosen_row": chosen_row, "representatives": rep,
-        **_families(res.csv("analytic/families.csv")),
+        **_families(res.csv("analytic/families.csv")), "techniques": _techniques(res.csv("analytic/techniques.csv")),
         "calibration": calib, "source": source, "source_label": SOURCE_LABELS.get(str(source), str(source)),
         "heldout": _records(res.csv("calibration/heldout.csv")) or None,
         "production": prod, "chosen": (prod or {}).get("chosen"),
