@@ -106,14 +106,14 @@ def select_proxies(candidates: pd.DataFrame, model: ModelSpec, training: Trainin
         for fam in fams:
             row = feasible[feasible["family"] == fam].iloc[0].to_dict()
             lay = _proxy_layout(row, world)
-            if lay is None or lay.family in seen:
+            if lay is None or _kind(lay) in seen:
                 continue
-            seen.add(lay.family)
-            add(f"layout-{_slug(lay.family)}", "layout", sized(2), lay, world)
+            seen.add(_kind(lay))
+            add(f"layout-{_slug(_kind(lay))}", "layout", sized(2), lay, world)
         for lay in _always(world):  # every family the harness supports, even if the planner dropped it
-            if lay.family not in seen:
-                seen.add(lay.family)
-                add(f"layout-{_slug(lay.family)}", "layout", sized(2), lay, world)
+            if _kind(lay) not in seen:
+                seen.add(_kind(lay))
+                add(f"layout-{_slug(_kind(lay))}", "layout", sized(2), lay, world)
         if training.finetune in ("lora", "qlora") or cfg.get("include_lora", True):
             add("layout-lora", "layout", sized(2), Layout(dp=world, sharding="zero3"), world, finetune="lora",
                 lora_rank=min(training.lora_rank, 8), lora_targets=list(training.lora_targets))
@@ -142,6 +142,11 @@ def _always(world: int) -> list[Layout]:
         lays += [Layout(dp=world, sharding="hsdp", shard_group=max(1, world // 2)),
                  Layout(dp=1, tp=world, sharding="none"), Layout(dp=1, tp=world, sp=True, sharding="none")]
     return lays
+
+
+def _kind(lay: Layout) -> str:
+    """The family plus SP (TP with and without sequence parallelism save different activations)."""
+    return lay.family + ("+SP" if lay.sp else "")
 
 
 def _slug(s: str) -> str:
