@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Idempotent setup for the study and the tests; both scripts/study.sh and scripts/test.sh call it.
+#   1. System packages (Debian, as root): WeasyPrint's Pango/HarfBuzz, poppler-utils (pdftotext/pdftoppm for
+#      the memo tests), slurm-wlm + munge (the real-Slurm test). Skipped when already installed; without
+#      root it only says what is missing.
+#   2. The venv .venv: torch 2.13.0 CPU wheel FIRST (a plain `pip install torch` pulls a multi-GB CUDA build),
+#      then the package with the extras named in $TRAINPLAN_EXTRAS. Redone when pyproject.toml changes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXTRAS=${TRAINPLAN_EXTRAS:-dev,workflow,launch}
+
+pkgs=(libpango-1.0-0 libpangoft2-1.0-0 libharfbuzz0b libharfbuzz-subset0 fonts-dejavu-core shared-mime-info
+      poppler-utils slurm-wlm munge python3-venv)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  else
+    echo "setup: missing system packages (install them as root): ${missing[*]}" >&2
+  fi
+fi
+
+stamp=.venv/.trainplan-setup
+want="$(sha256sum pyproject.toml | cut -c1-16) $EXTRAS"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  wheels=(); [ -d /opt/wheels ] && wheels=(--find-links /opt/wheels)
+  .venv/bin/pip install -q "${wheels[@]}" torch==2.13.0 \
+    || .venv/bin/pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+  .venv/bin/python -c 'import sys, torch; sys.exit(f"CUDA torch installed: {torch.__version__}" if torch.version.cuda else 0)'
+  .venv/bin/pip install -q -e ".[$EXTRAS]"
+  echo "$want" > "$stamp"
+fi
