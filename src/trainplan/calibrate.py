@@ -478,12 +478,14 @@ def _memory_rel_errors(records: pd.DataFrame) -> list[float]:
 def stage_calibrate(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any]) -> tuple[dict[str, Any], pd.DataFrame]:
     """calibration.json content and heldout.csv for the ``calibrate`` rule (``cfg``: the calibration section).
 
-    Sources: ``gpu-proxies`` need cuda records and a record predictor (not wired yet: falls back, with a
-    note); ``published-h100`` refits ``gemm_eff_max`` on torchtitan's (500 W-capped) H100 rows; ``auto`` and
+    Sources: ``gpu-proxies`` fits the time parameters to ok CUDA records (records.csv plus the committed
+    ``calibration.gpu_records_dir``; ``trainplan.calibrate_gpu``), falling back with a note when they cannot
+    be used; ``published-h100`` refits ``gemm_eff_max`` on torchtitan's (500 W-capped) H100 rows; ``auto`` and
     ``published-open-set`` keep the Efficiency defaults fitted on the A100 open set (docs/timing-model.md §7);
-    with config overrides of fitted fields the source is ``defaults``. The prediction interval uses the
-    throughput errors of every in-scope published row (fitted A100 and held-out H100 alike).
+    with config overrides of fitted fields the source is ``defaults``. Without GPU records the prediction
+    interval uses the throughput errors of every in-scope published row (fitted A100 and held-out H100 alike).
     """
+    from trainplan.calibrate_gpu import calibrate_gpu, load_gpu_records
     from trainplan.validate import FIT_PARAMS
 
     requested = str(cfg.get("source", "auto"))
@@ -491,10 +493,24 @@ def stage_calibrate(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any]) -> tu
     source = OPEN_SET
     eff = eff0
     extra: dict[str, Any] = {}
-    if requested in ("auto", "gpu-proxies") and choose_source(records, None) == "gpu-proxies":
-        notes.append("GPU proxy records present, but fitting time to them is not wired yet (needs a per-record "
-                     "predictor); the open-set fit is used")
-    if requested == "published-h100":
+    gpu: dict[str, Any] | None = None
+    committed, committed_files = load_gpu_records(cfg.get("gpu_records_dir"))
+    pool = pd.concat([d for d in (records, committed) if len(d)], ignore_index=True) if len(committed) else records
+    if requested in ("auto", "gpu-proxies"):
+        if choose_source(pool, None) == "gpu-proxies":
+            gpu, why = calibrate_gpu(pool, eff0, cfg)
+            if gpu is None:
+                notes.append(f"GPU proxy records present but not usable for the time fit ({why}); the open-set fit "
+                             "is used")
+        elif requested == "gpu-proxies":
+            notes.append("source gpu-proxies requested, but fewer than 2 ok CUDA records exist (records.csv, "
+                         f"{cfg.get('gpu_records_dir')}); the open-set fit is used")
+    if gpu is not None:
+        eff, source = gpu["efficiency"], "gpu-proxies"
+        notes += gpu["notes"]
+        if any(getattr(eff0, p) != getattr(type(eff0)(), p) for p in FIT_PARAMS):
+            notes.append("config overrides of fitted Efficiency fields were refitted to the GPU records")
+    elif requested == "published-h100":
         from trainplan.extrapolate import DEFAULT_PARAMS, predict_tps_per_gpu, published_frame
 
         pub = published_frame()
@@ -522,7 +538,54 @@ def stage_calibrate(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any]) -> tu
                                           **{k: extra["fits"]["efficiency"].get(k) for k in ("r2", "loo_mape", "n")}}
         doc["loo_relative_errors"] = extra["loo_relative_errors"] or doc["loo_relative_errors"]
         doc["efficiency_samples"] = extra["efficiency_samples"]
+    if gpu is not None:
+        _apply_gpu(doc, heldout, gpu, committed_files)
+    doc["efficiency_sources"] = _efficiency_sources(eff, eff0, source, doc.get("source_detail"), gpu)
     return doc, heldout
+
+
+def _apply_gpu(doc: dict[str, Any], heldout: pd.DataFrame, gpu: dict[str, Any], files: list[str]) -> None:
+    """Fold the gpu-proxies fit into calibration.json: fits, LOO errors, bootstrap samples, memory errors."""
+    f = gpu["fit"]
+    for p in gpu["params"]:
+        doc["fits"][p] = {"value": float(doc["efficiency"][p]), "r2": f["r2"], "loo_mape": f["loo_mape"],
+                          "stderr": f["stderr"][p], "n": f["n"], "fitted_on": gpu["label"]}
+    mem = gpu["memory"]
+    if mem is not None:
+        for p in gpu["memory_params"]:
+            doc["fits"][p] = {"value": float(doc["efficiency"][p]), "r2": mem["fit"]["r2"],
+                              "loo_mape": mem["fit"]["loo_mape"], "n": mem["fit"]["n"], "fitted_on": gpu["label"]}
+        doc["memory_relative_errors"] = mem["reserved_rel_errors"] + doc["memory_relative_errors"]
+    doc["source_detail"] = gpu["label"]
+    doc["loo_relative_errors"] = gpu["throughput_rel_errors"]
+    doc["efficiency_samples"] = gpu["samples"]
+    doc["gpu"] = {"n": gpu["n"], "params": gpu["params"], "bootstrap": gpu["bootstrap"],
+                  "per_record": gpu["per_record"], "memory": mem, "records_files": files}
+    heldout["role"] = "held out"  # the published tables check the GPU-calibrated model; none was fitted on
+
+
+def _efficiency_sources(eff: Any, eff0: Any, source: str, detail: str | None,
+                        gpu: dict[str, Any] | None) -> dict[str, str]:
+    """Where each Efficiency number came from: the GPU fit, the open-set fit, the config, or a prior."""
+    from trainplan.validate import FIT_PARAMS
+
+    fitted = set(gpu["params"]) | set(gpu["memory_params"]) if gpu else set()
+    default = type(eff0)()
+    out = {}
+    for k in eff.to_dict():
+        if k == "source":
+            continue
+        if k in fitted:
+            out[k] = detail or source
+        elif getattr(eff0, k) != getattr(default, k):
+            out[k] = "config (efficiency override)"
+        elif source == "published-h100" and k == "gemm_eff_max":
+            out[k] = "published-h100"
+        elif k in FIT_PARAMS:
+            out[k] = OPEN_SET
+        else:
+            out[k] = "prior (efficiency.py default, [I])"
+    return out
 
 
 # Scaling fits on CPU proxy records: device-independent quantities only (bytes, FLOPs, comm volume).

@@ -236,7 +236,8 @@ def stage_predict_production(candidates: pd.DataFrame, calibration: dict[str, An
     rows = [_memo_row(r, cluster.gpu.hbm_bytes) for r in df.to_dict("records")]
     out = pd.DataFrame(rows)
     doc: dict[str, Any] = {
-        "source": calibration.get("source", "defaults"), "efficiency": calibration.get("efficiency"),
+        "source": calibration.get("source", "defaults"), "source_detail": calibration.get("source_detail"),
+        "efficiency": calibration.get("efficiency"), "efficiency_sources": calibration.get("efficiency_sources"),
         "chosen": rows[0] if rows else None, "n_layouts": len(rows),
         "interval": {"quantiles": list(calib.get("interval", (0.1, 0.9))),
                      "throughput_errors_n": len(calibration.get("loo_relative_errors") or []),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ def record_row(rec: dict[str, Any]) -> dict[str, Any]:
         "cuda_max_allocated_bytes": mem.get("cuda_max_allocated_bytes"),
         "cuda_max_reserved_bytes": mem.get("cuda_max_reserved_bytes"),
     }
+    row.update(_spec_columns(rec))
     for kind, c in (rec.get("comm") or {}).items():
         row[f"comm_{kind}_bytes"] = c["bytes"]
         row[f"comm_{kind}_calls"] = c["calls"]
@@ -62,6 +64,26 @@ def record_row(rec: dict[str, Any]) -> dict[str, Any]:
     row["act_rel_err"] = _rel(act_meas, act_pred)
     row["flops_rel_err"] = _rel(row["flops_per_rank_step_measured"], row["flops_per_rank_step_analytic"])
     return row
+
+
+def _spec_columns(rec: dict[str, Any]) -> dict[str, Any]:
+    """What rebuilding the run's specs needs (``trainplan.calibrate_gpu.record_specs``): the full model and
+    layout as JSON, the GPU's name, launch shape, LoRA and compile flags, and the timed step times."""
+    spec, model, env = rec["spec"], rec["spec"]["model"], rec.get("environment") or {}
+    timing = rec.get("timing") or {}
+    steps = list(timing.get("step_times_s") or [])
+    warm = int(spec.get("warmup", 0) or 0)
+    return {
+        "heads": model.get("heads"), "kv_heads": model.get("kv_heads"), "ffn_hidden": model.get("ffn_hidden"),
+        "vocab": model.get("vocab"), "mlp": model.get("mlp"), "tied_embeddings": model.get("tied_embeddings"),
+        "pp": spec["layout"].get("pp", 1), "cp": spec["layout"].get("cp", 1),
+        "model_json": json.dumps(model, sort_keys=True), "layout_json": json.dumps(spec["layout"], sort_keys=True),
+        "gpu_name": env.get("device_name"), "backend": env.get("backend"), "hostname_count": env.get("hostname_count"),
+        "nproc_per_node": spec.get("nproc_per_node"), "nnodes": spec.get("nnodes", 1),
+        "lora_rank": spec.get("lora_rank"), "lora_targets": ",".join(spec.get("lora_targets") or []),
+        "compile": bool(spec.get("compile", False)), "warmup": warm, "steps": spec.get("steps"),
+        "step_times_json": json.dumps([float(t) for t in steps[warm:]]),  # the timed steps (after warm-up)
+    }
 
 
 def aggregate(record_paths: Iterable[str | Path]) -> pd.DataFrame:
