@@ -1,8 +1,9 @@
 rule analytic_model:
-    """Enumerate and evaluate every layout; rank; Pareto front; family verdicts."""
+    """Enumerate and evaluate every layout; rank; Pareto front; family and technique verdicts."""
     output:
         candidates=f"{R}/analytic/candidates.csv",
         families=f"{R}/analytic/families.csv",
+        techniques=f"{R}/analytic/techniques.csv",
         summary=f"{R}/analytic/summary.json",
     params:
         cfg=cfg("analytic_model"),

@@ -3,6 +3,7 @@ rule calibrate:
     input:
         records=f"{R}/proxies/records.csv",
         published=PUBLISHED,
+        gpu_records=GPU_RECORDS,
     output:
         calibration=f"{R}/calibration/calibration.json",
         heldout=f"{R}/calibration/heldout.csv",

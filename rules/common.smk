@@ -18,6 +18,8 @@ R = STUDY.raw["study"]["results_dir"]
 LOGS = f"{R}/logs"
 # The published tables calibration reads (package data, cited in its SOURCES.md): editing one reruns calibrate.
 PUBLISHED = sorted(str(p) for p in (Path(trainplan.__file__).parent / "data").glob("*.csv"))
+# Committed GPU proxy records (scripts/device_proxies.sh): inputs of calibrate, so new records rerun it.
+GPU_RECORDS = sorted(str(p) for p in Path(config.get("calibration", {}).get("gpu_records_dir") or "data/calibration/gpu").glob("*.json"))
 
 
 def cfg(rule):

@@ -1,3 +1,9 @@
+# Figures, memo and launch artifacts. The figures and the memo are also in `snakemake --report report.html`
+# (captions: report/captions/*.rst; labels read from each output's caption/provenance sidecar at report time).
+from trainplan.figures import report_labels as figure_labels
+from trainplan.memo import report_labels as memo_labels
+
+
 rule figures:
     """Every memo figure as SVG with caption metadata (config hash, sources)."""
     input:
@@ -8,7 +14,13 @@ rule figures:
         cost=f"{R}/cost/cost.json",
         sensitivity=f"{R}/cost/sensitivity.csv",
     output:
-        figures=directory(f"{R}/figures"),
+        figures=report(
+            directory(f"{R}/figures"),
+            patterns=["{name}.svg"],
+            caption="../report/captions/figure.rst",
+            category="Figures",
+            labels=lambda wildcards: figure_labels(f"{R}/figures", wildcards.name),
+        ),
     params:
         cfg=cfg("figures"),
     log:
@@ -25,6 +37,7 @@ rule memo:
         figures=f"{R}/figures",
         summary=f"{R}/analytic/summary.json",
         families=f"{R}/analytic/families.csv",
+        techniques=f"{R}/analytic/techniques.csv",
         records=f"{R}/proxies/records.csv",
         heldout=f"{R}/calibration/heldout.csv",
         scaling=f"{R}/calibration/scaling.json",
@@ -32,7 +45,12 @@ rule memo:
         cost=f"{R}/cost/cost.json",
         launch=f"{R}/launch/manifest.json",
     output:
-        pdf=f"{R}/memo/design_memo.pdf",
+        pdf=report(
+            f"{R}/memo/design_memo.pdf",
+            caption="../report/captions/memo.rst",
+            category="Design memo",
+            labels=lambda wildcards: memo_labels(f"{R}/memo/design_memo.pdf"),
+        ),
     params:
         cfg=cfg("memo"),
     log:

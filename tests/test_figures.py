@@ -129,3 +129,14 @@ def test_missing_inputs_make_no_figure(tmp_path):
     out = F.make_figures(root, tmp_path / "figs", hbm_gib=79.6)
     assert sorted(out) == ["memory", "pareto", "time_breakdown"]
     assert json.loads(F.caption_path(out["memory"]).read_text())["config_hash"] == "no-sidecar"
+
+
+def test_report_labels_come_from_the_caption_sidecar_with_braces_escaped(tmp_path):
+    from trainplan.figures import report_labels, save_figure
+
+    fig = Figure()
+    fig.add_subplot().plot([0, 1], [0, 1])
+    save_figure(fig, tmp_path / "x.svg", caption="c", config_hash="abc+def", sources=["a/{w}.csv", "b.json"],
+                calibration_source=None)
+    assert report_labels(tmp_path, "x") == {"figure": "x", "config hash": "abc+def", "sources": "a/{{w}}.csv, b.json",
+                                            "calibration": "n/a"}

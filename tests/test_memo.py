@@ -125,6 +125,81 @@ def test_each_figure_caption_hash_matches_its_provenance_sidecar(rendered):
         assert _squash(f"config {cap['config_hash'][:12]}") in text, svg.name
 
 
+def _alternatives_text(rendered) -> str:
+    text = rendered["text"]
+    start = text.index("Alternatives considered", text.index("Appendix C: provenance"))  # past the contents
+    return _squash(text[start: text.index("Memory math", start)])
+
+
+def test_alternatives_show_every_family_when_there_are_at_most_twenty(rendered):
+    import pandas as pd
+
+    fam = pd.read_csv(FIXTURE / "analytic/families.csv")
+    assert len(fam) <= memo.FAMILIES_ALL_MAX
+    alt = _alternatives_text(rendered)
+    for _, r in fam.iterrows():
+        assert _squash(r["layout"]) in alt, r["family"]
+    assert "familiesshown" not in alt
+
+
+def test_alternatives_truncate_only_beyond_twenty_families():
+    import pandas as pd
+
+    fam = pd.DataFrame({"family": [f"F{i}" for i in range(25)], "layout": "x", "verdict": ["chosen"] + ["slower"] * 24,
+                        "tokens_per_s_per_gpu": 1.0, "mem_total_gib": 1.0})
+    assert len(memo._families(fam.head(20))["families"]) == 20
+    got = memo._families(fam)
+    assert got["families_total"] == 25 and len(got["families"]) == memo.FAMILIES_SHOWN
+
+
+def test_technique_table_shows_each_technique_with_and_without_from_the_results(rendered):
+    import pandas as pd
+
+    tech = pd.read_csv(FIXTURE / "analytic/techniques.csv")
+    assert len(tech) >= 5
+    alt = _alternatives_text(rendered)
+    assert "Whateachtechniquebuys" in alt
+    for _, r in tech.iterrows():
+        row = re.escape(_squash(r["technique"])) + ".*?" + re.escape(_squash(r["best_with"])) + ".*?" + \
+            re.escape(f"{r['tokens_per_s_per_gpu_with']:,.0f}") + ".*?" + re.escape(_squash(r["best_without"])) + \
+            ".*?" + re.escape(f"{r['tokens_per_s_per_gpu_without']:,.0f}") + re.escape(f"{100 * r['delta_frac']:+.1f}%") + \
+            re.escape(_squash(f"{r['verdict']}: {r['note']}"))
+        assert re.search(row, alt), r["technique"]
+    used = tech.loc[tech["used_by_best"], "technique"]
+    for t in used:
+        assert _squash(f"{t} (used by the recommendation)") in alt
+
+
+def test_technique_verdicts_compare_best_with_against_best_without():
+    import pandas as pd
+
+    from trainplan.search import technique_verdicts
+
+    def row(text, tps, *, sp=False, cp=1, rc="none", mb=1, feasible=True, reason=""):
+        return {"layout_text": text, "tokens_per_s": 32 * tps, "tokens_per_s_per_gpu": tps, "feasible": feasible,
+                "reason": reason, "sp": sp, "cp": cp, "offload": "none", "recompute": rc, "pp_schedule": "1f1b",
+                "micro_batch": mb, "compute_s": 1.0 + (rc == "full") * 0.3, "comm_exposed_s": 0.1 + sp * 0.2,
+                "bubble_s": 0.0, "optimizer_s": 0.05, "offload_s": 0.0}
+
+    df = pd.DataFrame([row("plain", 1000.0), row("sp", 900.0, sp=True), row("cp", 1003.0, cp=2),
+                       row("full", 950.0, rc="full"), row("mb2", 1100.0, mb=2),
+                       row("sel", 0.0, rc="selective", feasible=False, reason="OOM: too big")])
+    t = technique_verdicts(df).set_index("technique")
+    sp = t.loc["sequence parallelism (SP)"]
+    assert (sp["best_with"], sp["best_without"]) == ("sp", "mb2")
+    assert sp["delta_frac"] == pytest.approx(900 / 1100 - 1) and sp["verdict"] == "costs 18.2%"
+    assert "exposed comm" in sp["line"]
+    assert "compute" in t.loc["full recompute", "line"]
+    assert t.loc["context parallelism (CP)", "verdict"] == "costs 8.8%"
+    mb = t.loc["micro-batch > 1"]
+    assert mb["used_by_best"] and mb["verdict"] == "buys +9.7%" and "chosen layout uses it" in mb["line"]
+    sel = t.loc["selective recompute"]
+    assert sel["verdict"] == "never fits" and "OOM: too big" in sel["line"]
+    assert "optimizer offload to CPU" not in t.index  # no enumerated layout uses it
+    tie = technique_verdicts(df[df["layout_text"].isin(["plain", "cp"])]).set_index("technique")
+    assert tie.loc["context parallelism (CP)", "verdict"] == "ties"
+
+
 def test_resolved_config_and_provenance_are_attached(rendered):
     att = rendered["reader"].attachments
     assert json.loads(att["config.resolved.json"][0]) == CONFIG
@@ -160,6 +235,7 @@ def test_missing_optional_inputs_render_as_not_available(tmp_path):
 def test_fmt_is_the_one_formatter():
     assert memo.fmt(5637.06, "int") == "5,637"
     assert memo.fmt(0.3591, "pct") == "35.9%"
+    assert memo.fmt(-0.0692, "spct") == "-6.9%" and memo.fmt(0.1, "spct") == "+10.0%"
     assert memo.fmt(9738.0, "usd") == "$9,738"
     assert memo.fmt(float("nan")) == "n/a" and memo.fmt(None, "int") == "n/a"
     assert memo.fmt(True) == "yes"
@@ -172,3 +248,15 @@ def test_template_fails_loudly_on_a_missing_key(rendered):
     del ctx["cost"]
     with pytest.raises(jinja2.UndefinedError):
         memo.render_html(ctx)
+
+
+def test_report_labels_carry_the_memo_sidecar_hash_and_commit(tmp_path):
+    from trainplan.provenance import read_sidecar, write_sidecar
+
+    pdf = tmp_path / "memo.pdf"
+    pdf.write_bytes(b"%PDF-1.7")
+    write_sidecar(pdf, rule="memo", config_slice={"study": {"name": "x"}})
+    labels = memo.report_labels(pdf)
+    sc = read_sidecar(pdf)
+    assert labels["config hash"] == sc["config_hash"]
+    assert labels["commit"] == str(sc["git"]["commit"] or "n/a")

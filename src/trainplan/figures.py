@@ -265,7 +265,8 @@ def plot_pareto(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
                    zorder=4, label="recommended (rank 1)")
         ax.set_xlabel("memory headroom (% of usable HBM)")
         ax.set_ylabel("tokens/s per GPU (analytic)")
-        ax.legend(loc="lower left")
+        # below the axes: with thousands of layouts every corner of the plot holds points
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
     return fig
 
 
@@ -385,3 +386,14 @@ def make_figures(results_dir: str | Path, out_dir: str | Path, *, hbm_gib: float
 def read_caption(svg: str | Path) -> dict[str, Any]:
     """The caption sidecar of a saved figure."""
     return json.loads(caption_path(svg).read_text(encoding="utf-8"))
+
+
+def report_labels(fig_dir: str | Path, name: str) -> dict[str, str]:
+    """Labels of figure ``name`` in ``snakemake --report`` (read from its caption sidecar when the report is made).
+
+    Snakemake substitutes wildcards in label values, so braces are doubled.
+    """
+    cap = read_caption(Path(fig_dir) / f"{name}.svg")
+    labels = {"figure": name, "config hash": str(cap["config_hash"]), "sources": ", ".join(cap.get("sources", [])),
+              "calibration": str(cap.get("calibration_source") or "n/a")}
+    return {k: v.replace("{", "{{").replace("}", "}}") for k, v in labels.items()}

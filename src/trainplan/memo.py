@@ -40,7 +40,7 @@ SOURCE_LABELS = {
 
 # ------------------------------------------------------------------------------------- formatting
 def fmt(value: Any, kind: str = "num") -> str:
-    """The one number formatter of the memo. kinds: int, num, gib, pct, usd, h, frac3, sci."""
+    """The one number formatter of the memo. kinds: int, num, gib, pct, spct (signed), usd, h, frac3, sci, s."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
     if isinstance(value, bool):
@@ -54,6 +54,8 @@ def fmt(value: Any, kind: str = "num") -> str:
         return f"{v:,.1f}"
     if kind == "pct":
         return f"{100 * v:.1f}%"
+    if kind == "spct":  # signed: a change
+        return f"{100 * v:+.1f}%"
     if kind == "usd":
         return f"${v:,.0f}"
     if kind == "frac3":
@@ -180,7 +182,7 @@ def _techniques(tech: pd.DataFrame | None) -> list[dict] | None:
     rows = _records(tech)
     for r in rows:
         r["used_by_best"] = str(r.get("used_by_best")).lower() == "true"
-        for k in ("best_with", "best_without", "verdict", "line"):
+        for k in ("best_with", "best_without", "verdict", "note", "line"):
             r[k] = "" if r.get(k) is None else str(r[k])
     return rows
 
@@ -259,6 +261,15 @@ def build_context(results_dir: str | Path, *, config: dict, study_hash: str, git
                         for k, v in _flatten(config.get(s), s)] if config else [],
         "provenance": [{"file": f, **sc} for f, sc in res.sidecars()],
     }
+
+
+def report_labels(pdf: str | Path) -> dict[str, str]:
+    """Labels of the memo in ``snakemake --report``: the study's config hash and commit, from its provenance sidecar."""
+    from trainplan.provenance import read_sidecar
+
+    sc = read_sidecar(pdf)
+    commit = (sc.get("git") or {}).get("commit") if isinstance(sc.get("git"), dict) else None
+    return {"config hash": str(sc["config_hash"]), "commit": str(commit or "n/a")}
 
 
 # -------------------------------------------------------------------------------------- rendering

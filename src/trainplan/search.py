@@ -353,38 +353,63 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("tokens_per_s_per_gpu", ascending=False, na_position="last").reset_index(drop=True)
 
 
+TIE_FRAC = 0.005  # |Δ throughput| below this is a tie (the ranking then falls to headroom and simplicity)
+
+
+def _extra_cause(r: pd.Series, o: pd.Series) -> str:
+    """The step-time term that grows most from layout ``o`` to layout ``r``."""
+    extra = {"bubble": r["bubble_s"] - o["bubble_s"], "exposed comm": r["comm_exposed_s"] - o["comm_exposed_s"],
+             "compute": r["compute_s"] - o["compute_s"],
+             "optimizer/offload": r["optimizer_s"] + r["offload_s"] - o["optimizer_s"] - o["offload_s"]}
+    return max(extra, key=lambda k: extra[k])
+
+
 def technique_verdicts(df: pd.DataFrame) -> pd.DataFrame:
     """One row per technique (SP, CP, offload, recompute, ...): best feasible layout with it vs without it.
 
     Families are coarse (data-parallel sharding × TP × PP); this says what each modifier buys or costs.
+    Columns: technique, used_by_best, best_with, tokens_per_s_per_gpu_with, best_without,
+    tokens_per_s_per_gpu_without, delta_frac (with ÷ without − 1), verdict (needed / buys x% / ties / costs x% /
+    never fits), note (why, in a few words), line (one sentence). Techniques no enumerated layout uses are left out.
     """
     feas = df[df["feasible"]]
+    top = feas.loc[[feas["tokens_per_s"].idxmax()]] if len(feas) else feas
     rows = []
     for name, sel in TECHNIQUES.items():
-        mask = sel(df)
-        with_t, without = df[mask], feas[~sel(feas)]
-        wf = with_t[with_t["feasible"]]
+        with_t = df[sel(df)]
         if len(with_t) == 0:
             continue
-        if len(wf) == 0:
-            line = "every layout using it is infeasible: " + str(with_t["reason"].value_counts().index[0])
-            rows.append({"technique": name, "used_by_best": False, "delta_frac": np.nan, "line": line})
-            continue
-        bw = wf["tokens_per_s"].max()
-        bo = without["tokens_per_s"].max() if len(without) else np.nan
-        delta = bw / bo - 1.0 if bo == bo else np.nan
-        if delta != delta:
-            line = "needed: no feasible layout without it"
-        elif delta >= -0.005:
-            line = f"helps or ties: best with it {wf['tokens_per_s_per_gpu'].max():.0f} tokens/s/GPU ({delta:+.1%})"
+        wf, without = with_t[with_t["feasible"]], feas[~sel(feas)]
+        used = bool(sel(top).iloc[0]) if len(top) else False
+        r = wf.loc[wf["tokens_per_s"].idxmax()] if len(wf) else None
+        o = without.loc[without["tokens_per_s"].idxmax()] if len(without) else None
+        row = {"technique": name, "used_by_best": used,
+               "best_with": r["layout_text"] if r is not None else "",
+               "tokens_per_s_per_gpu_with": r["tokens_per_s_per_gpu"] if r is not None else np.nan,
+               "best_without": o["layout_text"] if o is not None else "",
+               "tokens_per_s_per_gpu_without": o["tokens_per_s_per_gpu"] if o is not None else np.nan,
+               "delta_frac": r["tokens_per_s"] / o["tokens_per_s"] - 1.0 if r is not None and o is not None else np.nan}
+        delta = row["delta_frac"]
+        if r is None:
+            row["verdict"], row["note"] = "never fits", str(with_t["reason"].value_counts().index[0])
+            row["line"] = "every layout using it is infeasible: " + row["note"]
+        elif o is None:
+            row["verdict"], row["note"] = "needed", "no feasible layout without it"
+            row["line"] = "needed: no feasible layout without it"
+        elif delta > TIE_FRAC:
+            row["verdict"] = f"buys {delta:+.1%}"
+            row["note"] = f"cuts {_extra_cause(o, r)}" + ("; the chosen layout uses it" if used else "")
+            row["line"] = (f"buys {delta:+.1%} ({r['tokens_per_s_per_gpu']:.0f} vs {o['tokens_per_s_per_gpu']:.0f} "
+                           f"tokens/s/GPU): {row['note']}")
+        elif delta >= -TIE_FRAC:
+            row["verdict"] = "ties"
+            row["note"] = "the chosen layout uses it" if used else "not worth the extra complexity"
+            row["line"] = f"ties ({delta:+.1%}): best with it {r['tokens_per_s_per_gpu']:.0f} tokens/s/GPU; {row['note']}"
         else:
-            r = wf.loc[wf["tokens_per_s"].idxmax()]
-            o = without.loc[without["tokens_per_s"].idxmax()]
-            extra = {"bubble": r["bubble_s"] - o["bubble_s"], "exposed comm": r["comm_exposed_s"] - o["comm_exposed_s"],
-                     "compute": r["compute_s"] - o["compute_s"],
-                     "optimizer/offload": r["optimizer_s"] + r["offload_s"] - o["optimizer_s"] - o["offload_s"]}
-            cause = max(extra, key=lambda k: extra[k])
-            line = f"costs {-delta:.1%} at best ({r['tokens_per_s_per_gpu']:.0f} tokens/s/GPU), mostly {cause}"
-        rows.append({"technique": name, "used_by_best": bool(sel(feas.loc[[feas['tokens_per_s'].idxmax()]]).iloc[0])
-                     if len(feas) else False, "delta_frac": delta, "line": line})
-    return pd.DataFrame(rows)
+            row["verdict"], row["note"] = f"costs {-delta:.1%}", f"mostly {_extra_cause(r, o)}"
+            row["line"] = (f"costs {-delta:.1%} at best ({r['tokens_per_s_per_gpu']:.0f} vs "
+                           f"{o['tokens_per_s_per_gpu']:.0f} tokens/s/GPU), {row['note']}")
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["technique", "used_by_best", "best_with", "tokens_per_s_per_gpu_with",
+                                       "best_without", "tokens_per_s_per_gpu_without", "delta_frac", "verdict",
+                                       "note", "line"])

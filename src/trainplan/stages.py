@@ -120,10 +120,10 @@ def _layout_from_row(row: Any) -> Any:
 
 
 def run_analytic_model(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
-    """candidates.csv, families.csv, summary.json from ``trainplan.search``."""
+    """candidates.csv, families.csv, techniques.csv, summary.json from ``trainplan.search``."""
     from trainplan.estimate import estimate
     from trainplan.flops import model_flops_per_token
-    from trainplan.search import family_verdicts, search
+    from trainplan.search import family_verdicts, search, technique_verdicts
 
     s = _specs(cfg)
     options = dict(cfg["search"])
@@ -147,6 +147,8 @@ def run_analytic_model(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
                    flops_per_token=model_flops_per_token(m, s["training"].seq_len))
     write_csv(df, out["candidates"])
     write_csv(fam, out["families"])
+    if "techniques" in out:
+        write_csv(technique_verdicts(df), out["techniques"])
     write_json(out["summary"], summary)
     _sidecars("analytic_model", out, cfg, inp)
 
@@ -227,7 +229,10 @@ def run_calibrate(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     result, heldout = stage_calibrate(pd.read_csv(inp["records"]), s["efficiency"], dict(cfg["calibration"]))
     write_json(out["calibration"], result)
     write_csv(heldout, out["heldout"])
-    _sidecars("calibrate", out, cfg, inp, calibration_source=result.get("source"))
+    # committed GPU records (calibration.gpu_records_dir) are inputs too, whether or not the rule declares them
+    gpu_files = [f for f in (result.get("gpu") or {}).get("records_files", []) if f not in _files(inp)]
+    _sidecars("calibrate", out, cfg, {**inp, "gpu_records": gpu_files} if gpu_files else inp,
+              calibration_source=result.get("source_detail") or result.get("source"))
 
 
 def run_fit_scaling(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
