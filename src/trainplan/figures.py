@@ -25,6 +25,8 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from trainplan.io import read_json, write_bytes, write_json  # noqa: E402
+from trainplan.reportlabels import caption_path  # noqa: E402, F401 (re-exported)
+from trainplan.reportlabels import figure_labels as report_labels  # noqa: E402, F401
 
 STYLE = Path(__file__).with_name("trainplan.mplstyle")
 
@@ -291,11 +293,6 @@ def save_figure(fig: Figure, path: str | Path, *, caption: str, config_hash: str
     return p
 
 
-def caption_path(svg: str | Path) -> Path:
-    p = Path(svg)
-    return p.with_name(p.stem + ".caption.json")
-
-
 # ------------------------------------------------------------------------------------- all figures
 def _sidecar(path: Path) -> dict:
     """The provenance sidecar of a results file (``<file>.provenance.json``), or {} if it has none."""
@@ -388,12 +385,3 @@ def read_caption(svg: str | Path) -> dict[str, Any]:
     return json.loads(caption_path(svg).read_text(encoding="utf-8"))
 
 
-def report_labels(fig_dir: str | Path, name: str) -> dict[str, str]:
-    """Labels of figure ``name`` in ``snakemake --report`` (read from its caption sidecar when the report is made).
-
-    Snakemake substitutes wildcards in label values, so braces are doubled.
-    """
-    cap = read_caption(Path(fig_dir) / f"{name}.svg")
-    labels = {"figure": name, "config hash": str(cap["config_hash"]), "sources": ", ".join(cap.get("sources", [])),
-              "calibration": str(cap.get("calibration_source") or "n/a")}
-    return {k: v.replace("{", "{{").replace("}", "}}") for k, v in labels.items()}

@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from trainplan.io import read_json, write_bytes
+from trainplan.reportlabels import memo_labels as report_labels  # noqa: F401 (re-exported)
 
 REPORT_DIR = Path(__file__).resolve().parents[2] / "report"
 TEMPLATES = REPORT_DIR / "templates"
@@ -29,7 +30,7 @@ INLINE_MAX_LINES = 30  # launch artifacts longer than this are attached, not pri
 
 FIGURES = ("memory", "time_breakdown", "pareto", "parity", "extrapolation", "cost", "tornado")
 SOURCE_LABELS = {
-    "gpu-proxies": "GPU proxy runs on this cluster",
+    "gpu-proxies": "GPU proxy runs (efficiencies as fractions of peak; device named in the calibration notes)",
     "published-open-set": ("the Efficiency defaults fitted on the published A100 open set (Narayanan 2021 T1, "
                            "Korthikanti 2022 T3/5, torchtitan 64×A100; docs/timing-model.md §7), checked on "
                            "torchtitan's held-out H100 rows; not this cluster"),
@@ -248,7 +249,8 @@ def build_context(results_dir: str | Path, *, config: dict, study_hash: str, git
                   "commit_short": git_commit[:12], "date": date.strftime("%Y-%m-%d")},
         "summary": summary, "layout_str": layout_str, "chosen_row": chosen_row, "representatives": rep,
         **_families(res.csv("analytic/families.csv")), "techniques": _techniques(res.csv("analytic/techniques.csv")),
-        "calibration": calib, "source": source, "source_label": SOURCE_LABELS.get(str(source), str(source)),
+        "calibration": calib, "source": source, "source_label": ((calib or {}).get("source_detail") if source == "gpu-proxies" else None)
+        or SOURCE_LABELS.get(str(source), str(source)),
         "heldout": _records(res.csv("calibration/heldout.csv")) or None,
         "production": prod, "chosen": (prod or {}).get("chosen"),
         "production_rows": _records(res.csv("prediction/production.csv")) or None,
@@ -261,15 +263,6 @@ def build_context(results_dir: str | Path, *, config: dict, study_hash: str, git
                         for k, v in _flatten(config.get(s), s)] if config else [],
         "provenance": [{"file": f, **sc} for f, sc in res.sidecars()],
     }
-
-
-def report_labels(pdf: str | Path) -> dict[str, str]:
-    """Labels of the memo in ``snakemake --report``: the study's config hash and commit, from its provenance sidecar."""
-    from trainplan.provenance import read_sidecar
-
-    sc = read_sidecar(pdf)
-    commit = (sc.get("git") or {}).get("commit") if isinstance(sc.get("git"), dict) else None
-    return {"config hash": str(sc["config_hash"]), "commit": str(commit or "n/a")}
 
 
 # -------------------------------------------------------------------------------------- rendering
