@@ -16,6 +16,6 @@ include: "rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         all_outputs(),
-    default_target: True

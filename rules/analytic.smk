@@ -5,11 +5,11 @@ rule analytic_model:
         families=f"{R}/analytic/families.csv",
         techniques=f"{R}/analytic/techniques.csv",
         summary=f"{R}/analytic/summary.json",
-    params:
-        cfg=cfg("analytic_model"),
     log:
         f"{LOGS}/analytic_model.log",
     conda:
         "../envs/trainplan.yaml"
+    params:
+        cfg=cfg("analytic_model"),
     script:
         "../workflow/scripts/analytic_model.py"

@@ -7,12 +7,12 @@ rule calibrate:
     output:
         calibration=f"{R}/calibration/calibration.json",
         heldout=f"{R}/calibration/heldout.csv",
-    params:
-        cfg=cfg("calibrate"),
     log:
         f"{LOGS}/calibrate.log",
     conda:
         "../envs/trainplan.yaml"
+    params:
+        cfg=cfg("calibrate"),
     script:
         "../workflow/scripts/calibrate.py"
 
@@ -23,12 +23,12 @@ rule fit_scaling:
         records=f"{R}/proxies/records.csv",
     output:
         scaling=f"{R}/calibration/scaling.json",
-    params:
-        cfg=cfg("fit_scaling"),
     log:
         f"{LOGS}/fit_scaling.log",
     conda:
         "../envs/trainplan.yaml"
+    params:
+        cfg=cfg("fit_scaling"),
     script:
         "../workflow/scripts/fit_scaling.py"
 
@@ -42,11 +42,11 @@ rule predict_production:
     output:
         csv=f"{R}/prediction/production.csv",
         json=f"{R}/prediction/production.json",
-    params:
-        cfg=cfg("predict_production"),
     log:
         f"{LOGS}/predict_production.log",
     conda:
         "../envs/trainplan.yaml"
+    params:
+        cfg=cfg("predict_production"),
     script:
         "../workflow/scripts/predict_production.py"

@@ -7,7 +7,9 @@ from trainplan.config import config_slice, load_config
 from trainplan.specs import ConfigError
 
 try:
-    STUDY = load_config(config)  # defaults filled, specs resolved, pinned layout checked
+    STUDY = load_config(
+        config
+    )  # defaults filled, specs resolved, pinned layout checked
 except ConfigError as e:
     raise WorkflowError(f"Bad config: {e}") from None
 validate(config, "../config/config.schema.yaml", set_default=True)
@@ -17,9 +19,16 @@ config.update(STUDY.raw)
 R = STUDY.raw["study"]["results_dir"]
 LOGS = f"{R}/logs"
 # The published tables calibration reads (package data, cited in its SOURCES.md): editing one reruns calibrate.
-PUBLISHED = sorted(str(p) for p in (Path(trainplan.__file__).parent / "data").glob("*.csv"))
+PUBLISHED = sorted(
+    str(p) for p in (Path(trainplan.__file__).parent / "data").glob("*.csv")
+)
 # Committed GPU proxy records (scripts/device_proxies.sh): inputs of calibrate, so new records rerun it.
-GPU_RECORDS = sorted(str(p) for p in Path(config.get("calibration", {}).get("gpu_records_dir") or "data/calibration/gpu").glob("*.json"))
+GPU_RECORDS = sorted(
+    str(p)
+    for p in Path(
+        config.get("calibration", {}).get("gpu_records_dir") or "data/calibration/gpu"
+    ).glob("*.json")
+)
 
 
 def cfg(rule):

@@ -5,11 +5,11 @@ rule cost_and_risk:
     output:
         cost=f"{R}/cost/cost.json",
         sensitivity=f"{R}/cost/sensitivity.csv",
-    params:
-        cfg=cfg("cost_and_risk"),
     log:
         f"{LOGS}/cost_and_risk.log",
     conda:
         "../envs/trainplan.yaml"
+    params:
+        cfg=cfg("cost_and_risk"),
     script:
         "../workflow/scripts/cost_and_risk.py"

@@ -4,12 +4,12 @@ checkpoint select_proxies:
         candidates=f"{R}/analytic/candidates.csv",
     output:
         proxy_set=f"{R}/proxies/proxy_set.json",
-    params:
-        cfg=cfg("select_proxies"),
     log:
         f"{LOGS}/select_proxies.log",
     conda:
         "../envs/trainplan.yaml"
+    params:
+        cfg=cfg("select_proxies"),
     script:
         "../workflow/scripts/select_proxies.py"
 
@@ -20,15 +20,15 @@ rule proxy_run:
         proxy_set=f"{R}/proxies/proxy_set.json",
     output:
         record=f"{R}/proxies/runs/{{id}}.json",
-    wildcard_constraints:
-        id="[A-Za-z0-9_-]+",
-    params:
-        cfg=cfg("proxy_run"),
-    threads: STUDY.raw["proxies"]["nproc_per_node"]
     log:
         f"{LOGS}/proxy_run/{{id}}.log",
+    wildcard_constraints:
+        id="[A-Za-z0-9_-]+",
     conda:
         "../envs/proxy.yaml"
+    threads: STUDY.raw["proxies"]["nproc_per_node"]
+    params:
+        cfg=cfg("proxy_run"),
     script:
         "../workflow/scripts/proxy_run.py"
 
@@ -39,11 +39,11 @@ rule aggregate:
         records=proxy_records,
     output:
         records=f"{R}/proxies/records.csv",
-    params:
-        cfg=cfg("aggregate"),
     log:
         f"{LOGS}/aggregate.log",
     conda:
         "../envs/trainplan.yaml"
+    params:
+        cfg=cfg("aggregate"),
     script:
         "../workflow/scripts/aggregate.py"

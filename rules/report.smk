@@ -20,12 +20,12 @@ rule figures:
             category="Figures",
             labels=lambda wildcards: figure_labels(f"{R}/figures", wildcards.name),
         ),
-    params:
-        cfg=cfg("figures"),
     log:
         f"{LOGS}/figures.log",
     conda:
         "../envs/trainplan.yaml"
+    params:
+        cfg=cfg("figures"),
     script:
         "../workflow/scripts/figures.py"
 
@@ -50,28 +50,29 @@ rule memo:
             category="Design memo",
             labels=lambda wildcards: memo_labels(f"{R}/memo/design_memo.pdf"),
         ),
-    params:
-        cfg=cfg("memo"),
     log:
         f"{LOGS}/memo.log",
     conda:
         "../envs/trainplan.yaml"
+    params:
+        cfg=cfg("memo"),
     script:
         "../workflow/scripts/memo.py"
 
 
 rule launch_artifacts:
     """Accelerate FSDP2 config, torchrun and sbatch scripts, DeepSpeed config (if pure DP + ZeRO) for the
-    chosen layout, written next to manifest.json (the declared output: the sbatch name depends on the cluster)."""
+    chosen layout, written next to manifest.json (the declared output: the sbatch name depends on the cluster).
+    """
     input:
         summary=f"{R}/analytic/summary.json",
     output:
         manifest=f"{R}/launch/manifest.json",
-    params:
-        cfg=cfg("launch_artifacts"),
     log:
         f"{LOGS}/launch_artifacts.log",
     conda:
         "../envs/trainplan.yaml"
+    params:
+        cfg=cfg("launch_artifacts"),
     script:
         "../workflow/scripts/launch_artifacts.py"
