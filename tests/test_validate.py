@@ -78,3 +78,25 @@ def test_defaults_are_the_documented_fit():
     at_defaults = float(np.sum(_fit_residuals(Efficiency(), FIT_TABLES) ** 2))
     at_fit = float(np.sum(_fit_residuals(fitted, FIT_TABLES) ** 2))
     assert at_defaults <= 1.10 * at_fit + 1e-4, {p: getattr(fitted, p) for p in FIT_PARAMS}
+
+
+# Leave-one-table-out error (an Efficiency refitted without the table predicts it). Reached on the open set:
+# Megatron 4.3%, Korthikanti 5.4%, torchtitan A100 11.7%, torchtitan 500 W H100 28.6%; the target is
+# 10%. These tolerances guard that level; a change to the physics that worsens generalisation fails here.
+HELDOUT_MAPE_TOL_PCT = {"megatron2021_t1": 8.0, "korthikanti2022_t3_5": 8.0, "torchtitan_a100": 15.0,
+                        "torchtitan_h100": 35.0}
+
+
+@pytest.mark.slow
+def test_leave_one_table_out_error_per_table(capsys):
+    from trainplan.cli import main
+    from trainplan.validate import heldout_tables
+
+    df = heldout_tables()
+    assert set(df["held_out"]) == set(HELDOUT_MAPE_TOL_PCT)
+    for _, r in df.iterrows():
+        assert r["held_out"] not in r["fit_on"].split("+")
+        assert r["heldout_mape_pct"] <= HELDOUT_MAPE_TOL_PCT[r["held_out"]], r.to_dict()
+    assert main(["validate", "--heldout"]) == 0
+    out = capsys.readouterr().out
+    assert all(t in out for t in HELDOUT_MAPE_TOL_PCT)

@@ -441,7 +441,7 @@ def open_set_report(eff: Any) -> tuple[dict[str, Any], pd.DataFrame, np.ndarray,
     held out; ``mape`` and ``bias`` are fractions. The errors (predicted/measured − 1) are those of the
     throughput of every in-scope row, and of the published peak memory rows.
     """
-    from trainplan.validate import FIT_PARAMS, FIT_TABLES, mape_table, validate_all
+    from trainplan.validate import FIT_PARAMS, FIT_TABLES, heldout_tables, mape_table, validate_all
 
     rows = validate_all(eff)
     m = mape_table(rows)
@@ -452,8 +452,13 @@ def open_set_report(eff: Any) -> tuple[dict[str, Any], pd.DataFrame, np.ndarray,
     lp, lm = np.log(fit_rows["predicted"].to_numpy(float)), np.log(fit_rows["published"].to_numpy(float))
     r2 = 1.0 - float(((lm - lp) ** 2).sum()) / float(((lm - lm.mean()) ** 2).sum())
     mape = float(np.mean(np.abs(_throughput_rel_errors(fit_rows))))
-    fits = {p: {"value": float(getattr(eff, p)), "r2": r2, "loo_mape": None, "mape": mape, "n": len(fit_rows),
-                "fitted_on": "+".join(FIT_TABLES)} for p in FIT_PARAMS}
+    # Leave one table out: refit without each table and predict it (validate.heldout_tables, ~20 s).
+    lo = heldout_tables()
+    loto = {(t, mt): v / 100.0 for t, mt, v in zip(lo["held_out"], lo["metric"], lo["heldout_mape_pct"], strict=True)}
+    heldout["loto_mape"] = [loto.get((t, mt), np.nan) for t, mt in zip(heldout["table"], heldout["metric"], strict=True)]
+    loo = float(np.mean([v for (t, _), v in loto.items() if t in FIT_TABLES]))
+    fits = {p: {"value": float(getattr(eff, p)), "r2": r2, "loo_mape": loo, "mape": mape, "n": len(fit_rows),
+                "fitted_on": "+".join(FIT_TABLES), "loo": "leave one published table out"} for p in FIT_PARAMS}
     mem = rows[rows["in_mape"] & (rows["metric"] == "memory_gib")]
     mem_rel = mem["predicted"].to_numpy(float) / mem["published"].to_numpy(float) - 1.0
     return fits, heldout, _throughput_rel_errors(rows), mem_rel

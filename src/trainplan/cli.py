@@ -174,8 +174,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from trainplan.efficiency import Efficiency
-    from trainplan.validate import mape_table, validate_all
+    from trainplan.validate import heldout_tables, mape_table, validate_all
 
+    if args.heldout:
+        return _print_heldout(heldout_tables(), args.csv)
     df = validate_all(Efficiency())
     if args.csv:
         from trainplan.io import write_csv
@@ -196,6 +198,25 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     for _, r in mape_table(df).iterrows():
         m.add_row(r["table"], r["metric"], f"{r['mape_pct']:.1f}", f"{r['bias_pct']:+.1f}", str(r["rows"]))
     con.print(m)
+    return 0
+
+
+def _print_heldout(df: Any, csv: str | None) -> int:
+    """Leave-one-table-out: each fitted table predicted by an Efficiency fitted on the others."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if csv:
+        from trainplan.io import write_csv
+
+        write_csv(df, csv)
+    t = Table(title="Held-out error per published table (Efficiency refitted without it)")
+    for c in ("held out", "metric", "fitted on", "rows", "MAPE %", "bias %"):
+        t.add_column(c, justify="right" if c in ("rows", "MAPE %", "bias %") else "left")
+    for _, r in df.iterrows():
+        t.add_row(r["held_out"], r["metric"], r["fit_on"], str(r["rows"]), f"{r['heldout_mape_pct']:.1f}",
+                  f"{r['heldout_bias_pct']:+.1f}")
+    Console(width=None if sys.stdout.isatty() else 200).print(t)
     return 0
 
 
@@ -237,8 +258,10 @@ def _parser() -> argparse.ArgumentParser:
     es.add_argument("--finetune", default="full", help="full | lora | qlora")
     es.add_argument("--json", action="store_true", help="print the estimate as JSON")
     va = sub.add_parser("validate", help="predicted vs published tables, MAPE per table", formatter_class=raw,
-                        epilog="example:\n  trainplan validate --csv validation.csv")
+                        epilog="examples:\n  trainplan validate --csv validation.csv\n  trainplan validate --heldout")
     va.add_argument("--csv", help="also write the comparison rows to this CSV")
+    va.add_argument("--heldout", action="store_true",
+                    help="leave one published table out: refit the Efficiency on the others, predict it")
     for name, (_, help_) in DELEGATED.items():
         sub.add_parser(name, help=help_, add_help=False)
     return p

@@ -30,7 +30,7 @@ from trainplan.specs import (
     resolve_gpu,
 )
 
-__all__ = ["validate_all", "mape_table", "load_table", "fit_defaults", "TABLES", "FIT_TABLES", "FIT_PARAMS"]
+__all__ = ["validate_all", "mape_table", "load_table", "fit_defaults", "heldout_tables", "TABLES", "FIT_TABLES", "FIT_PARAMS"]
 
 TABLES = ("megatron2021_t1", "korthikanti2022_t3_5", "torchtitan_h100", "torchtitan_a100")
 
@@ -251,6 +251,21 @@ def fit_defaults(params: tuple[str, ...] = FIT_PARAMS, tables: tuple[str, ...] =
     eff = eff0.replace(**{p: float(v) for p, v in zip(params, res.x, strict=True)},
                        source="fit:" + "+".join(tables))
     return eff, mape_table(validate_all(eff))
+
+
+def heldout_tables(params: tuple[str, ...] = FIT_PARAMS) -> pd.DataFrame:
+    """Leave one table out: for each fitted table, refit on the other fitted tables and predict it; the
+    power-capped H100 table is held out of every fit. Throughput rows only (memory has no fitted parameter)."""
+    rows = []
+    for held in (*FIT_TABLES, "torchtitan_h100"):
+        fit_on = tuple(t for t in FIT_TABLES if t != held)
+        eff, m = fit_defaults(params, fit_on)
+        thr = m[(m["table"] == held) & (m["metric"] != "memory_gib")]
+        for _, r in thr.iterrows():
+            rows.append({"held_out": held, "metric": r["metric"], "fit_on": "+".join(fit_on), "rows": int(r["rows"]),
+                         "heldout_mape_pct": float(r["mape_pct"]), "heldout_bias_pct": float(r["bias_pct"]),
+                         **{p: float(getattr(eff, p)) for p in params}})
+    return pd.DataFrame(rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,8 +7,9 @@ the RECORD. Memory limit: before allocating, the exact per-rank state bytes are 
 ``mem_limit_bytes``; after step 0, state + saved-activation bytes (max over ranks) are — over the limit
 the run ends as ``oom`` on every rank. On CUDA a real ``OutOfMemoryError`` is also ``oom``.
 
-Test hook: ``TRAINPLAN_PROXY_HANG_RANK=r`` makes rank r sleep forever before its first collective,
-which is how the tests produce a hung collective.
+Test hooks: ``TRAINPLAN_PROXY_HANG_RANK=r`` makes rank r sleep forever before its first collective,
+which is how the tests produce a hung collective; ``TRAINPLAN_PROXY_FAIL_IDS=id1,id2`` makes every rank of
+those proxy ids raise a RuntimeError (status ``error``, exit 1: the failure Snakemake retries).
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ def train(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     if limit is not None and sum(exact.values()) > limit:  # refuse before allocating
         raise ProxyOOM(f"predicted per-rank state {sum(exact.values())} B > mem_limit_bytes={limit}")
 
+    if spec["id"] in os.environ.get("TRAINPLAN_PROXY_FAIL_IDS", "").split(","):  # test hook: a failing run
+        raise RuntimeError(f"TRAINPLAN_PROXY_FAIL_IDS test hook: proxy {spec['id']} fails")
     hang = os.environ.get("TRAINPLAN_PROXY_HANG_RANK")
     if hang is not None and int(hang) == rank:
         while True:  # test hook: a rank that never joins the next collective
