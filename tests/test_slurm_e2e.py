@@ -9,28 +9,58 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "slurm"))
-from cluster import available, local_slurm  # noqa: E402
+from cluster import PARTITION, available, local_slurm  # noqa: E402
 from workflow_copy import copy_workflow, snakemake  # noqa: E402
+
+from trainplan.launch import bash_syntax_check, sbatch_test_only  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 @pytest.mark.skipif(available() is not None, reason=f"local Slurm: {available()}")
-def test_study_runs_through_the_slurm_profile(tmp_path):
+def test_study_runs_through_the_slurm_profile(tmp_path, monkeypatch):
     wf = copy_workflow(tmp_path / "wf")
     with local_slurm(tmp_path) as env:
         r = snakemake(
             wf, "--profile", "slurm", "--configfile", "config/tiny.yaml",
             # test override of the machine-specific values: CPU partition, no GPUs, small memory
-            "--default-resources", "slurm_partition=cpu", "runtime=10", "mem_mb=500", "cpus_per_task=1",
+            "--default-resources", f"slurm_partition={PARTITION}", "runtime=10", "mem_mb=500", "cpus_per_task=1",
             "--set-resources", "proxy_run:nodes=1", "proxy_run:mem_mb=1000", "proxy_run:runtime=10",
             "proxy_run:cpus_per_task=2",
             "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
             "--slurm-keep-successful-logs", "--slurm-no-account", "--latency-wait", "5", "--jobs", "2",
             env=env, timeout=900)
         jobs = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%j"], env=env, capture_output=True, text=True)
+        if r.returncode == 0:
+            monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])
+            _check_sbatch_artifact(wf / "results" / "launch", tmp_path)  # while the cluster is up
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-5000:]
     assert (wf / "results" / "memo" / "design_memo.pdf").exists()
     logs = list((wf / ".snakemake" / "slurm_logs").rglob("*.log"))
     assert any("proxy_run" in str(p) for p in logs), (logs, jobs.stdout)
+
+
+GRES_REJECTION = "sbatch: error: Invalid generic resource (gres) specification"
+
+
+def _check_sbatch_artifact(launch: Path, tmp: Path) -> None:
+    """``sbatch --test-only`` on the study's generated sbatch script, on the live test cluster.
+
+    The script asks for GPUs (``--gpus-per-node``) and the test cluster has none (no GresTypes), so as
+    written Slurm must reject it for exactly that reason and nothing else (no unknown option, no bad
+    value); with the GPU request overridden on the command line (``--gpus-per-node=0``, which beats
+    the #SBATCH line) every other directive must be accepted ("to start at"). A corrupted copy is the
+    negative control: the same check reports its syntax error.
+    """
+    (script,) = sorted(launch.glob("sbatch_*.sh"))
+    bash_syntax_check(script)
+    r = sbatch_test_only(script, partition=PARTITION)
+    errors = [ln for ln in r.stderr.splitlines() if "error" in ln.lower() or "unrecognized" in ln.lower()]
+    assert r.returncode != 0 and errors == [GRES_REJECTION], (r.returncode, r.stdout, r.stderr)
+    r = sbatch_test_only(script, partition=PARTITION, extra_args=["--gpus-per-node=0"])
+    assert r.returncode == 0 and "to start at" in r.stderr and f"in partition {PARTITION}" in r.stderr, r.stderr
+    bad = tmp / "corrupted_sbatch.sh"
+    bad.write_text(script.read_text().replace("#SBATCH --nodes=", "#SBATCH --nodez="))
+    r = sbatch_test_only(bad, partition=PARTITION, extra_args=["--gpus-per-node=0"])
+    assert r.returncode != 0 and "to start at" not in r.stderr and "nodez" in r.stderr, r.stderr

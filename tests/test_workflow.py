@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).parent / "slurm"))
 from workflow_copy import ROOT, copy_workflow, planned_jobs, snakemake  # noqa: E402
@@ -79,6 +80,47 @@ def test_tiny_study_runs_end_to_end_and_reruns_only_what_changed(tmp_path):
     # --forcerun fit_scaling: exactly it and downstream
     r = snakemake(wf, *TINY, "--forcerun", "fit_scaling", "-n", "--quiet", "rules", timeout=120)
     assert set(planned_jobs(r.stdout + r.stderr)) == {"fit_scaling", "predict_production"} | DOWNSTREAM_OF_COST
+    # a pinned layout: analytic_model and everything downstream of it (the candidates change), launch included
+    (wf / "pin_fsdp.yaml").write_text(yaml.safe_dump({"layout": PIN_FSDP}))
+    r = snakemake(wf, *TINY, "pin_fsdp.yaml", "-n", "--quiet", "rules", timeout=120)
+    pinned = set(planned_jobs(r.stdout + r.stderr))
+    r = snakemake(wf, *TINY, "--forcerun", "analytic_model", "-n", "--quiet", "rules", timeout=120)
+    assert pinned == set(planned_jobs(r.stdout + r.stderr)), r.stdout
+    assert {"analytic_model", "launch_artifacts", "memo"} <= pinned
+
+
+PIN_FSDP = {"dp": 2, "tp": 1, "sharding": "zero3", "micro_batch": 1}
+PIN_TP = {"dp": 1, "tp": 2, "sp": True, "sharding": "none", "micro_batch": 1}
+
+
+def _launch_for(wf: Path, pin: dict) -> dict[str, str]:
+    """Pin ``pin`` and let Snakemake (re)build only results/launch/ (analytic_model + launch_artifacts)."""
+    name = f"pin_{'_'.join(f'{k}{v}' for k, v in pin.items())}.yaml"
+    (wf / name).write_text(yaml.safe_dump({"layout": pin}))
+    r = snakemake(wf, "results/launch/manifest.json", *TINY, name, timeout=300)  # target first: --configfile is variadic
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    jobs = planned_jobs(r.stdout + r.stderr)
+    assert set(jobs) <= {"analytic_model", "launch_artifacts"} and "launch_artifacts" in jobs, jobs
+    d = wf / "results" / "launch"
+    return {p.name: p.read_text() for p in d.iterdir() if p.is_file() and not p.name.endswith(".provenance.json")}
+
+
+def _code_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+@pytest.mark.slow
+def test_pinning_a_different_layout_changes_the_launch_artifacts(tmp_path):
+    wf = copy_workflow(tmp_path)
+    a, b = _launch_for(wf, PIN_FSDP), _launch_for(wf, PIN_TP)
+    for pin, files in ((PIN_FSDP, a), (PIN_TP, b)):
+        layout = json.loads(files["manifest.json"])["layout"]
+        assert {k: layout[k] for k in pin} == pin, layout
+    sbatch = sorted(n for n in a if n.startswith("sbatch_"))
+    assert sbatch and sbatch == sorted(n for n in b if n.startswith("sbatch_"))  # same cluster, same name
+    # not just the header comment: the settings themselves differ
+    assert yaml.safe_load(a["accelerate_fsdp2.yaml"]) != yaml.safe_load(b["accelerate_fsdp2.yaml"])
+    assert _code_lines(a[sbatch[0]]) != _code_lines(b[sbatch[0]])
 
 
 @pytest.mark.slow

@@ -91,15 +91,18 @@ def test_a_failing_proxy_is_retried_then_reported_and_leaves_no_partial_record(t
 
 def test_an_oom_proxy_is_a_result_and_the_study_completes(tmp_path):
     wf = copy_workflow(tmp_path)
-    specs = _proxy_set(wf)
+    # two depth slices far apart (1 and 8 layers), so a limit can sit between their footprints
+    (wf / "depth.yaml").write_text(yaml.safe_dump({"proxies": {"families": ["depth"], "depth_layers": [1, 8]}}))
+    specs = _proxy_set(wf, "depth.yaml")
     state = {p["id"]: _state_bytes(p) for p in specs}
     big = max(state, key=state.get)
-    assert sorted(state.values())[-2] < state[big], state  # one proxy clearly the largest
+    assert 2 * sorted(state.values())[-2] < state[big], state  # one proxy clearly the largest
     # the tightest limit the largest proxy exceeds before allocating: the others keep the most room
     (wf / "oom.yaml").write_text(yaml.safe_dump({"proxies": {"mem_limit_bytes": state[big] - 1}}))
 
-    r = snakemake(wf, *TINY, "oom.yaml", timeout=900)
+    r = snakemake(wf, *TINY, "depth.yaml", "oom.yaml", timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "Error in rule" not in r.stdout + r.stderr  # an OOM is a result: no job failed, nothing retried
     res = wf / "results"
     recs = {p["id"]: json.loads((res / "proxies" / "runs" / f"{p['id']}.json").read_text()) for p in specs}
     for rec in recs.values():

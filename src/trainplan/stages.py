@@ -79,11 +79,14 @@ def _with_log(smk: Any, fn: Callable[[], None]) -> None:
         fn()
         return
     Path(logfile).parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(logfile, mode="w", encoding="utf-8")
+    attempt = int(getattr(smk, "attempt", 1) or 1)
+    # A retried job appends, so its log shows every attempt (Snakemake's `retries`).
+    handler = logging.FileHandler(logfile, mode="a" if attempt > 1 else "w", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
+    log.info("%s: attempt %d", smk.rule, attempt)
     try:
         fn()
     except Exception:

@@ -15,6 +15,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+PARTITION = "cpu"  # the test cluster's only partition: one node, CPUs only (no GPUs, no GresTypes)
+
 CONF = """ClusterName=trainplan-test
 SlurmctldHost={host}
 AuthType=auth/munge
@@ -40,7 +42,7 @@ JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 NodeName={host} NodeHostname={host} CPUs={cpus} RealMemory={mem} State=UNKNOWN
-PartitionName=cpu Nodes={host} Default=YES MaxTime=60 State=UP
+PartitionName={partition} Nodes={host} Default=YES MaxTime=60 State=UP
 """
 
 
@@ -62,7 +64,7 @@ def local_slurm(tmp: Path):
     host = socket.gethostname()
     mem = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 * 0.8)
     conf = d / "slurm.conf"
-    conf.write_text(CONF.format(host=host, d=d, cpus=os.cpu_count() or 2, mem=mem))
+    conf.write_text(CONF.format(host=host, d=d, cpus=os.cpu_count() or 2, mem=mem, partition=PARTITION))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     procs: list[subprocess.Popen] = []
     system_conf = Path("/etc/slurm/slurm.conf")
