@@ -260,3 +260,25 @@ def test_report_labels_carry_the_memo_sidecar_hash_and_commit(tmp_path):
     sc = read_sidecar(pdf)
     assert labels["config hash"] == sc["config_hash"]
     assert labels["commit"] == str(sc["git"]["commit"] or "n/a")
+
+
+def test_memory_fallback_is_the_fastest_layout_with_clearly_more_headroom():
+    import pandas as pd
+
+    df = pd.DataFrame({"layout_text": ["a", "b", "c", "d"], "tokens_per_s": [100.0, 99.0, 98.0, 90.0],
+                       "tokens_per_s_per_gpu": [10.0, 9.9, 9.8, 9.0], "mem_total_gib": [70.0, 66.0, 50.0, 40.0],
+                       "headroom_frac": [0.10, 0.20, 0.37, 0.50]})
+    fb = memo.memory_fallback(df, df.iloc[0].to_dict())
+    assert fb["layout"] == "c" and fb["slower_frac"] == pytest.approx(0.02)  # b has < 0.15 more headroom
+    assert memo.memory_fallback(df, df.iloc[3].to_dict()) is None
+
+
+def test_day1_memory_check_names_the_fallback(rendered):
+    import pandas as pd
+
+    cand = pd.read_csv(rendered["root"] / "analytic" / "candidates.csv")
+    ok = cand[cand["feasible"].astype(bool)]
+    fb = memo.memory_fallback(ok, ok.sort_values("rank").iloc[0].to_dict())
+    if fb is None:
+        pytest.skip("the fixture has no layout with clearly more headroom")
+    assert _squash(fb["layout"]) in _squash(rendered["text"])

@@ -230,10 +230,12 @@ def build_context(results_dir: str | Path, *, config: dict, study_hash: str, git
     rec = res.csv("proxies/records.csv")
     chosen_row = None
     rep = None
+    fallback = None
     if cand is not None and len(cand):
         ok = cand[cand["feasible"].astype(bool)]
         chosen_row = _records(ok.sort_values("rank").head(1))[0] if len(ok) else None
         rep = _records(representative_layouts(cand))
+        fallback = memory_fallback(ok, chosen_row) if chosen_row else None
     layout_str = None
     if summary and "layout" in summary:
         from trainplan.specs import Layout
@@ -248,6 +250,7 @@ def build_context(results_dir: str | Path, *, config: dict, study_hash: str, git
                   "hash": study_hash, "hash_short": study_hash[:12], "commit": git_commit,
                   "commit_short": git_commit[:12], "date": date.strftime("%Y-%m-%d")},
         "summary": summary, "layout_str": layout_str, "chosen_row": chosen_row, "representatives": rep,
+        "fallback": fallback,
         **_families(res.csv("analytic/families.csv")), "techniques": _techniques(res.csv("analytic/techniques.csv")),
         "calibration": calib, "source": source, "source_label": ((calib or {}).get("source_detail") if source == "gpu-proxies" else None)
         or SOURCE_LABELS.get(str(source), str(source)),
@@ -263,6 +266,23 @@ def build_context(results_dir: str | Path, *, config: dict, study_hash: str, git
                         for k, v in _flatten(config.get(s), s)] if config else [],
         "provenance": [{"file": f, **sc} for f, sc in res.sidecars()],
     }
+
+
+FALLBACK_EXTRA_HEADROOM = 0.15  # the memory fallback leaves at least this much more HBM free than the choice
+
+
+def memory_fallback(feasible: pd.DataFrame, chosen: dict[str, Any]) -> dict[str, Any] | None:
+    """The day-1 fallback if the preflight measures more memory than predicted: the fastest feasible layout
+    with at least FALLBACK_EXTRA_HEADROOM more headroom than the chosen one (simplest on ties)."""
+    need = float(chosen["headroom_frac"]) + FALLBACK_EXTRA_HEADROOM
+    c = feasible[feasible["headroom_frac"] >= need]
+    if not len(c):
+        return None
+    keys = ["tokens_per_s", "headroom_frac"] + (["complexity"] if "complexity" in c else [])
+    r = c.sort_values(keys, ascending=[False, False] + [True] * (len(keys) - 2)).iloc[0]
+    return {"layout": str(r.get("layout_text", "")), "tokens_per_s_per_gpu": float(r["tokens_per_s_per_gpu"]),
+            "mem_total_gib": float(r["mem_total_gib"]), "headroom_frac": float(r["headroom_frac"]),
+            "slower_frac": 1.0 - float(r["tokens_per_s"]) / float(chosen["tokens_per_s"])}
 
 
 # -------------------------------------------------------------------------------------- rendering
