@@ -258,7 +258,7 @@ def _parser() -> argparse.ArgumentParser:
     es.add_argument("--finetune", default="full", help="full | lora | qlora")
     es.add_argument("--json", action="store_true", help="print the estimate as JSON")
     va = sub.add_parser("validate", help="predicted vs published tables, MAPE per table", formatter_class=raw,
-                        epilog="examples:\n  trainplan validate --csv validation.csv\n  trainplan validate --heldout")
+                        epilog="example:\n  trainplan validate --csv validation.csv\n  trainplan validate --heldout")
     va.add_argument("--csv", help="also write the comparison rows to this CSV")
     va.add_argument("--heldout", action="store_true",
                     help="leave one published table out: refit the Efficiency on the others, predict it")
