@@ -53,6 +53,30 @@ def test_torchtitan_h100(mape):
     assert mape[("torchtitan_h100", "memory_gib")] <= TORCHTITAN_H100_MEM_MAPE_TOL_PCT
 
 
+# At the bottom of the bracket torchtitan states for its 500 W parts (H100 NVL's 835 TFLOP/s) the H100 MAPE
+# falls from 28.3% to 15.0% and stays over-predicted: the unknown peak explains about half of the gap.
+TORCHTITAN_H100_AT_NVL_PEAK_MAPE_TOL_PCT = 17.0
+
+
+def test_h100_peak_bracket_rescores_only_the_500w_rows(rows, mape):
+    from trainplan.validate import H100_NVL_PEAK_BF16
+
+    low = validate_all(Efficiency(), h100_peak_flops=H100_NVL_PEAK_BF16)
+    m = {(r.table, r.metric): r for r in mape_table(low).itertuples()}
+    h = m[("torchtitan_h100", "tokens_per_s_per_gpu")]
+    assert h.mape_pct <= TORCHTITAN_H100_AT_NVL_PEAK_MAPE_TOL_PCT < mape[("torchtitan_h100", "tokens_per_s_per_gpu")]
+    assert h.bias_pct > 0  # still optimistic at the lowest stated peak: the residual is not only the cap
+    a100 = ~low["table"].eq("torchtitan_h100")
+    assert np.array_equal(low.loc[a100, "predicted"].to_numpy(), rows.loc[a100, "predicted"].to_numpy())
+
+
+def test_h100_peak_outside_the_stated_bracket_is_refused():
+    from trainplan.specs import ConfigError
+
+    with pytest.raises(ConfigError, match="h100_peak_tflops.*835"):
+        validate_all(Efficiency(), h100_peak_flops=700e12)
+
+
 def test_unmodelled_rows_are_shown_but_excluded(rows):
     df = rows
     fp8 = df[df["note"].str.contains("float8|Float8", regex=True)]

@@ -178,7 +178,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     if args.heldout:
         return _print_heldout(heldout_tables(), args.csv)
-    df = validate_all(Efficiency())
+    peak = None if args.h100_peak_tflops is None else args.h100_peak_tflops * 1e12
+    df = validate_all(Efficiency(), h100_peak_flops=peak)
     if args.csv:
         from trainplan.io import write_csv
 
@@ -258,10 +259,14 @@ def _parser() -> argparse.ArgumentParser:
     es.add_argument("--finetune", default="full", help="full | lora | qlora")
     es.add_argument("--json", action="store_true", help="print the estimate as JSON")
     va = sub.add_parser("validate", help="predicted vs published tables, MAPE per table", formatter_class=raw,
-                        epilog="example:\n  trainplan validate --csv validation.csv\n  trainplan validate --heldout")
+                        epilog="example:\n  trainplan validate --csv validation.csv\n  trainplan validate --heldout\n"
+                               "  trainplan validate --h100-peak-tflops 835")
     va.add_argument("--csv", help="also write the comparison rows to this CSV")
     va.add_argument("--heldout", action="store_true",
                     help="leave one published table out: refit the Efficiency on the others, predict it")
+    va.add_argument("--h100-peak-tflops", type=float, default=None,
+                    help="peak BF16 TFLOP/s for torchtitan's 96 GB / 500 W H100s (default 989, the SXM spec; "
+                         "torchtitan puts it between NVL 835 and SXM 989)")
     for name, (_, help_) in DELEGATED.items():
         sub.add_parser(name, help=help_, add_help=False)
     return p
