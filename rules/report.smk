@@ -43,6 +43,8 @@ rule memo:
         production=f"{R}/prediction/production.json",
         cost=f"{R}/cost/cost.json",
         launch=f"{R}/launch/manifest.json",
+        template="report/templates/memo.html.j2",
+        css="report/templates/memo.css",
     output:
         pdf=report(
             f"{R}/memo/design_memo.pdf",

@@ -71,10 +71,40 @@ def test_page_one_states_the_decision_with_numbers_from_the_results(rendered):
         unit = t["unit"]
         f = (lambda v: f"${v:,.0f}") if unit == "$" else (lambda v: f"{v:.1f}") if unit == "h" else (lambda v: f"{v:,.0f}")
         want += [f(t["p50"]), f"{f(t['p10'])}–{f(t['p90'])}", f(t["target"])]
-        row = re.search(re.escape(_squash(f"{t['name']} ({unit})")) + r".*?(PASS|FAIL)", p1)
+        label = "tokens/s per GPU" if unit == "tokens/s" else f"{t['name']} ({unit})"  # merged with the prediction row
+        row = re.search(re.escape(_squash(label)) + r".*?(PASS|FAIL)", p1)
         assert row and row.group(1) == ("PASS" if t["pass"] else "FAIL"), t["name"]
     missing = [w for w in want if _squash(w) not in p1]
     assert not missing
+
+
+def test_page_one_names_the_runner_up_with_its_numbers_from_families_csv(rendered):
+    import pandas as pd
+
+    fam = pd.read_csv(FIXTURE / "analytic" / "families.csv")
+    ch = _load("prediction/production.json")["chosen"]
+    ok = fam[(fam["verdict"] != "chosen") & ~fam["verdict"].str.startswith("OOM")]
+    r = ok.sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
+    p1 = _squash(rendered["pages"][0])
+    slower = 1 - r["tokens_per_s_per_gpu"] / ch["tokens_per_s_per_gpu_p50"]
+    for w in (f"Runner-up:{r['family']}", r["layout"], f"{100 * slower:.1f}%slower", f"{r['mem_total_gib']:.1f}GiB/GPU"):
+        assert _squash(w) in p1, w
+    inside = r["tokens_per_s_per_gpu"] >= ch["tokens_per_s_per_gpu_p10"]
+    assert ("cannotrankthetwo" in p1) == inside
+
+
+def test_runner_up_skips_the_chosen_and_oom_families():
+    import pandas as pd
+
+    fam = pd.DataFrame({"family": ["A", "B", "C", "D"], "best_layout": ["a", "b", "c", "d"],
+                        "tokens_per_s_per_gpu": [100.0, float("nan"), 90.0, 50.0],
+                        "mem_total_gib": [60.0, 200.0, 40.0, 30.0], "verdict": ["chosen", "OOM", "slower", "slower"]})
+    ch = {"tokens_per_s_per_gpu_p50": 100.0, "tokens_per_s_per_gpu_p10": 85.0}
+    r = memo.runner_up(fam, ch)
+    assert (r["family"], r["layout"], r["inside_interval"]) == ("C", "c", True)
+    assert r["slower_frac"] == pytest.approx(0.10)
+    assert not memo.runner_up(fam, {**ch, "tokens_per_s_per_gpu_p10": 95.0})["inside_interval"]
+    assert memo.runner_up(fam.iloc[[0, 1]], ch) is None and memo.runner_up(None, ch) is None
 
 
 def test_page_one_says_what_rests_on_published_data_and_never_uses_cpu_timings(rendered):

@@ -176,6 +176,23 @@ def _families(fam: pd.DataFrame | None, top: int = FAMILIES_SHOWN) -> dict[str, 
     return {"families": rows, "families_total": len(fam)}
 
 
+def runner_up(families: pd.DataFrame | None, chosen: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The best family after the chosen one that fits: its layout, how much slower, its memory, and whether its
+    throughput lies inside the chosen layout's p10–p90 (then the model alone does not separate the two)."""
+    if families is None or not len(families) or not chosen or "verdict" not in families:
+        return None
+    fam = families[~families["verdict"].astype(str).isin(["chosen"]) & ~families["verdict"].astype(str).str.startswith("OOM")]
+    fam = fam[pd.to_numeric(fam["tokens_per_s_per_gpu"], errors="coerce").notna()]
+    if not len(fam):
+        return None
+    r = fam.sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
+    tps = float(r["tokens_per_s_per_gpu"])
+    return {"family": str(r["family"]), "layout": str(r.get("best_layout") or r.get("layout") or ""),
+            "tokens_per_s_per_gpu": tps, "mem_total_gib": float(r["mem_total_gib"]),
+            "slower_frac": 1.0 - tps / float(chosen["tokens_per_s_per_gpu_p50"]),
+            "inside_interval": tps >= float(chosen["tokens_per_s_per_gpu_p10"])}
+
+
 def _techniques(tech: pd.DataFrame | None) -> list[dict] | None:
     """The "what each technique buys" table (``search.technique_verdicts`` rows), or None if not produced."""
     if tech is None or not len(tech):
@@ -251,7 +268,9 @@ def build_context(results_dir: str | Path, *, config: dict, study_hash: str, git
                   "commit_short": git_commit[:12], "date": date.strftime("%Y-%m-%d")},
         "summary": summary, "layout_str": layout_str, "chosen_row": chosen_row, "representatives": rep,
         "fallback": fallback,
-        **_families(res.csv("analytic/families.csv")), "techniques": _techniques(res.csv("analytic/techniques.csv")),
+        **_families(res.csv("analytic/families.csv")),
+        "runner_up": runner_up(res.csv("analytic/families.csv"), (prod or {}).get("chosen")),
+        "techniques": _techniques(res.csv("analytic/techniques.csv")),
         "calibration": calib, "source": source, "source_label": ((calib or {}).get("source_detail") if source == "gpu-proxies" else None)
         or SOURCE_LABELS.get(str(source), str(source)),
         "heldout": _records(res.csv("calibration/heldout.csv")) or None,
