@@ -146,3 +146,22 @@ def test_table_matches_scalar_rows_for_every_kernel_kind(kernels):
     table = step_time(MODEL, CLUSTER, train, LayoutTable.from_layouts(LAYOUTS))
     for i, lay in enumerate(LAYOUTS):
         assert table["step_time_s"][i] == pytest.approx(step_time(MODEL, CLUSTER, train, lay)["step_time_s"], rel=1e-12)
+
+
+@pytest.mark.parametrize("recompute,passes", [("none", 2.0), ("selective", 2.5), ("full", 3.0)])
+def test_qlora_pays_the_nf4_dequantisation_and_lora_does_not(recompute, passes):
+    from dataclasses import replace
+
+    from trainplan.memory import NF4_BYTES_PER_PARAM, layer_matmul_params_per_rank
+
+    lay = Layout(dp=16, tp=2, sp=True, sharding="zero1", recompute=recompute, micro_batch=2)
+    lora = TrainingSpec(seq_len=4096, global_batch=256, finetune="lora", lora_rank=64)
+    qlora = replace(lora, finetune="qlora")
+    eff = Efficiency()
+    # the whole difference is the dequantisation term: same FLOPs, same (adapter-only) gradients
+    d = step_time(MODEL, CLUSTER, qlora, lay, eff)["compute_s"] - step_time(MODEL, CLUSTER, lora, lay, eff)["compute_s"]
+    m = 256 // (16 * 2)
+    by_hand = (m * passes * MODEL.layers * layer_matmul_params_per_rank(MODEL, 2) * (NF4_BYTES_PER_PARAM + 2.0)
+               / (CLUSTER.gpu.hbm_bw_Bps * eff.membound_eff))
+    assert d == pytest.approx(float(by_hand), rel=1e-9)
+    assert timing.qlora_dequant_mb_s(MODEL, lora, lay, MODEL.layers, 3.35e12, eff, 2.0) == 0.0

@@ -20,6 +20,7 @@ import numpy as np
 
 from trainplan import comm, flops
 from trainplan.efficiency import Efficiency
+from trainplan.memory import NF4_BYTES_PER_PARAM, layer_matmul_params_per_rank
 from trainplan.specs import (
     ClusterSpec,
     Layout,
@@ -251,6 +252,25 @@ def fsdp_copy_mb_s(model: ModelSpec, training: TrainingSpec, layout: LayoutLike,
     return np.where(np.isin(layout.sharding, ("zero3", "hsdp")), t, 0.0)
 
 
+def qlora_dequant_passes(recompute: Array, kernels: str) -> Array:
+    """NF4 → bf16 dequantisations of each block weight per micro-batch: forward, backward (dgrad needs the
+    weight again; bitsandbytes ``MatMul4Bit`` dequantises in both), plus the recompute: full reruns the forward,
+    op-level SAC (eager/compiled) half the matmuls, Megatron-style selective none (selective_redo_s)."""
+    sel = 0.0 if kernels == "fused" else 0.5
+    return 2.0 + np.where(recompute == "full", 1.0, np.where(recompute == "selective", sel, 0.0))
+
+
+def qlora_dequant_mb_s(model: ModelSpec, training: TrainingSpec, layout: LayoutLike, layers: Array,
+                       hbm_Bps: float, eff: Efficiency, act_bytes: float) -> Array:
+    """QLoRA's dequantisation per micro-batch, memory-bound: each pass reads the NF4 block weights with their
+    double-quantised constants (4.127 bit, Dettmers 2023 §2) and writes them in the compute dtype (§8)."""
+    if training.finetune != "qlora":
+        return 0.0
+    params = layers * layer_matmul_params_per_rank(model, np.asarray(layout.tp))
+    passes = qlora_dequant_passes(np.asarray(layout.recompute), training.kernels)
+    return passes * params * (NF4_BYTES_PER_PARAM + act_bytes) / (hbm_Bps * eff.membound_eff)
+
+
 def bubble_s(pp: Array, vpp: Array, m: Array, per_mb_s: Array) -> Array:
     """Pipeline bubble: (p−1)/(v·m) of the ideal m·τ (Narayanan 2021 §2.2.1–2.2.2)."""
     return (pp - 1) / (vpp * m) * (m * per_mb_s)
@@ -311,7 +331,9 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     redo = np.where(rc == "full", fwd, np.where(rc == "selective", selective_redo_s(g, a, e, kernels), 0.0))
     shard = np.asarray(shard_degree(layout, cluster))
     copy = fsdp_copy_mb_s(model, training, layout, hbm, eff)
-    compute_mb = layers * (fwd + bwd + redo) + logits_s(model, tokens, tp, peak, hbm, eff, wgrad, kernels) + copy
+    dequant = qlora_dequant_mb_s(model, training, layout, layers, hbm, eff, act)
+    compute_mb = (layers * (fwd + bwd + redo) + logits_s(model, tokens, tp, peak, hbm, eff, wgrad, kernels) + copy
+                  + dequant)
 
     tp_mb = tp_comm_mb_s(model, cluster, tokens, layout, layers, eff, act)
     cp_mb = cp_comm_mb_s(model, cluster, tokens, layout, layers, a + a_bwd, eff, act)
