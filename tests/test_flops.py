@@ -187,3 +187,23 @@ def test_lora_flops_drop_the_weight_gradient_gemms() -> None:
     lora = flops.lora_train_step_flops(m, s, b, 16, ("q", "v"))
     # forward + input gradients (2/3 of the matmuls); the attention core keeps its full 3× (no weights)
     assert 2 / 3 * full < lora < 0.75 * full
+
+
+@pytest.mark.parametrize("finetune", ["lora", "qlora"])
+def test_frozen_base_model_flops_drop_the_weight_gradient(finetune):
+    """4·N + 12·L·h·s + 6·N_adapters agrees with the op-by-op LoRA count (which FlopCounterMode checks) to
+    exactly up to the first block's skipped q/k/v input gradient and the norm weights in N; full keeps 6·N."""
+    from trainplan.flops import lora_train_step_flops, model_flops_per_token, train_flops_per_token
+    from trainplan.specs import TrainingSpec, resolve_model
+
+    m = resolve_model("llama2-13b")
+    t = TrainingSpec(seq_len=4096, global_batch=256, finetune=finetune, lora_rank=16, lora_targets=("q", "k", "v", "o"))
+    per_token = train_flops_per_token(m, t)
+    op_by_op = lora_train_step_flops(m, 4096, 1, 16, ("q", "k", "v", "o"), attention="full") / 4096
+    h, kv = m.hidden, m.kv_dim
+    first_block_qkv_dgrad = 2 * (h * h + 2 * h * kv) + 3 * 2 * 16 * h  # base q/k/v + their adapters' grad x
+    norm_weights = (2 * m.layers + 1) * h  # in N_dense (the 4·N convention) but no matmul
+    assert per_token - op_by_op == pytest.approx(first_block_qkv_dgrad + 4 * norm_weights, rel=1e-9)
+    full = TrainingSpec(seq_len=4096, global_batch=256)
+    assert train_flops_per_token(m, full) == model_flops_per_token(m, 4096)
+    assert per_token < 0.75 * train_flops_per_token(m, full)

@@ -8,6 +8,10 @@ Conventions (stated in the memo; see docs/analytic-model.md):
   *input* embedding lookup (and a learned position table) — the output projection is a matmul and is
   counted (even when tied). The attention term counts causal attention as full (s² not s²/2), as
   torchtitan and Megatron do; ``h`` is the attention width ``heads·head_dim`` (= hidden for Llama).
+* **Frozen-base fine-tunes** (LoRA, QLoRA) never compute the base weights' gradients, so their model FLOPs
+  per token are ``4·N_dense + 12·L·h·s + 6·N_adapters`` (forward, input-gradient, attention both ways, and
+  the adapters' full training); crediting them with 6·N would report work that is never done as utilisation
+  (``train_flops_per_token``; MFU/HFU and ``flops_per_token`` use it).
 * **Hardware FLOPs** add what activation recompute runs again (full: one more forward of the blocks;
   selective: the attention core ``QKᵀ`` and ``PV``), as Korthikanti 2022 (arXiv 2205.05198) defines HFU.
 
@@ -16,7 +20,7 @@ Pure functions of a :class:`~trainplan.specs.ModelSpec`; no torch, no numpy need
 
 from __future__ import annotations
 
-from trainplan.specs import ConfigError, ModelSpec
+from trainplan.specs import ConfigError, ModelSpec, TrainingSpec
 
 ATTN_FLOP_MODES = ("full", "causal", "none")
 RECOMPUTES = ("none", "selective", "full")
@@ -59,6 +63,24 @@ def model_flops_per_token(model: ModelSpec, seq_len: int, *, count_input_embeddi
     """
     n = model.n_params if count_input_embedding else n_params_dense(model)
     return 6.0 * n + 12.0 * model.layers * attn_width(model) * seq_len
+
+
+def adapter_params(model: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
+    """LoRA adapter parameters of the whole model: r·(in + out) per target per block (Hu 2021 §4.1)."""
+    h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
+    dims = {"q": (h, h), "k": (h, kv), "v": (h, kv), "o": (h, h), "gate": (h, f), "up": (h, f), "down": (f, h)}
+    per = sum(rank * sum(dims[t]) for t in targets if not (t == "gate" and model.mlp != "swiglu"))
+    return model.layers * per
+
+
+def train_flops_per_token(model: ModelSpec, training: TrainingSpec) -> float:
+    """Model FLOPs per trained token for the fine-tune mode: full 6·N + 12·L·h·s; LoRA/QLoRA (frozen base,
+    no weight gradients) 4·N + 12·L·h·s + 6·N_adapters."""
+    s = training.seq_len
+    if training.finetune == "full":
+        return model_flops_per_token(model, s)
+    attn = 12.0 * model.layers * attn_width(model) * s
+    return 4.0 * n_params_dense(model) + attn + 6.0 * adapter_params(model, training.lora_rank, training.lora_targets)
 
 
 def recompute_flops_per_token(model: ModelSpec, seq_len: int, recompute: str, *, policy: str = "attention",

@@ -125,7 +125,7 @@ def _layout_from_row(row: Any) -> Any:
 def run_analytic_model(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     """candidates.csv, families.csv, techniques.csv, summary.json from ``trainplan.search``."""
     from trainplan.estimate import estimate
-    from trainplan.flops import model_flops_per_token
+    from trainplan.flops import train_flops_per_token
     from trainplan.search import family_verdicts, search, technique_verdicts
 
     s = _specs(cfg)
@@ -147,7 +147,7 @@ def run_analytic_model(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     summary.update(model={**m.to_dict(), "n_params": m.n_params, "n_params_nonembedding": m.n_params_nonembedding},
                    n_params=m.n_params, gpu=s["cluster"].gpu.name, n_gpus=s["cluster"].n_gpus,
                    hbm_gib=s["cluster"].gpu.hbm_bytes / 2**30,
-                   flops_per_token=model_flops_per_token(m, s["training"].seq_len))
+                   flops_per_token=train_flops_per_token(m, s["training"]))
     write_csv(df, out["candidates"])
     write_csv(fam, out["families"])
     if "techniques" in out:

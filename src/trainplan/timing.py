@@ -355,8 +355,9 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     step = compute + exposed + bubble + opt + off
     tok_s = training.tokens_per_step / step
     n = cluster.n_gpus
-    mfu = flops.model_flops_per_token(model, s) * tok_s / (n * peak)
-    hw = {k: flops.hardware_flops_per_token(model, s, k) for k in ("none", "selective", "full")}
+    f_tok = flops.train_flops_per_token(model, training)
+    mfu = f_tok * tok_s / (n * peak)
+    hw = {k: f_tok + flops.recompute_flops_per_token(model, s, k) for k in ("none", "selective", "full")}
     hfu = np.where(rc == "full", hw["full"], np.where(rc == "selective", hw["selective"], hw["none"])) * tok_s / (n * peak)
     out = {"compute_s": compute, "tp_comm_s": m * tp_mb, "cp_comm_s": m * cp_mb, "fsdp_comm_s": m * fsdp_mb,
            "dp_comm_s": dp, "pp_p2p_s": m * p2p_mb, "comm_exposed_s": exposed, "bubble_s": bubble,
