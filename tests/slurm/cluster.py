@@ -1,4 +1,9 @@
-"""A throwaway one-node Slurm 22.05 cluster on localhost (root, no systemd), for the e2e test.
+"""A throwaway Slurm 22.05 cluster on localhost (root, no systemd), for the e2e tests.
+
+One node by default (the machine itself). ``nodes=K`` emulates K nodes on this one machine: K slurmd
+daemons (``slurmd -N tpnI``), each with its own port, spool, log and pid file, all at NodeAddr 127.0.0.1 and
+with a share of the CPUs — real Slurm node boundaries (SLURM_NODEID, SLURMD_NODENAME, srun across nodes)
+on one physical host.
 
 slurm.conf lives in a temp dir (``SLURM_CONF``) and, because ``srun`` inside batch jobs only finds the
 default path, is also copied to /etc/slurm/slurm.conf when none exists there — and removed afterwards (a
@@ -28,11 +33,11 @@ SchedulerType=sched/backfill
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool
+SlurmdSpoolDir={d}/spool/%n
 SlurmctldPidFile={d}/slurmctld.pid
-SlurmdPidFile={d}/slurmd.pid
+SlurmdPidFile={d}/slurmd-%n.pid
 SlurmctldLogFile={d}/slurmctld.log
-SlurmdLogFile={d}/slurmd.log
+SlurmdLogFile={d}/slurmd-%n.log
 SlurmctldPort=16817
 SlurmdPort=16818
 ReturnToService=2
@@ -41,9 +46,21 @@ SlurmctldParameters=enable_configless
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
-NodeName={host} NodeHostname={host} CPUs={cpus} RealMemory={mem} State=UNKNOWN
-PartitionName={partition} Nodes={host} Default=YES MaxTime=60 State=UP
+{node_lines}
+PartitionName={partition} Nodes={node_list} Default=YES MaxTime=60 State=UP
 """
+EMULATED_PREFIX = "tpn"  # emulated node names tpn1..tpnK
+EMULATED_PORT0 = 16830
+
+
+def _nodes(host: str, k: int, cpus: int, mem: int) -> tuple[list[str], str]:
+    """The NodeName lines and the node names: the host itself, or K emulated nodes on 127.0.0.1."""
+    if k == 1:
+        return [host], f"NodeName={host} NodeHostname={host} CPUs={cpus} RealMemory={mem} State=UNKNOWN"
+    names = [f"{EMULATED_PREFIX}{i}" for i in range(1, k + 1)]
+    lines = [f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={EMULATED_PORT0 + i} "
+             f"CPUs={max(1, cpus // k)} RealMemory={mem // k} State=UNKNOWN" for i, n in enumerate(names, 1)]
+    return names, "\n".join(lines)
 
 
 def available() -> str | None:
@@ -57,14 +74,16 @@ def available() -> str | None:
 
 
 @contextmanager
-def local_slurm(tmp: Path):
+def local_slurm(tmp: Path, nodes: int = 1):
     d = tmp / "slurm"
-    for sub in ("state", "spool"):
-        (d / sub).mkdir(parents=True, exist_ok=True)
     host = socket.gethostname()
     mem = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 * 0.8)
+    names, node_lines = _nodes(host, nodes, os.cpu_count() or 2, mem)
+    for sub in ("state", *(f"spool/{n}" for n in names)):
+        (d / sub).mkdir(parents=True, exist_ok=True)
     conf = d / "slurm.conf"
-    conf.write_text(CONF.format(host=host, d=d, cpus=os.cpu_count() or 2, mem=mem, partition=PARTITION))
+    conf.write_text(CONF.format(host=host, d=d, node_lines=node_lines, node_list=",".join(names),
+                                partition=PARTITION))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     procs: list[subprocess.Popen] = []
     system_conf = Path("/etc/slurm/slurm.conf")
@@ -86,12 +105,14 @@ def local_slurm(tmp: Path):
         procs.append(subprocess.Popen(["slurmctld", "-D", "-f", str(conf)], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
         time.sleep(2)
-        procs.append(subprocess.Popen(["slurmd", "-D", "-f", str(conf)], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+        for n in names:
+            procs.append(subprocess.Popen(["slurmd", "-D", "-f", str(conf), *(["-N", n] if nodes > 1 else [])],
+                                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
         deadline = time.time() + 60
         while time.time() < deadline:
-            r = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True)
-            if r.returncode == 0 and r.stdout.strip() in ("idle", "mix"):
+            r = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], env=env, capture_output=True, text=True)
+            states = r.stdout.split()
+            if r.returncode == 0 and len(states) == nodes and set(states) <= {"idle", "mix"}:
                 break
             time.sleep(1)
         else:

@@ -25,10 +25,13 @@ RDZV_PORT = 29517
 
 
 def first_slurm_host() -> str:
-    """The first hostname of the Slurm allocation (``scontrol show hostnames``)."""
-    out = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
-                         check=True, capture_output=True, text=True).stdout.split()
-    return out[0]
+    """The address of the allocation's first node: its ``NodeAddr`` (``scontrol show node``), which is what
+    Slurm itself connects to and may differ from the NodeName (an IB interface, an IP); the name if unset."""
+    name = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
+                          check=True, capture_output=True, text=True).stdout.split()[0]
+    info = subprocess.run(["scontrol", "show", "node", "-o", name], capture_output=True, text=True).stdout
+    addr = next((f.split("=", 1)[1] for f in info.split() if f.startswith("NodeAddr=")), "")
+    return addr or name
 
 
 def torchrun_command(spec: dict[str, Any], spec_path: str, rank_dir: str, env: dict[str, str] | None = None) -> list[str]:

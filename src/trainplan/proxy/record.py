@@ -39,8 +39,11 @@ def assemble_record(spec: dict[str, Any], ranks: list[dict], *, timed_out: bool,
                                            spec["finetune"], spec["lora_rank"], spec["lora_targets"], spec["device"])
     env = dict(r0.get("environment", {}))
     hosts = {r["environment"]["hostname"] for r in ok if "environment" in r}
+    slurm_nodes = sorted({r["environment"].get("slurm_node") for r in ok if "environment" in r} - {None})
     env.pop("hostname", None)
+    env.pop("slurm_node", None)
     env["hostname_count"] = len(hosts)
+    env["slurm_nodes"] = slurm_nodes  # the Slurm nodes the ranks ran on ([] outside Slurm)
     total = fl.get("total")
     rec: dict[str, Any] = {
         "schema_version": 1, "id": spec["id"], "family": spec["family"], "status": status, "message": message,

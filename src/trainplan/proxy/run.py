@@ -176,7 +176,8 @@ def train(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
         "environment": {"torch_version": torch.__version__, "world_size": world,
                         "backend": dist.get_backend() if dist.is_initialized() else "none",
                         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-                        "hostname": socket.gethostname()},
+                        "hostname": socket.gethostname(),
+                        "slurm_node": os.environ.get("SLURMD_NODENAME") or None},
     }
     if dev.type == "cuda":
         out["cuda"] = {"max_allocated_bytes": torch.cuda.max_memory_allocated(dev),

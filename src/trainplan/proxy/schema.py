@@ -95,7 +95,8 @@ RECORD_SCHEMA: dict[str, Any] = {
         "spec": {"type": "object", "required": ["model", "layout", "seq_len", "global_batch"]},
         "environment": {"type": "object", "properties": {
             "torch_version": {"type": "string"}, "device_name": {"type": "string"},
-            "world_size": {"type": "integer"}, "backend": {"type": "string"}, "hostname_count": {"type": "integer"}}},
+            "world_size": {"type": "integer"}, "backend": {"type": "string"}, "hostname_count": {"type": "integer"},
+            "slurm_nodes": {"type": "array", "items": {"type": "string"}}}},
         "timing": {"type": "object", "properties": {
             "step_times_s": {"type": "array", "items": {"type": "number"}},
             "step_time_median_s": _NUM, "step_time_p10_s": _NUM, "step_time_p90_s": _NUM,
