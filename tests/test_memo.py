@@ -312,3 +312,16 @@ def test_day1_memory_check_names_the_fallback(rendered):
     if fb is None:
         pytest.skip("the fixture has no layout with clearly more headroom")
     assert _squash(fb["layout"]) in _squash(rendered["text"])
+
+
+def test_provenance_skips_a_variant_study_nested_in_the_results_tree(tmp_path):
+    """``--configfile config/lora.yaml`` writes to results/lora: the default memo must not list its files."""
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    before = [f for f, _ in memo.Results(root).sidecars()]
+    nested = root / "lora"
+    shutil.copytree(FIXTURE / "analytic", nested / "analytic")
+    after = [f for f, _ in memo.Results(root).sidecars()]
+    assert before and after == before
+    own = [f for f, _ in memo.Results(nested).sidecars()]
+    assert "analytic/summary.json" in own and all(f.startswith("analytic/") for f in own)

@@ -87,6 +87,11 @@ def test_tiny_study_runs_end_to_end_and_reruns_only_what_changed(tmp_path):
     r = snakemake(wf, *TINY, "--forcerun", "analytic_model", "-n", "--quiet", "rules", timeout=120)
     assert pinned == set(planned_jobs(r.stdout + r.stderr)), r.stdout
     assert {"analytic_model", "launch_artifacts", "memo"} <= pinned
+    # the memo's stylesheet only: the memo alone (its template and CSS are inputs of the rule)
+    css = wf / "report" / "templates" / "memo.css"
+    css.write_text(css.read_text() + "\n/* edited */\n")
+    r = snakemake(wf, *TINY, "-n", "--quiet", "rules", timeout=120)
+    assert set(planned_jobs(r.stdout + r.stderr)) == {"memo", "all"}, r.stdout
 
 
 PIN_FSDP = {"dp": 2, "tp": 1, "sharding": "zero3", "micro_batch": 1}

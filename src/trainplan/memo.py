@@ -93,9 +93,16 @@ class Results:
         return pd.read_csv(p, low_memory=False) if p.exists() else None
 
     def sidecars(self) -> list[tuple[str, dict]]:
-        """Every ``<file>.provenance.json`` under the tree, with ``git_commit``/``git_dirty`` flattened."""
+        """Every ``<file>.provenance.json`` of this study, with ``git_commit``/``git_dirty`` flattened.
+
+        Another study's tree nested inside this one (the variants write to ``results/lora`` and the like:
+        any sub-directory with its own ``analytic/summary.json``) is not part of this study and is skipped.
+        """
         out = []
+        nested = [p.parent.parent for p in self.root.glob("*/**/analytic/summary.json")]
         for sc in sorted(self.root.rglob("*.provenance.json")):
+            if any(n in sc.parents for n in nested):
+                continue
             rel = str(sc.relative_to(self.root))[: -len(".provenance.json")]
             d = read_json(sc)
             git = d.get("git") if isinstance(d.get("git"), dict) else {}
