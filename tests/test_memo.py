@@ -91,6 +91,7 @@ def test_page_one_names_the_runner_up_with_its_numbers_from_families_csv(rendere
         assert _squash(w) in p1, w
     inside = r["tokens_per_s_per_gpu"] >= ch["tokens_per_s_per_gpu_p10"]
     assert ("cannotrankthetwo" in p1) == inside
+    assert _squash(f"switch to the runner-up, {r['family']} ({r['layout']})") in p1  # the day-1 throughput fallback
 
 
 def test_runner_up_skips_the_chosen_and_oom_families():
