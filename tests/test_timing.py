@@ -95,7 +95,9 @@ def test_eager_llama_block_bytes_match_the_derivation():
     assert timing.membound_bytes_fwd(m, "eager", 1, False, 2.0) == pytest.approx(want)
     fused = timing.membound_bytes_fwd(m, "fused", 1, False, 2.0)
     assert fused == pytest.approx(8 * h + 12 * h + 4 * (h + kv) + 6 * f)  # 2 fused norms, adds, RoPE, SwiGLU
-    assert timing.membound_bytes_fwd(m, "compiled", 1, False, 2.0) > fused  # compiled still copies GQA k/v
+    compiled = timing.membound_bytes_fwd(m, "compiled", 1, False, 2.0)
+    # compiled still copies GQA k/v (SDPA is an extern kernel) and runs complex RoPE eagerly (no Inductor codegen)
+    assert compiled - fused == pytest.approx(4 * (kv + h) + (20 - 4) * (h + kv))
 
 
 def test_eager_costs_more_on_h100_than_on_a100():

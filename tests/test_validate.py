@@ -18,8 +18,8 @@ KORTHIKANTI_MAPE_TOL_PCT = 5.0
 # torchtitan docs/performance.md, 64×A100 FSDP (tokens/s/GPU): reached 2.6% (target 10%)
 TORCHTITAN_A100_MAPE_TOL_PCT = 5.0
 # torchtitan 500 W H100s (benchmarks 2024-12 bf16 eager + compile rows, docs 405B bf16 row), held out of the
-# fit: reached 28.3%, all over-predicted (the power cap is not modelled; target 10%)
-TORCHTITAN_H100_TPS_MAPE_TOL_PCT = 32.0
+# fit: reached 24.6%, all over-predicted (the power cap is not modelled; target 10%)
+TORCHTITAN_H100_TPS_MAPE_TOL_PCT = 27.0
 # Memory vs torchtitan's peak reserved GiB (the two eager seq-8192 FSDP rows in scope): reached 6.3%, both
 # under-predicted (target 10%, which is this tolerance).
 TORCHTITAN_H100_MEM_MAPE_TOL_PCT = 10.0
@@ -54,8 +54,8 @@ def test_torchtitan_h100(mape):
 
 
 # At the bottom of the bracket torchtitan states for its 500 W parts (H100 NVL's 835 TFLOP/s) the H100 MAPE
-# falls from 28.3% to 15.0% and stays over-predicted: the unknown peak explains about half of the gap.
-TORCHTITAN_H100_AT_NVL_PEAK_MAPE_TOL_PCT = 17.0
+# falls from 24.6% to 12.1% and stays over-predicted: the unknown peak explains about half of the gap.
+TORCHTITAN_H100_AT_NVL_PEAK_MAPE_TOL_PCT = 14.0
 
 
 def test_h100_peak_bracket_rescores_only_the_500w_rows(rows, mape):
@@ -105,10 +105,10 @@ def test_defaults_are_the_documented_fit():
 
 
 # Leave-one-table-out error (an Efficiency refitted without the table predicts it). Reached on the open set:
-# Megatron 4.3%, Korthikanti 5.4%, torchtitan A100 11.7%, torchtitan 500 W H100 28.6%; the target is
+# Megatron 4.3%, Korthikanti 5.4%, torchtitan A100 11.7%, torchtitan 500 W H100 24.9%; the target is
 # 10%. These tolerances guard that level; a change to the physics that worsens generalisation fails here.
 HELDOUT_MAPE_TOL_PCT = {"megatron2021_t1": 8.0, "korthikanti2022_t3_5": 8.0, "torchtitan_a100": 15.0,
-                        "torchtitan_h100": 35.0}
+                        "torchtitan_h100": 30.0}
 
 
 @pytest.mark.slow

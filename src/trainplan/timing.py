@@ -99,8 +99,11 @@ def membound_bytes_fwd(model: ModelSpec, kernels: str, tp: Array, sp: Array, e: 
         act = 2.0 * e  # (bias-)GELU: read, write
     rope = 0.0
     if model.pos_embedding == "rope":
-        # eager complex RoPE per q/k element: .float() (e r, 4 w) · complex mul (4 r, 4 w) · type_as (4 r, e w)
-        rope = (16.0 + 2.0 * e if eager else 2.0 * e) * (h + kv)
+        # eager complex RoPE per q/k element: .float() (e r, 4 w) · complex mul (4 r, 4 w) · type_as (4 r, e w).
+        # "compiled" keeps that count: Inductor does not generate code for complex ops and falls back to the eager
+        # kernels (pytorch/pytorch#98155; the warning torchtitan#15 reports for this very RoPE), so only a fused
+        # real-valued RoPE kernel (Megatron/TE, "fused") reads and writes each element once.
+        rope = (16.0 + 2.0 * e if kernels in ("eager", "compiled") else 2.0 * e) * (h + kv)
     # GQA: eager/compiled torchtitan and HF materialise repeat_kv for SDPA (k and v: read kv, write h)
     gqa = 2.0 * e * (kv + h) if (kv < h and kernels != "fused") else 0.0
     split = act * f + rope + gqa
