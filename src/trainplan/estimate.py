@@ -26,7 +26,6 @@ class Estimate:
     timing: dict[str, float] = field(default_factory=dict)
     hbm_bytes: float = 0.0
     efficiency_source: str = "defaults"
-    seq_len: int = 0
     flops_per_token: float = 0.0  # flops.train_flops_per_token: 6N-based for full, 4N-based for LoRA/QLoRA
 
     @property
@@ -42,7 +41,7 @@ class Estimate:
             "reason": self.reason,
             "model": self.model.name,
             "params": self.model.n_params,
-            "flops_per_token": self.flops_per_token or flops.model_flops_per_token(self.model, self.seq_len),
+            "flops_per_token": self.flops_per_token,
             "memory_gib": {k: self.memory_bytes[k] / GiB for k in MEMORY_KEYS if k in self.memory_bytes},
             "hbm_gib": self.hbm_bytes / GiB,
             "headroom": self.headroom_frac,
@@ -64,11 +63,11 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, lay
     """Memory and time of one layout; structural problems or OOM give ``feasible=False`` with the reason."""
     eff = eff or Efficiency()
     hbm = float(cluster.gpu.hbm_bytes)
+    f_tok = flops.train_flops_per_token(model, training)
     problems = layout_problems(model, cluster, training, layout)
     if problems:
         return Estimate(model=model, layout=layout, feasible=False, reason="; ".join(problems), hbm_bytes=hbm,
-                        efficiency_source=eff.source, seq_len=training.seq_len,
-                        flops_per_token=flops.train_flops_per_token(model, training))
+                        efficiency_source=eff.source, flops_per_token=f_tok)
     mem = {k: float(v) for k, v in memory.memory_breakdown(model, cluster, training, layout, eff).items()}
     tim = timing.step_time(model, cluster, training, layout, eff)
     reason = ""
@@ -76,5 +75,4 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, lay
         reason = (f"OOM: needs {mem['total'] / GiB:.1f} GiB > {max_mem_frac:.0%} of "
                   f"{hbm / GiB:.1f} GiB usable HBM")
     return Estimate(model=model, layout=layout, feasible=not reason, reason=reason, memory_bytes=mem, timing=tim,
-                    hbm_bytes=hbm, efficiency_source=eff.source, seq_len=training.seq_len,
-                        flops_per_token=flops.train_flops_per_token(model, training))
+                    hbm_bytes=hbm, efficiency_source=eff.source, flops_per_token=f_tok)

@@ -65,10 +65,16 @@ def model_flops_per_token(model: ModelSpec, seq_len: int, *, count_input_embeddi
     return 6.0 * n + 12.0 * model.layers * attn_width(model) * seq_len
 
 
-def adapter_params(model: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
-    """LoRA adapter parameters of the whole model: r·(in + out) per target per block (Hu 2021 §4.1)."""
+def lora_dims(model: ModelSpec) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each LoRA target projection of one block."""
     h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
-    dims = {"q": (h, h), "k": (h, kv), "v": (h, kv), "o": (h, h), "gate": (h, f), "up": (h, f), "down": (f, h)}
+    return {"q": (h, h), "k": (h, kv), "v": (h, kv), "o": (h, h), "gate": (h, f), "up": (h, f), "down": (f, h)}
+
+
+def adapter_params(model: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
+    """LoRA adapter parameters of the whole model: r·(in + out) per target per block (Hu 2021 §4.1); a GELU
+    MLP has no ``gate``."""
+    dims = lora_dims(model)
     per = sum(rank * sum(dims[t]) for t in targets if not (t == "gate" and model.mlp != "swiglu"))
     return model.layers * per
 
@@ -183,12 +189,11 @@ def lora_train_step_flops(model: ModelSpec, seq_len: int, micro_batch: int, rank
     """
     _check("attention", attention, ATTN_FLOP_MODES)
     t = seq_len * micro_batch
-    h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
     mm = block_matmul_flops(model, seq_len, micro_batch)
     fwd_mm = model.layers * sum(mm.values()) + lm_head_forward_flops(model, seq_len, micro_batch)
     core = model.layers * attention_core_flops(model, seq_len, micro_batch, attention)
     first_qkv = mm["q"] + mm["k"] + mm["v"]
-    dims = {"q": (h, h), "k": (h, kv), "v": (h, kv), "o": (h, h), "gate": (h, f), "up": (h, f), "down": (f, h)}
+    dims = lora_dims(model)
     ad_fwd = ad_bwd = 0.0
     for tg in targets:
         if tg == "gate" and model.mlp != "swiglu":

@@ -188,7 +188,8 @@ def runner_up(families: pd.DataFrame | None, chosen: dict[str, Any] | None) -> d
     throughput lies inside the chosen layout's p10–p90 (then the model alone does not separate the two)."""
     if families is None or not len(families) or not chosen or "verdict" not in families:
         return None
-    fam = families[~families["verdict"].astype(str).isin(["chosen"]) & ~families["verdict"].astype(str).str.startswith("OOM")]
+    verdict = families["verdict"].astype(str)
+    fam = families[(verdict != "chosen") & ~verdict.str.startswith("OOM")]
     fam = fam[pd.to_numeric(fam["tokens_per_s_per_gpu"], errors="coerce").notna()]
     if not len(fam):
         return None
@@ -252,6 +253,7 @@ def build_context(results_dir: str | Path, *, config: dict, study_hash: str, git
     prod = res.json("prediction/production.json")
     cost = res.json("cost/cost.json")
     rec = res.csv("proxies/records.csv")
+    families = res.csv("analytic/families.csv")
     chosen_row = None
     rep = None
     fallback = None
@@ -275,8 +277,7 @@ def build_context(results_dir: str | Path, *, config: dict, study_hash: str, git
                   "commit_short": git_commit[:12], "date": date.strftime("%Y-%m-%d")},
         "summary": summary, "layout_str": layout_str, "chosen_row": chosen_row, "representatives": rep,
         "fallback": fallback,
-        **_families(res.csv("analytic/families.csv")),
-        "runner_up": runner_up(res.csv("analytic/families.csv"), (prod or {}).get("chosen")),
+        **_families(families), "runner_up": runner_up(families, (prod or {}).get("chosen")),
         "techniques": _techniques(res.csv("analytic/techniques.csv")),
         "calibration": calib, "source": source, "source_label": ((calib or {}).get("source_detail") if source == "gpu-proxies" else None)
         or SOURCE_LABELS.get(str(source), str(source)),

@@ -299,10 +299,7 @@ def _trainable_frac(model: ModelSpec, training: TrainingSpec) -> float:
     """Trainable / total parameters: 1 for full fine-tuning; LoRA adds r·(in+out) per target (Hu 2021)."""
     if training.finetune == "full":
         return 1.0
-    h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
-    dims = {"q": (h, h), "k": (h, kv), "v": (h, kv), "o": (h, h), "gate": (h, f), "up": (h, f), "down": (f, h)}
-    lora = model.layers * training.lora_rank * sum(sum(dims[t]) for t in training.lora_targets)
-    return lora / model.n_params
+    return flops.adapter_params(model, training.lora_rank, training.lora_targets) / model.n_params
 
 
 def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayoutLike,
