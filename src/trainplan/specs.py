@@ -531,8 +531,8 @@ def layout_problems(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         why.append(f"tp={L.tp} does not divide ffn_hidden={model.ffn_hidden}")
     if L.tp > cluster.gpus_per_node:
         why.append(f"tp={L.tp} spans nodes (gpus_per_node={cluster.gpus_per_node}); TP must stay in NVLink")
-    if model.layers % (L.pp * L.vpp):
-        why.append(f"pp·v = {L.pp}·{L.vpp} does not divide layers={model.layers}")
+    if L.pp * L.vpp > model.layers:  # uneven stages are valid (Llama 3 405B: 126 layers on PP16, Dubey 2024 §3.3.2)
+        why.append(f"pp·v = {L.pp}·{L.vpp} exceeds layers={model.layers}: a virtual stage without a layer")
     if training.global_batch % (L.dp * L.micro_batch):
         why.append(f"global_batch={training.global_batch} is not a multiple of dp·micro_batch = "
                    f"{L.dp}·{L.micro_batch}")
@@ -544,8 +544,6 @@ def layout_problems(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         why.append(f"ulysses cp·tp = {L.cp * L.tp} does not divide heads={model.heads}")
     if L.sp and training.seq_len % L.tp:
         why.append(f"seq_len={training.seq_len} not divisible by tp={L.tp} (sequence parallelism)")
-    if training.seq_len > model.max_seq_len:
-        why.append(f"seq_len={training.seq_len} exceeds the model's max_seq_len={model.max_seq_len}")
     if L.sharding == "hsdp":
         g = L.shard_group or cluster.gpus_per_node
         if (L.dp * L.cp) % g or g == L.dp * L.cp:
