@@ -7,7 +7,8 @@ import copy
 import pytest
 
 from trainplan import preflight as pf
-from trainplan.specs import ClusterSpec, ConfigError, Layout, TrainingSpec, resolve_model
+from trainplan.io import read_json
+from trainplan.specs import ClusterSpec, ConfigError, Layout, ModelSpec, TrainingSpec, resolve_model
 
 MODEL = resolve_model("llama2-13b")
 CLUSTER = ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb")
@@ -142,3 +143,135 @@ def test_main_bad_summary_is_a_config_error(tmp_path, capsys):
     rc = pf.main(["--summary", str(tmp_path / "none.json"), "--config", "config/config.yaml",
                   "--out", str(tmp_path / "o")])
     assert rc == 2 and "summary" in capsys.readouterr().err
+
+
+# ------------------------------------------------ agreement with the proxy comparison, every sharding
+PRODUCTION = {
+    "none": (Layout(dp=32, sharding="none"), None),
+    "zero1": (Layout(dp=32, sharding="zero1"), None),
+    "zero2": (Layout(dp=32, sharding="zero2"), None),  # the default study's recommendation
+    "zero3": (FSDP, None),
+    "hsdp": (Layout(dp=32, sharding="hsdp", shard_group=8), None),  # on 2 ranks: zero3 (noted)
+    "hsdp-kept": (Layout(dp=32, sharding="hsdp", shard_group=2), 4),  # 4 ranks: HSDP 2×2 as proxied
+}
+
+
+def _harness_record(layout: Layout, nproc: int | None) -> dict:
+    """A RECORD as ``proxy.record.assemble_record`` builds it, with per-rank state equal to the harness's exact
+    closed form (``predict.exact_state_bytes``; tests/test_proxy_dist.py shows the real ranks measure exactly
+    that for DDP, FSDP2, FSDP2 without reshard and HSDP) and saved activations equal to the analytic term."""
+    from trainplan.proxy import predict
+    from trainplan.proxy.record import assemble_record
+    from trainplan.proxy.schema import normalize_run_spec
+
+    spec, _ = pf.preflight_spec(MODEL, CLUSTER, TRAINING, layout, device="cpu", nproc=nproc)
+    spec = normalize_run_spec(spec)
+    m, lay = ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"])
+    exact = predict.exact_state_bytes(m, lay)
+    act = predict.analytic_memory(m, lay, spec["seq_len"], spec["global_batch"], "fp32", "full", 8, ["q", "v"],
+                                  "cpu")["activation_bytes_per_layer"]
+    ranks = [{"rank": r, "status": "ok", "state": exact, "exact_state": exact, "footprint_bytes": 0,
+              "saved": {"mean_layer_bytes": act, "complete": True}, "loss": [5.0]}
+             for r in range(spec["nproc_per_node"])]
+    return assemble_record(spec, ranks, timed_out=False, returncode=0, wall_s=1.0)
+
+
+@pytest.mark.parametrize("name", list(PRODUCTION))
+def test_preflight_agrees_with_the_proxy_comparison_for_every_sharding(name):
+    """What the harness measures passes the preflight, and the preflight's predicted state is the one
+    ``aggregate`` compares the proxies with (ZeRO-2: sharded at rest, as FSDP2 holds it between steps)."""
+    from trainplan.proxy.aggregate import record_row
+
+    layout, nproc = PRODUCTION[name]
+    rec = _harness_record(layout, nproc)
+    verdict, checks = pf.evaluate(rec, CLUSTER)
+    state = {c.name.split()[0]: c for c in checks if c.name.endswith("bytes/rank")}
+    assert verdict == "PASS", pf.format_report(verdict, checks)
+    assert {k: c.status for k, c in state.items()} == {"weights": "PASS", "gradients": "PASS", "optimizer": "PASS"}
+    row = record_row(rec)
+    assert sum(c.predicted for c in state.values()) == pytest.approx(row["state_bytes_analytic"], rel=1e-12)
+    assert row["state_rel_err_analytic"] == pytest.approx(0.0, abs=STATE_TOL)
+    if name == "hsdp-kept":
+        assert rec["spec"]["layout"]["sharding"] == "hsdp"
+
+
+STATE_TOL = pf.STATE_REL_TOL
+
+
+def test_zero2_weights_are_judged_sharded_at_rest_not_at_the_peak():
+    rec = _harness_record(PRODUCTION["zero2"][0], None)
+    bd = rec["predicted"]["memory"]["breakdown_bytes"]
+    weights = by_name(pf.evaluate(rec, CLUSTER)[1])["weights bytes/rank"]
+    assert weights.status == "PASS" and "at rest" in weights.note
+    assert weights.predicted == pytest.approx(bd["weights"] / 2)  # ZeRO-2's peak holds the full weights
+
+
+def test_record_without_at_rest_terms_falls_back_to_the_breakdown():
+    _, checks = pf.evaluate(record(), CLUSTER)
+    assert "memory_breakdown" in by_name(checks)["weights bytes/rank"].note
+
+
+# -------------------------------------------------------------------------------------- the fallback
+def _candidates(tmp_path):
+    import pandas as pd
+
+    df = pd.DataFrame([
+        {"rank": 1, "feasible": True, "layout_text": "dp32 zero2", "tokens_per_s": 100.0,
+         "tokens_per_s_per_gpu": 3.1, "mem_total_gib": 60.0, "headroom_frac": 0.2},
+        {"rank": 2, "feasible": True, "layout_text": "dp32 zero3", "tokens_per_s": 95.0,
+         "tokens_per_s_per_gpu": 3.0, "mem_total_gib": 30.0, "headroom_frac": 0.6},
+        {"rank": 3, "feasible": False, "layout_text": "dp32 none", "tokens_per_s": 120.0,
+         "tokens_per_s_per_gpu": 3.7, "mem_total_gib": 120.0, "headroom_frac": -0.5}])
+    path = tmp_path / "analytic" / "candidates.csv"
+    path.parent.mkdir(parents=True)
+    df.to_csv(path, index=False)
+    return path
+
+
+def test_fallback_is_the_memos_memory_fallback(tmp_path):
+    fb = pf.preflight_fallback(_candidates(tmp_path))
+    assert fb["layout"] == "dp32 zero3" and fb["slower_frac"] == pytest.approx(0.05)
+    line = pf.fallback_line(fb)
+    assert "switch to dp32 zero3" in line and "rerun the preflight" in line and "no-go, re-plan" in line
+    assert pf.preflight_fallback(tmp_path / "missing.csv") is None
+    assert "no-go, re-plan" in pf.fallback_line(None)
+
+
+def test_failing_preflight_names_the_fallback(tmp_path, monkeypatch, capsys):
+    cand = _candidates(tmp_path)
+    summary = cand.parent / "summary.json"
+    summary.write_text('{"layout": {"dp": 32, "sharding": "zero2"}}')
+    verdict, checks = pf.evaluate(record(params=1200), CLUSTER)
+    from dataclasses import asdict
+
+    fake = {"verdict": verdict, "notes": [], "checks": [asdict(c) | {"rel_err": c.rel_err} for c in checks]}
+    seen = {}
+
+    def fake_run(*a, **kw):
+        seen["out"] = a[4]
+        return fake
+
+    monkeypatch.setattr(pf, "run_preflight", fake_run)
+    rc = pf.main(["--summary", str(summary), "--config", "config/config.yaml"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "PREFLIGHT FAIL" in out and "FALLBACK: switch to dp32 zero3" in out
+    assert seen["out"] == tmp_path / "preflight"  # default --out: results/preflight beside analytic/
+    assert read_json(tmp_path / "preflight" / "preflight.json")["fallback"]["layout"] == "dp32 zero3"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_default_study_recommendation_passes_its_own_preflight(tmp_path, capsys):
+    """The issue's command on the default study: the analytic stage picks the layout, the CPU slice runs."""
+    from trainplan import stages
+    from trainplan.config import config_slice, load_config
+
+    a = tmp_path / "analytic"
+    stages.run_analytic_model({}, {k: str(a / f"{k}.csv") for k in ("candidates", "families", "techniques")}
+                              | {"summary": str(a / "summary.json")},
+                              config_slice(load_config("config/config.yaml").raw, "analytic_model"))
+    rc = pf.main(["--summary", str(a / "summary.json"), "--config", "config/config.yaml", "--steps", "3",
+                  "--warmup", "1", "--timeout-s", "240"])
+    out = capsys.readouterr().out
+    assert rc == 0 and out.rstrip().endswith("PREFLIGHT PASS"), out
+    assert read_json(tmp_path / "preflight" / "preflight.json")["verdict"] == "PASS"

@@ -28,10 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from trainplan.io import read_json, write_json
+from trainplan.proxy.record import predicted_state_terms
 from trainplan.specs import ClusterSpec, ConfigError, Layout, ModelSpec, TrainingSpec, resolve_model
 
 __all__ = ["ACT_REL_TOL", "HEADROOM_FRAC", "PEAK_REL_TOL", "STATE_REL_TOL", "TIME_REL_TOL", "Check",
-           "evaluate", "format_report", "main", "preflight_layout", "preflight_spec", "run_preflight"]
+           "evaluate", "fallback_line", "format_report", "main", "preflight_fallback", "preflight_layout",
+           "preflight_spec", "run_preflight"]
 
 STATE_REL_TOL = 0.02  # state bytes are exact arithmetic; 2% covers FSDP padding of uneven shards
 ACT_REL_TOL = 0.10  # saved activations per layer: the planner's closed form vs saved_tensors_hooks
@@ -162,13 +164,13 @@ def evaluate(record: dict, cluster: ClusterSpec, eff: Any = None) -> tuple[str, 
         checks.append(Check("run", None, None, None, "FAIL", f"status {record.get('status')}: {record.get('message')}"))
         return "FAIL", checks
     mem, pred = record.get("memory") or {}, record.get("predicted") or {}
-    breakdown = (pred.get("memory") or {}).get("breakdown_bytes") or {}
+    state, source = predicted_state_terms(pred.get("memory"))
     ranks = mem.get("state_bytes_per_rank") or []
     for term, key in (("weights", "params_bytes"), ("gradients", "grads_bytes"), ("optimizer", "optimizer_bytes")):
         measured = max((r.get(key, 0) + (r.get("frozen_params_bytes", 0) if key == "params_bytes" else 0))
                        for r in ranks) if ranks else None
-        checks.append(_compare(f"{term} bytes/rank", measured, breakdown.get(term), STATE_REL_TOL,
-                               "max over ranks vs memory_breakdown"))
+        checks.append(_compare(f"{term} bytes/rank", measured, state.get(term), STATE_REL_TOL,
+                               f"max over ranks vs {source}"))
     saved = mem.get("saved_activations") or {}
     checks.append(_compare("saved activations bytes/layer", saved.get("mean_layer_bytes"),
                            (pred.get("memory") or {}).get("activation_bytes_per_layer"), ACT_REL_TOL,
@@ -247,6 +249,33 @@ def run_preflight(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     return result
 
 
+def preflight_fallback(candidates: str | Path) -> dict[str, Any] | None:
+    """The memo's day-1 fallback (``memo.memory_fallback``) from the study's ``candidates.csv``: the layout to
+    switch to when the preflight fails; ``None`` when there is none (or no candidates file): no-go, re-plan."""
+    import pandas as pd
+
+    from trainplan.memo import memory_fallback
+
+    path = Path(candidates)
+    if not path.exists():
+        return None
+    cand = pd.read_csv(path, low_memory=False)
+    ok = cand[cand["feasible"].astype(bool)] if "feasible" in cand else cand.iloc[:0]
+    if not len(ok):
+        return None
+    chosen = ok.sort_values("rank").iloc[0].to_dict()
+    return memory_fallback(ok, chosen)
+
+
+def fallback_line(fallback: dict[str, Any] | None) -> str:
+    """What to do after a FAIL, worded as the memo's day-1 check."""
+    if not fallback:
+        return "FALLBACK: none with more headroom among the feasible layouts — no-go, re-plan."
+    return (f"FALLBACK: switch to {fallback['layout']} ({fallback['mem_total_gib']:.1f} GiB, "
+            f"{fallback['headroom_frac']:.0%} headroom, {fallback['slower_frac']:.1%} slower) and rerun the "
+            "preflight; if that fails too, no-go, re-plan.")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``trainplan preflight``: exit 0 on PASS, 1 on FAIL, 2 on bad input."""
     ap = argparse.ArgumentParser(
@@ -256,7 +285,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                "--out results/preflight --device cpu")
     ap.add_argument("--summary", required=True, help="analytic summary.json (its 'layout' is used)")
     ap.add_argument("--config", required=True, help="the study config")
-    ap.add_argument("--out", required=True, help="output directory (spec, record, preflight.json)")
+    ap.add_argument("--out", help="output directory (spec, record, preflight.json); default: preflight/ "
+                    "beside the summary's analytic/ directory (results/preflight)")
+    ap.add_argument("--candidates", help="candidates.csv for the fallback named on FAIL (default: beside --summary)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda on a production node")
     ap.add_argument("--layers", type=int, default=2, help="depth of the slice (default 2)")
     ap.add_argument("--steps", type=int, default=6, help="steps incl. warm-up (default 6)")
@@ -269,14 +300,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         cfg, model, cluster, training, layout = _load_inputs(a.summary, a.config)
         eff = cfg.efficiency if not isinstance(cfg.efficiency, dict) else None
-        res = run_preflight(model, cluster, training, layout, a.out, device=a.device, layers=a.layers,
+        out = Path(a.out) if a.out else Path(a.summary).resolve().parent.parent / "preflight"
+        res = run_preflight(model, cluster, training, layout, out, device=a.device, layers=a.layers,
                             steps=a.steps, warmup=a.warmup, nproc=a.nproc, eff=eff, timeout_s=a.timeout_s)
     except ConfigError as e:
         print(f"trainplan preflight: {e}", file=sys.stderr)
         return 2
     checks = [Check(**{k: v for k, v in c.items() if k != "rel_err"}) for c in res["checks"]]
     print(format_report(res["verdict"], checks, res["notes"]))
-    return 0 if res["verdict"] == "PASS" else 1
+    if res["verdict"] == "PASS":
+        return 0
+    fallback = preflight_fallback(a.candidates or Path(a.summary).parent / "candidates.csv")
+    write_json(out / "preflight.json", {**res, "fallback": fallback, "fallback_line": fallback_line(fallback)})
+    print(fallback_line(fallback))
+    return 1
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from trainplan.io import read_json
+from trainplan.proxy.record import STATE_TERMS, predicted_state_terms
 
 
 def _rel(measured: Any, predicted: Any) -> float | None:
@@ -25,14 +26,13 @@ def record_row(rec: dict[str, Any]) -> dict[str, Any]:
     st = (mem.get("state_bytes_per_rank") or [{}])[0]
     ex = pred.get("exact_state_bytes") or {}
     am = pred.get("memory") or {}
-    bd = am.get("breakdown_bytes") or {}
     saved = mem.get("saved_activations") or {}
     timing = rec.get("timing", {})
     state_meas = sum(st.get(k, 0) for k in ("params_bytes", "frozen_params_bytes", "grads_bytes",
                                              "optimizer_bytes")) if st else None
     state_exact = sum(ex.values()) if ex else None
-    rest = am.get("state_at_rest_bytes") or bd  # what is resident between steps (see predict.analytic_memory)
-    state_analytic = sum(rest[k] for k in ("weights", "gradients", "optimizer")) if rest else None
+    rest, _ = predicted_state_terms(am)  # what is resident between steps (the preflight compares the same)
+    state_analytic = sum(rest.values()) if len(rest) == len(STATE_TERMS) else None
     act_meas = saved.get("mean_layer_bytes") if saved.get("complete", True) else None
     act_pred = am.get("activation_bytes_per_layer")
     row: dict[str, Any] = {

@@ -8,6 +8,22 @@ from trainplan.proxy import predict
 from trainplan.proxy.schema import validate_record
 from trainplan.specs import Layout, ModelSpec
 
+STATE_TERMS = ("weights", "gradients", "optimizer")
+
+
+def predicted_state_terms(analytic_mem: dict[str, Any] | None) -> tuple[dict[str, float], str]:
+    """The planner's per-rank weights/gradients/optimizer bytes that a proxy's *measured* state is compared with,
+    and where they come from. The harness measures state between steps, so this is ``state_at_rest_bytes``
+    (FSDP2's ZeRO-2 is sharded at rest like ZeRO-3: ``predict.analytic_memory``) when the record has it, else
+    the peak ``breakdown_bytes``. The proxy comparison (``aggregate``) and the preflight both use this one
+    choice, so they agree for every sharding."""
+    am = analytic_mem or {}
+    rest = am.get("state_at_rest_bytes")
+    if rest and all(rest.get(k) is not None for k in STATE_TERMS):
+        return {k: float(rest[k]) for k in STATE_TERMS}, "memory.model_states at rest"
+    bd = am.get("breakdown_bytes") or {}
+    return {k: float(bd[k]) for k in STATE_TERMS if bd.get(k) is not None}, "memory_breakdown"
+
 
 def _status(ranks: list[dict], timed_out: bool, returncode: int) -> tuple[str, str]:
     by = {r.get("status") for r in ranks}
