@@ -382,10 +382,10 @@ def _load_inputs(summary: str, config: str) -> tuple[Any, ModelSpec, ClusterSpec
 
 
 def study_hash_of(cfg: Any) -> str:
-    """The study hash: provenance.config_hash of the resolved config (``cfg.raw``)."""
-    from trainplan.provenance import config_hash
+    """The study hash (``provenance.study_hash``: the one definition, also used by the memo and the workflow)."""
+    from trainplan.provenance import study_hash
 
-    return config_hash(getattr(cfg, "raw", cfg))
+    return study_hash(cfg)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,7 +25,7 @@ HASH_SCHEME = 1
 SIDECAR_SUFFIX = ".provenance.json"
 
 __all__ = ["HASH_SCHEME", "config_hash", "file_sha256", "git_state", "read_sidecar", "sidecar_path",
-           "write_sidecar"]
+           "study_hash", "write_sidecar"]
 
 
 def canonical_json(obj: Any) -> str:
@@ -37,6 +37,17 @@ def config_hash(config_slice: Any) -> str:
     """sha256 (hex) of ``trainplan-config-v{HASH_SCHEME}\\n`` + the canonical JSON of the slice."""
     payload = f"trainplan-config-v{HASH_SCHEME}\n{canonical_json(config_slice)}"
     return hashlib.sha256(payload.encode("ascii")).hexdigest()
+
+
+def study_hash(config: Any) -> str:
+    """THE study hash: ``config_hash`` of the whole resolved config (``StudyConfig.raw``, or a StudyConfig).
+
+    The one definition behind every value printed as "study hash": the memo footer and PDF identifier, the
+    header of every launch file (``trainplan launch`` and the ``launch_artifacts`` rule, which therefore
+    receives the whole config), and the line Snakemake prints when a run starts. A rule's own
+    ``config_hash`` (in its sidecar) covers only its slice and is a different number by design.
+    """
+    return config_hash(getattr(config, "raw", config))
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
