@@ -157,3 +157,56 @@ def build_model(spec: ModelSpec, *, device: str | torch.device = "cpu", seed: in
 
 def n_params(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
+
+
+# ------------------------------------------------------------------------ Hugging Face Llama (item 2)
+HF_MODEL_TYPES = {"swiglu": "llama"}  # what a ModelSpec maps onto in transformers (no GELU/LayerNorm twin)
+
+
+def hf_unsupported_reason(spec: ModelSpec) -> str | None:
+    """Why transformers' ``LlamaForCausalLM`` cannot be this ModelSpec exactly (None: it can)."""
+    why = []
+    if spec.mlp != "swiglu":
+        why.append(f"mlp={spec.mlp} (LlamaMLP is SwiGLU only)")
+    if spec.norm != "rmsnorm":
+        why.append(f"norm={spec.norm} (LlamaRMSNorm only)")
+    if spec.pos_embedding != "rope":
+        why.append(f"pos_embedding={spec.pos_embedding} (RoPE only)")
+    if spec.bias == "qkv":
+        why.append("bias=qkv (LlamaConfig.attention_bias adds a bias to o_proj as well; that is Qwen2's model)")
+    return "; ".join(why) or None
+
+
+def hf_config_dict(spec: ModelSpec, *, rope_theta: float = ROPE_THETA) -> dict:
+    """A Hugging Face ``config.json`` (LlamaConfig) for the ModelSpec; ``model_from_hf_config`` reads it back."""
+    why = hf_unsupported_reason(spec)
+    if why:
+        raise ValueError(f"{spec.name}: not expressible as LlamaForCausalLM: {why}")
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "_name_or_path": spec.name,
+            "hidden_size": spec.hidden, "intermediate_size": spec.ffn_hidden,
+            "num_hidden_layers": spec.layers, "num_attention_heads": spec.heads,
+            "num_key_value_heads": spec.kv_heads, "head_dim": spec.head_dim, "vocab_size": spec.vocab,
+            "max_position_embeddings": spec.max_seq_len, "rms_norm_eps": 1e-5, "rope_theta": rope_theta,
+            "tie_word_embeddings": spec.tied_embeddings, "attention_bias": spec.bias == "all",
+            "mlp_bias": spec.bias == "all", "hidden_act": "silu", "initializer_range": 0.02,
+            "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32", "use_cache": False}
+
+
+def build_hf_llama(spec: ModelSpec, *, device: str | torch.device = "cpu", seed: int = 0,
+                   attn_implementation: str = "sdpa") -> nn.Module:
+    """transformers' ``LlamaForCausalLM`` of the ModelSpec, random init (no download), same seeded init rule.
+
+    Its parameter count equals ``ModelSpec.n_params`` exactly (tested); module names are Hugging Face's
+    (``model.layers.{i}.self_attn.q_proj``, ``mlp.gate_proj``, ``lm_head``), the names the production
+    checkpoint and the Accelerate config's ``LlamaDecoderLayer`` wrap use.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**{k: v for k, v in hf_config_dict(spec).items() if k not in ("architectures", "model_type",
+                                                                                      "_name_or_path", "torch_dtype")})
+    cfg._attn_implementation = attn_implementation
+    with torch.device(device):
+        m = LlamaForCausalLM(cfg)
+    if torch.device(device).type != "meta":
+        init_weights(m, seed)
+    return m

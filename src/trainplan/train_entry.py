@@ -1,0 +1,388 @@
+"""A thin training entry point on existing engines, for the layouts torchtitan cannot run (and for CPU tests).
+
+Everything that trains is someone else's code: the model is Hugging Face Transformers'
+``AutoModelForCausalLM`` (random init from a ``config.json``, or the weights of a checkpoint directory), the
+sharding is torch FSDP2 (``fully_shard`` per decoder layer, then the root), checkpoints are
+``torch.distributed.checkpoint`` (DCP, sharded, resharding on load) through ``get_state_dict`` /
+``set_state_dict``. This module only adds what a production job needs around them:
+
+* the data: a **tokenized dataset** = a flat array of token ids, either ``.npy`` (any integer dtype, its
+  header says which) or a raw ``.bin`` of little-endian ``uint16`` (``--token-dtype uint32`` for vocabularies
+  above 65 535). Sample ``i`` of the run is ``tokens[o : o + seq_len]`` with ``o = (i * seq_len) mod
+  (n - seq_len)``; step ``s``, micro-batch ``m``, data-parallel rank ``r`` reads samples
+  ``((s * grad_accum + m) * dp + r) * micro_batch + j``. The order is a function of the step alone, so a
+  resumed run reads exactly what the uninterrupted run would have;
+* checkpointing every ``--ckpt-interval-steps`` steps or ``--ckpt-interval-s`` seconds, or at the Young/Daly
+  interval of ``--cost-json`` (``cost.json``'s ``checkpoint_interval_h``), into ``<ckpt-dir>/step-N``; the
+  finished one is named in ``<ckpt-dir>/latest`` (written last, atomically), so a kill mid-save resumes from the
+  previous one. A restart with the same ``--ckpt-dir`` resumes from ``latest`` automatically;
+* **SIGTERM / SIGUSR1** (Slurm preemption, ``--signal``, ``scancel``) or a ``--stop-file`` appearing: every rank
+  agrees (all-reduce) at the next step boundary, saves a checkpoint and exits 0 without writing ``DONE``; the
+  sbatch script then requeues the job (``scontrol requeue``). On reaching ``--steps`` it writes
+  ``<ckpt-dir>/DONE``;
+* a per-step **JSON-lines log** (rank 0): ``{"event": "step", "step", "loss", "lr", "tokens", "step_time_s",
+  "tokens_per_s_per_gpu", "mfu", "peak_mem_bytes", "peak_mem_kind", ...}`` after one ``{"event": "start", ...}``
+  line describing the run (model, world, layout, device); ``trainplan ingest`` turns it into a calibration
+  record.
+
+Every option can also come from the ``TRAINPLAN_*`` environment variables the generated sbatch script exports
+(command-line flags win). Run it with ``torchrun`` (or ``accelerate launch``, which starts the same workers)::
+
+    torchrun --nproc-per-node 2 -m trainplan.train_entry --model-config config.json --data tokens.npy \\
+        --seq-len 128 --micro-batch 2 --grad-accum 1 --steps 20 --ckpt-dir ckpt --step-log steps.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+EXIT_PREEMPTED = 0  # a clean stop on a signal: the checkpoint is written, the sbatch script requeues
+ENV_PREFIX = "TRAINPLAN_"
+
+# option name -> (type, default); each also read from TRAINPLAN_<NAME upper> when not on the command line
+OPTIONS: dict[str, tuple[Any, Any]] = {
+    "model_config": (str, None), "data": (str, None), "token_dtype": (str, "uint16"),
+    "seq_len": (int, None), "micro_batch": (int, 1), "grad_accum": (int, 1), "steps": (int, None),
+    "lr": (float, 3e-4), "warmup_steps": (int, 0), "weight_decay": (float, 0.0), "max_norm": (float, 1.0),
+    "seed": (int, 0), "ckpt_dir": (str, None), "ckpt_interval_steps": (int, 0), "ckpt_interval_s": (float, 0.0),
+    "cost_json": (str, None), "stop_file": (str, None), "step_log": (str, None), "device": (str, "auto"),
+    "dtype": (str, "auto"), "reshard_after_forward": (int, 1), "activation_checkpointing": (int, 0),
+    "peak_tflops": (float, 0.0), "collective_timeout_s": (int, 1800), "max_steps_this_run": (int, 0),
+    "sleep_per_step_s": (float, 0.0),
+}
+
+
+# -------------------------------------------------------------------------------------------- data
+def load_tokens(path: str | Path, token_dtype: str = "uint16") -> np.ndarray:
+    """The token ids of the dataset, memory-mapped (``.npy``: its own dtype; ``.bin``: ``token_dtype``)."""
+    p = Path(path)
+    if p.suffix == ".npy":
+        arr = np.load(p, mmap_mode="r")
+    else:
+        if token_dtype not in ("uint16", "uint32", "int32", "int64"):
+            raise ValueError(f"token_dtype={token_dtype!r}: one of uint16, uint32, int32, int64")
+        arr = np.memmap(p, dtype=np.dtype(token_dtype).newbyteorder("<"), mode="r")
+    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{p}: a flat integer array of token ids is needed, got {arr.dtype} {arr.shape}")
+    return arr
+
+
+def write_tokens(path: str | Path, tokens: np.ndarray) -> Path:
+    """Write a tokenized dataset in the documented format (``.npy`` keeps the dtype; ``.bin`` raw LE)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.suffix == ".npy":
+        np.save(p, tokens)
+    else:
+        np.ascontiguousarray(tokens).astype(tokens.dtype.newbyteorder("<")).tofile(p)
+    return p
+
+
+def batch_for(tokens: np.ndarray, *, step: int, micro: int, grad_accum: int, dp: int, dp_rank: int,
+              micro_batch: int, seq_len: int) -> np.ndarray:
+    """The (micro_batch, seq_len) int64 token ids of one micro-batch (see the module docstring)."""
+    n = len(tokens)
+    if n <= seq_len:
+        raise ValueError(f"dataset has {n} tokens, fewer than seq_len+1={seq_len + 1}")
+    span = n - seq_len
+    first = ((step * grad_accum + micro) * dp + dp_rank) * micro_batch
+    rows = [np.asarray(tokens[o:o + seq_len], dtype=np.int64)
+            for o in (((first + j) * seq_len) % span for j in range(micro_batch))]
+    return np.stack(rows)
+
+
+# --------------------------------------------------------------------------------------- options
+def parse_args(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> argparse.Namespace:
+    """Command line over ``TRAINPLAN_*`` environment over defaults."""
+    env = dict(os.environ if env is None else env)
+    ap = argparse.ArgumentParser(prog="python -m trainplan.train_entry",
+                                 description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, (typ, _) in OPTIONS.items():
+        ap.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, default=None,
+                        help=f"(env {ENV_PREFIX}{name.upper()})")
+    a = ap.parse_args(argv)
+    for name, (typ, default) in OPTIONS.items():
+        if getattr(a, name) is None:
+            raw = env.get(ENV_PREFIX + name.upper())
+            setattr(a, name, typ(raw) if raw not in (None, "") else default)
+    missing = [n for n in ("model_config", "data", "seq_len", "steps") if getattr(a, n) is None]
+    if missing:
+        ap.error("missing: " + ", ".join("--" + m.replace("_", "-") for m in missing))
+    if a.cost_json and not a.ckpt_interval_s and not a.ckpt_interval_steps:
+        a.ckpt_interval_s = checkpoint_interval_s_from_cost(a.cost_json)
+    return a
+
+
+def checkpoint_interval_s_from_cost(path: str | Path) -> float:
+    """Young/Daly checkpoint interval of a ``cost.json`` (``checkpoint_interval_h``), in seconds."""
+    doc = json.loads(Path(path).read_text())
+    h = doc.get("checkpoint_interval_h")
+    if isinstance(h, dict):  # {p10, p50, p90}
+        h = h.get("p50")
+    if not isinstance(h, int | float) or not h > 0:
+        raise ValueError(f"{path}: no positive checkpoint_interval_h")
+    return float(h) * 3600.0
+
+
+# ------------------------------------------------------------------------------------------ model
+def hf_config(path: str | Path) -> Any:
+    """The transformers config of a ``config.json`` file or a checkpoint directory holding one."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(path))
+
+
+def build_hf_model(path: str | Path, *, seed: int = 0, dtype: Any = None) -> Any:
+    """``AutoModelForCausalLM``: the checkpoint's weights when the directory has them, else a seeded random init."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    p = Path(path)
+    has_weights = p.is_dir() and any(p.glob("*.safetensors")) or (p.is_dir() and any(p.glob("pytorch_model*.bin")))
+    if has_weights:
+        return AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype or torch.float32)
+    cfg = hf_config(p)
+    torch.manual_seed(seed)
+    m = AutoModelForCausalLM.from_config(cfg, dtype=dtype or torch.float32)
+    return m
+
+
+def decoder_layers(model: Any) -> list[Any]:
+    """The decoder blocks of a transformers causal LM (``model.model.layers`` for Llama/Mistral/Qwen2)."""
+    base = getattr(model, "model", None) or getattr(model, "transformer", None) or model
+    layers = getattr(base, "layers", None) or getattr(base, "h", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no decoder layer list (model.layers / transformer.h)")
+    return list(layers)
+
+
+def model_spec_of(path: str | Path) -> Any:
+    """trainplan's ModelSpec of the same config (for model FLOPs per token, i.e. MFU), or None."""
+    from trainplan.specs import ConfigError, resolve_model
+
+    p = Path(path)
+    try:
+        return resolve_model(str(p / "config.json" if p.is_dir() else p))
+    except (ConfigError, OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+# ----------------------------------------------------------------------------------------- train
+class _Stop:
+    """Set by SIGTERM/SIGUSR1; polled at step boundaries (a handler must not run collectives)."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.signal = signum
+
+
+def _peak_mem(device: Any) -> tuple[int, str]:
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_reserved(device)), "cuda_max_reserved"
+    # Linux ru_maxrss is KiB: the process's peak resident set (weights, optimizer, activations, allocator)
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "cpu_max_rss"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def latest_checkpoint(ckpt_dir: str | Path | None) -> Path | None:
+    """The finished checkpoint ``<ckpt_dir>/latest`` names, or None."""
+    if not ckpt_dir:
+        return None
+    f = Path(ckpt_dir) / "latest"
+    if not f.is_file():
+        return None
+    p = Path(ckpt_dir) / f.read_text().strip()
+    return p if p.is_dir() else None
+
+
+def train(a: argparse.Namespace) -> int:
+    """Run (or resume) the job described by the parsed options; return the exit code."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    stop = _Stop()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGUSR1, stop)
+
+    use_cuda = a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available())
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=a.collective_timeout_s))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh(device.type, (world,))
+    bf16 = a.dtype == "bf16" or (a.dtype == "auto" and use_cuda)
+
+    model = build_hf_model(a.model_config, seed=a.seed).to(device)
+    if a.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
+        else MixedPrecisionPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, reshard_after_forward=bool(a.reshard_after_forward), mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=bool(a.reshard_after_forward), mp_policy=mp)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay, foreach=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / a.warmup_steps) if a.warmup_steps > 0 else 1.0)
+    n_params = sum(p.numel() for p in model.parameters())
+
+    start_step = 0
+    resumed_from = latest_checkpoint(a.ckpt_dir)
+    if resumed_from is not None:
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd, "trainer": {"step": 0}, "sched": sched.state_dict()}
+        dcp.load(state, checkpoint_id=str(resumed_from))
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        sched.load_state_dict(state["sched"])
+        start_step = int(state["trainer"]["step"])
+
+    def save(step: int) -> Path:
+        path = Path(a.ckpt_dir) / f"step-{step}"
+        msd, osd = get_state_dict(model, opt)
+        dcp.save({"model": msd, "optim": osd, "trainer": {"step": step}, "sched": sched.state_dict()},
+                 checkpoint_id=str(path))
+        dist.barrier()
+        if rank == 0:
+            _write_atomic(Path(a.ckpt_dir) / "latest", path.name + "\n")
+        dist.barrier()
+        return path
+
+    tokens = load_tokens(a.data, a.token_dtype)
+    spec = model_spec_of(a.model_config)
+    from trainplan.flops import model_flops_per_token
+
+    flops_tok = model_flops_per_token(spec, a.seq_len) if spec is not None else None
+    log = open(a.step_log, "a", encoding="utf-8") if (a.step_log and rank == 0) else None  # noqa: SIM115
+
+    def emit(rec: dict[str, Any]) -> None:
+        if log is not None:
+            log.write(json.dumps(rec, sort_keys=True) + "\n")
+            log.flush()
+
+    emit({"event": "start", "time": time.time(), "start_step": start_step, "steps": a.steps,
+          "resumed_from": str(resumed_from) if resumed_from else None, "world_size": world,
+          "nnodes": int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("SLURM_NNODES", "1")) or 1),
+          "device": device.type, "device_name": torch.cuda.get_device_name(device) if use_cuda else "cpu",
+          "backend": dist.get_backend(), "dtype": "bf16" if bf16 else "fp32", "model_config": str(a.model_config),
+          "model_spec": spec.to_dict() if spec is not None and hasattr(spec, "to_dict") else None,
+          "n_params": n_params, "seq_len": a.seq_len, "micro_batch": a.micro_batch, "grad_accum": a.grad_accum,
+          "global_batch": a.micro_batch * a.grad_accum * world,
+          "layout": {"dp": world, "tp": 1, "pp": 1, "cp": 1,
+                     "sharding": "zero3" if a.reshard_after_forward else "zero2",
+                     "recompute": "full" if a.activation_checkpointing else "none", "micro_batch": a.micro_batch},
+          "engine": "transformers AutoModelForCausalLM + torch FSDP2 + DCP", "torch_version": torch.__version__,
+          "ckpt_interval_steps": a.ckpt_interval_steps, "ckpt_interval_s": a.ckpt_interval_s})
+
+    last_ckpt_t = time.time()
+    step = start_step
+    exit_code = 0
+    steps_this_run = 0
+    model.train()
+    while step < a.steps:
+        t0 = time.perf_counter()
+        if use_cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        loss_sum = torch.zeros((), device=device)
+        for m in range(a.grad_accum):
+            ids = torch.from_numpy(batch_for(tokens, step=step, micro=m, grad_accum=a.grad_accum, dp=world,
+                                             dp_rank=rank, micro_batch=a.micro_batch, seq_len=a.seq_len)).to(device)
+            model.set_requires_gradient_sync(m == a.grad_accum - 1)
+            out = model(input_ids=ids, labels=ids)
+            (out.loss / a.grad_accum).backward()
+            loss_sum += out.loss.detach() / a.grad_accum
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_norm) if a.max_norm > 0 else None
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        dist.all_reduce(loss_sum)
+        loss = float(loss_sum) / world
+        if a.sleep_per_step_s:
+            time.sleep(a.sleep_per_step_s)
+        if use_cuda:
+            torch.cuda.synchronize(device)
+        dt = time.perf_counter() - t0
+        step += 1
+        steps_this_run += 1
+        toks = a.micro_batch * a.grad_accum * world * a.seq_len
+        tps_gpu = toks / dt / world
+        peak, kind = _peak_mem(device)
+        peak_t = torch.tensor([peak], dtype=torch.int64, device=device)
+        dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
+        mfu = (flops_tok * tps_gpu / (a.peak_tflops * 1e12)) if (flops_tok and a.peak_tflops > 0) else None
+        emit({"event": "step", "step": step, "loss": loss, "lr": sched.get_last_lr()[0], "tokens": toks,
+              "step_time_s": dt, "tokens_per_s_per_gpu": tps_gpu, "mfu": mfu, "peak_mem_bytes": int(peak_t),
+              "peak_mem_kind": kind, "grad_norm": float(gnorm.full_tensor() if hasattr(gnorm, "full_tensor")
+                                                         else gnorm) if gnorm is not None else None,
+              "time": time.time()})
+        # one agreed decision per step: stop (signal / stop file / per-run cap), checkpoint (interval)
+        want_stop = stop.signal is not None or bool(a.stop_file and Path(a.stop_file).exists()) \
+            or bool(a.max_steps_this_run and steps_this_run >= a.max_steps_this_run)
+        due = bool(a.ckpt_dir) and step < a.steps and (
+            (a.ckpt_interval_steps > 0 and step % a.ckpt_interval_steps == 0)
+            or (a.ckpt_interval_s > 0 and time.time() - last_ckpt_t >= a.ckpt_interval_s))
+        flags = torch.tensor([int(want_stop), int(due)], device=device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        want_stop, due = bool(flags[0]), bool(flags[1])
+        if a.ckpt_dir and (due or want_stop or step == a.steps):
+            t1 = time.perf_counter()
+            path = save(step)
+            last_ckpt_t = time.time()
+            emit({"event": "checkpoint", "step": step, "path": str(path), "save_s": time.perf_counter() - t1,
+                  "reason": "stop" if want_stop else ("final" if step == a.steps else "interval"),
+                  "time": time.time()})
+        if want_stop and step < a.steps:
+            emit({"event": "stop", "step": step, "signal": stop.signal, "time": time.time()})
+            exit_code = EXIT_PREEMPTED
+            break
+    if step >= a.steps:
+        if a.ckpt_dir and rank == 0:
+            _write_atomic(Path(a.ckpt_dir) / "DONE", f"{step}\n")
+        emit({"event": "done", "step": step, "time": time.time()})
+    if log is not None:
+        log.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    return exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.ckpt_dir:
+        Path(a.ckpt_dir).mkdir(parents=True, exist_ok=True)
+    if not math.isfinite(a.lr) or a.lr <= 0:
+        print("train_entry: --lr must be positive", file=sys.stderr)
+        return 2
+    return train(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
