@@ -15,7 +15,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_writer", "read_json", "to_jsonable", "write_bytes", "write_csv", "write_json", "write_text"]
+__all__ = ["InputFileError", "atomic_writer", "check_depth", "read_json", "read_json_checked", "read_text_checked",
+           "to_jsonable", "write_bytes", "write_csv", "write_json", "write_text"]
+
+MAX_INPUT_BYTES = 16 * 1024**2  # default cap of a user-supplied input file (configs are kilobytes)
+MAX_DEPTH = 64  # nesting depth of a user-supplied JSON/YAML document
+
+
+class InputFileError(ValueError):
+    """A user-supplied input file that is not a small regular UTF-8 file of the expected shape.
+
+    ``str(e)`` is one line saying why; callers turn it into a ConfigError naming their key.
+    """
 
 
 def _atomic(path: str | Path, write: Callable[[Any], None], mode: str) -> Path:
@@ -89,6 +100,80 @@ def write_csv(df: Any, path: str | Path, **kw: Any) -> Path:
 
 
 def read_json(path: str | Path) -> Any:
-    """Read a JSON file."""
+    """Read a JSON file (one of ours; user-supplied input goes through :func:`read_json_checked`)."""
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def read_text_checked(path: str | Path, *, max_bytes: int = MAX_INPUT_BYTES) -> str:
+    """The text of a user-supplied file: a regular file (not a directory, FIFO or device), at most
+    ``max_bytes``, UTF-8. Raises FileNotFoundError if it does not exist, InputFileError otherwise.
+
+    The type is checked with ``stat`` before opening (opening a FIFO blocks; ``/dev/zero`` never ends), and
+    the read is bounded even if the file grows in between.
+    """
+    import stat
+
+    p = Path(path)
+    if "\0" in str(p):
+        raise InputFileError("a path with a NUL byte")
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise InputFileError(f"cannot stat: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputFileError("a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputFileError("not a regular file (a FIFO, socket or device)")
+    if st.st_size > max_bytes:
+        raise InputFileError(f"{st.st_size} bytes; at most {max_bytes} bytes")
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped between stat and open
+                raise InputFileError("not a regular file")
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise InputFileError(f"cannot read: {e.strerror or e}") from None
+    if len(data) > max_bytes:
+        raise InputFileError(f"more than {max_bytes} bytes")
+    if b"\0" in data:
+        raise InputFileError("binary data (NUL bytes), not text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputFileError(f"not UTF-8 text (byte {e.start})") from None
+
+
+def check_depth(obj: Any, max_depth: int = MAX_DEPTH) -> Any:
+    """``obj`` unchanged if its lists/dicts nest at most ``max_depth`` deep; InputFileError otherwise.
+    Iterative, so it is safe on any depth."""
+    stack = [(obj, 1)]
+    while stack:
+        node, d = stack.pop()
+        if isinstance(node, dict | list):
+            if d > max_depth:
+                raise InputFileError(f"nested more than {max_depth} levels deep")
+            stack.extend((v, d + 1) for v in (node.values() if isinstance(node, dict) else node))
+    return obj
+
+
+def read_json_checked(path: str | Path, *, max_bytes: int = MAX_INPUT_BYTES, max_depth: int = MAX_DEPTH) -> Any:
+    """A user-supplied JSON file through :func:`read_text_checked`, parsed strictly (no NaN/Infinity
+    literals) and at most ``max_depth`` deep. Raises FileNotFoundError or InputFileError."""
+    text = read_text_checked(path, max_bytes=max_bytes)
+
+    def no_constant(name: str) -> Any:
+        raise InputFileError(f"{name} is not valid JSON (numbers must be finite)")
+
+    try:
+        obj = json.loads(text, parse_constant=no_constant)
+    except RecursionError:
+        raise InputFileError(f"nested more than {max_depth} levels deep") from None
+    except json.JSONDecodeError as e:
+        raise InputFileError(f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except ValueError as e:  # e.g. an integer literal with more than 4300 digits
+        raise InputFileError(f"not valid JSON: {str(e).splitlines()[0][:120]}") from None
+    return check_depth(obj, max_depth)

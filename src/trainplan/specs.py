@@ -11,7 +11,6 @@ This module imports neither torch nor snakemake.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -49,15 +48,35 @@ def _one_of(obj: object, name: str, allowed: tuple) -> None:
 
 
 # --------------------------------------------------------------------------------------------- model
-MLP_KINDS = ("swiglu", "gelu")
+MLP_KINDS = ("swiglu", "gelu")  # swiglu = any gated 3-matrix MLP (SwiGLU, GeGLU); gelu = 2-matrix (GPT)
 NORM_KINDS = ("rmsnorm", "layernorm")
-POS_KINDS = ("rope", "learned")
+POS_KINDS = ("rope", "learned", "alibi")  # only "learned" has parameters (a max_seq_len × hidden table)
 BIAS_KINDS = ("none", "qkv", "all")
+# Upper bounds of the architecture fields: far above any published dense model, low enough that every
+# product the analytic model forms stays exact in int64/float64 (no overflow, no OverflowError).
+MODEL_LIMITS = {"layers": 4096, "hidden": 2**18, "heads": 4096, "kv_heads": 4096, "ffn_hidden": 2**21,
+                "vocab": 2**24, "max_seq_len": 2**31, "head_dim_override": 4096, "norms_per_layer": 8,
+                "sliding_window": 2**31}
+
+
+def _bounded_int(obj: object, name: str, lo: int, hi: int) -> None:
+    v = getattr(obj, name)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ConfigError(name, v, f"must be an integer in {lo}..{hi}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """A decoder-only transformer. ``mlp='swiglu'`` is Llama/Mistral/Qwen2; ``'gelu'`` is GPT/NeoX/MPT."""
+    """A dense decoder-only transformer.
+
+    ``mlp='swiglu'`` is any gated MLP (Llama/Mistral/Qwen SwiGLU, Gemma GeGLU: three h×f matrices); ``'gelu'``
+    is the 2-matrix GPT/NeoX/MPT MLP. ``head_dim_override`` is the per-head width when it is not
+    ``hidden/heads`` (Gemma: 3072/16 = 192 but head_dim 256; Qwen3-0.6B: 1024/16 = 64 but 128), so the q/o
+    projections are ``hidden × heads·head_dim``. ``norms_per_layer`` counts the block's norms (2; Gemma 2/3
+    sandwich norms: 4); ``qk_norm`` adds a per-head norm on q and k (Qwen3, Gemma 3). ``sliding_window`` is
+    set only when *every* layer attends within that window (Mistral v0.1): the planner models full causal
+    attention, so a sequence above the window is refused (config/CLI), at or below it the two are equal.
+    """
 
     name: str = "custom"
     layers: int
@@ -72,13 +91,29 @@ class ModelSpec:
     pos_embedding: str = "rope"
     bias: str = "none"
     max_seq_len: int = 4096
+    head_dim_override: int | None = None  # None → hidden // heads
+    qk_norm: bool = False
+    norms_per_layer: int = 2
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
-        _positive_int(self, "layers", "hidden", "heads", "vocab", "max_seq_len")
+        if not isinstance(self.name, str):
+            raise ConfigError("name", self.name, "must be a string")
+        for k in ("layers", "hidden", "heads", "vocab", "max_seq_len", "norms_per_layer"):
+            _bounded_int(self, k, 1, MODEL_LIMITS[k])
         _one_of(self, "mlp", MLP_KINDS)
         _one_of(self, "norm", NORM_KINDS)
         _one_of(self, "pos_embedding", POS_KINDS)
         _one_of(self, "bias", BIAS_KINDS)
+        for k in ("tied_embeddings", "qk_norm"):
+            if not isinstance(getattr(self, k), bool):
+                raise ConfigError(k, getattr(self, k), "must be true or false")
+        for k in ("head_dim_override", "sliding_window"):
+            if getattr(self, k) is not None:
+                _bounded_int(self, k, 1, MODEL_LIMITS[k])
+        hd = self.head_dim_override
+        if hd is not None and self.hidden % self.heads == 0 and hd == self.hidden // self.heads:
+            object.__setattr__(self, "head_dim_override", None)  # the default spelled out: one canonical spec
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn_hidden is None:
@@ -87,31 +122,38 @@ class ModelSpec:
             else:  # Llama: 2/3 of 4h, rounded up to a multiple of 256
                 ffn = 256 * -(-int(8 * self.hidden / 3) // 256)
             object.__setattr__(self, "ffn_hidden", ffn)
-        _positive_int(self, "kv_heads", "ffn_hidden")
-        if self.hidden % self.heads:
-            raise ConfigError("hidden", self.hidden, f"must be divisible by heads={self.heads}")
+        _bounded_int(self, "kv_heads", 1, MODEL_LIMITS["kv_heads"])
+        _bounded_int(self, "ffn_hidden", 1, MODEL_LIMITS["ffn_hidden"])
+        if self.head_dim_override is None and self.hidden % self.heads:
+            raise ConfigError("hidden", self.hidden, f"must be divisible by heads={self.heads} (or give head_dim)")
         if self.heads % self.kv_heads:
             raise ConfigError("kv_heads", self.kv_heads, f"must divide heads={self.heads}")
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_dim_override or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the q projection's output and the o projection's input: heads · head_dim."""
+        return self.heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
 
-    # Parameter counts: exact, checked against the proxy model's nn.Module in tests.
+    # Parameter counts: exact, checked against the proxy model's nn.Module and published counts in tests.
     @property
     def n_params_per_layer(self) -> int:
-        h, f, kv = self.hidden, self.ffn_hidden, self.kv_dim
-        attn = h * h + 2 * h * kv + h * h  # q, k, v, o
+        h, f, q, kv = self.hidden, self.ffn_hidden, self.q_dim, self.kv_dim
+        attn = h * q + 2 * h * kv + q * h  # q, k, v, o
         mlp = (3 if self.mlp == "swiglu" else 2) * h * f
-        norms = 2 * h * (2 if self.norm == "layernorm" else 1)
+        per_norm = 2 if self.norm == "layernorm" else 1  # weight (+ bias)
+        norms = self.norms_per_layer * h * per_norm + (2 * self.head_dim * per_norm if self.qk_norm else 0)
         if self.bias == "qkv":
-            attn += h + 2 * kv
+            attn += q + 2 * kv
         elif self.bias == "all":
-            attn += h + 2 * kv + h
+            attn += q + 2 * kv + h
             mlp += (2 if self.mlp == "swiglu" else 1) * f + h
         return attn + mlp + norms
 
@@ -144,15 +186,26 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelSpec:
+        d = _model_aliases(d)
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
+        unknown = sorted(set(d) - known, key=str)
         if unknown:
-            raise ConfigError("model." + unknown[0], d[unknown[0]], "unknown key; valid: " + ", ".join(sorted(known)))
-        try:
-            return cls(**d)
-        except TypeError as e:  # a missing required field
-            missing = [f.name for f in fields(cls) if f.name not in d and f.default is f.default_factory]
-            raise ConfigError("model." + (missing[0] if missing else "?"), None, f"required ({e})") from None
+            raise ConfigError("model." + str(unknown[0]), d[unknown[0]],
+                              "unknown key; valid: " + ", ".join(sorted(known | {"head_dim"})))
+        missing = [f.name for f in fields(cls) if f.name not in d and f.default is f.default_factory]
+        if missing:
+            raise ConfigError("model." + missing[0], None, "required (layers, hidden, heads and vocab)")
+        return cls(**d)
+
+
+def _model_aliases(d: dict) -> dict:
+    """``head_dim`` (the Hugging Face name) is stored as ``head_dim_override``."""
+    if "head_dim" in d:
+        d = dict(d)
+        if "head_dim_override" in d:
+            raise ConfigError("model.head_dim", d["head_dim"], "give head_dim or head_dim_override, not both")
+        d["head_dim_override"] = d.pop("head_dim")
+    return d
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, seq: int,
@@ -179,47 +232,165 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     ]
 }
 
+# ------------------------------------------------------------------------ Hugging Face config.json
+MAX_HF_CONFIG_BYTES = 4 * 1024**2  # published config.json files are a few KB
+HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gpt2", "gpt_neox",
+                  "mpt")
+_DENSE = ("trainplan plans dense decoder-only models (model_type " + ", ".join(HF_MODEL_TYPES) + ")")
+# Keys whose presence means an architecture the planner does not model; checked before model_type.
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
+_MULTIMODAL_KEYS = ("vision_config", "text_config", "audio_config", "vision_tower", "mm_vision_tower")
+_MISSING = object()
+
+
+class _HF:
+    """Typed access to one config.json: every error names the file and the field."""
+
+    def __init__(self, cfg: dict, where: str, mt: str):
+        self.cfg, self.where, self.mt = cfg, where, mt
+
+    def err(self, key: str, value: Any, valid: str) -> ConfigError:
+        return ConfigError(f"{self.where}:{key}", value, valid)
+
+    def int(self, *keys: str, default: Any = _MISSING, hi: int = 2**31, nullable: bool = False) -> Any:
+        for k in keys:
+            if k in self.cfg:
+                v = self.cfg[k]
+                if v is None and (nullable or default is not _MISSING):
+                    return default if not nullable else None
+                if isinstance(v, float) and v.is_integer() and abs(v) <= hi:
+                    v = int(v)  # 4096.0 is 4096 (as transformers would read it)
+                if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+                    raise self.err(k, v, f"must be an integer in 1..{hi}")
+                return v
+        if default is _MISSING:
+            raise self.err(keys[0], None, f"missing; a {self.mt} config.json needs it")
+        return default
+
+    def bool(self, key: str, default: bool) -> bool:
+        v = self.cfg.get(key, default)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise self.err(key, v, "must be true or false")
+        return v
+
+
+def _hf_refusals(cfg: dict, where: str) -> None:
+    """Refuse what the planner does not model, naming the field (before model_type is even looked at)."""
+    if cfg.get("is_encoder_decoder"):
+        raise ConfigError(f"{where}:is_encoder_decoder", cfg["is_encoder_decoder"],
+                          f"encoder-decoder models are not modelled; {_DENSE}")
+    for k in _MOE_KEYS:
+        v = cfg.get(k)
+        if v is not None and not (isinstance(v, int | float) and not isinstance(v, bool) and v <= 1):
+            raise ConfigError(f"{where}:{k}", v, f"mixture-of-experts is not modelled (MoE planning is not "
+                                                 f"supported); {_DENSE}")
+    for k in _MULTIMODAL_KEYS:
+        if cfg.get(k) is not None:
+            raise ConfigError(f"{where}:{k}", "{...}" if isinstance(cfg[k], dict) else cfg[k],
+                              "multimodal models are not modelled (the vision/audio tower is not planned); "
+                              f"give the language model's own config.json; {_DENSE}")
+
+
+def _hf_bias(hf: _HF, *, qkv_default: bool = False) -> str:
+    """Llama-style ``attention_bias`` (q, k, v and o) and ``mlp_bias`` → a BIAS_KINDS value."""
+    attn, mlp = hf.bool("attention_bias", False), hf.bool("mlp_bias", False)
+    if attn and mlp:
+        return "all"
+    if attn or mlp:
+        key = "attention_bias" if attn else "mlp_bias"
+        raise hf.err(key, True, "biases on only the attention (q, k, v, o) or only the MLP are not modelled; "
+                                "modelled: none, q/k/v only (Qwen2), or every linear layer (attention_bias "
+                                "and mlp_bias both true)")
+    return "qkv" if qkv_default else "none"
+
+
+def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None = None) -> ModelSpec:
+    """A ModelSpec from the fields of a Hugging Face ``config.json``.
+
+    Every field of the dense families is read with transformers' default when absent (Llama 2/3.x, Mistral,
+    Qwen2/3, Gemma 1/2/3, GPT-2, GPT-NeoX, MPT). Mixture-of-experts, encoder-decoder, multimodal and unknown
+    ``model_type`` configs are refused with one ConfigError naming the field.
+    """
+    if not isinstance(cfg, dict):
+        raise ConfigError(where, type(cfg).__name__, "config.json must hold a JSON object")
+    _hf_refusals(cfg, where)
+    mt = cfg.get("model_type", _MISSING)
+    if mt is _MISSING:
+        raise ConfigError(f"{where}:model_type", None, "missing; one of " + ", ".join(HF_MODEL_TYPES))
+    if mt not in HF_MODEL_TYPES:
+        raise ConfigError(f"{where}:model_type", mt if isinstance(mt, str) else type(mt).__name__,
+                          "not supported; " + _DENSE)
+    hf = _HF(cfg, where, mt)
+    raw_name = name if name is not None else cfg.get("_name_or_path")
+    nm = "".join(c if c.isprintable() else "?" for c in str(raw_name or "hf-model"))[:80] or "hf-model"
+    kw: dict[str, Any] = {"name": nm}
+    lim = MODEL_LIMITS
+    if mt == "gpt2":  # GPT-2: learned positions, LayerNorm, biased Conv1D layers, 4h GELU MLP, tied head
+        h = hf.int("n_embd", hi=lim["hidden"])
+        kw |= dict(layers=hf.int("n_layer", hi=lim["layers"]), hidden=h, heads=hf.int("n_head", hi=lim["heads"]),
+                   ffn_hidden=hf.int("n_inner", default=4 * h, hi=lim["ffn_hidden"]),
+                   vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="gelu", norm="layernorm", bias="all",
+                   pos_embedding="learned", tied_embeddings=hf.bool("tie_word_embeddings", True),
+                   max_seq_len=hf.int("n_positions", "n_ctx", default=1024))
+        return ModelSpec(**kw)
+    if mt == "gpt_neox":
+        kw |= dict(layers=hf.int("num_hidden_layers", hi=lim["layers"]), hidden=hf.int("hidden_size", hi=lim["hidden"]),
+                   heads=hf.int("num_attention_heads", hi=lim["heads"]),
+                   ffn_hidden=hf.int("intermediate_size", hi=lim["ffn_hidden"]),
+                   vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="gelu", norm="layernorm", bias="all",
+                   tied_embeddings=hf.bool("tie_word_embeddings", False),
+                   max_seq_len=hf.int("max_position_embeddings", default=2048))
+        return ModelSpec(**kw)
+    if mt == "mpt":
+        d = hf.int("d_model", hi=lim["hidden"])
+        ratio = cfg.get("expansion_ratio", 4)
+        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio <= 64:
+            raise hf.err("expansion_ratio", ratio, "must be a number in (0, 64]")
+        kw |= dict(layers=hf.int("n_layers", hi=lim["layers"]), hidden=d, heads=hf.int("n_heads", hi=lim["heads"]),
+                   ffn_hidden=max(1, int(ratio * d)), vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="gelu",
+                   norm="layernorm", tied_embeddings=True, pos_embedding="alibi",
+                   max_seq_len=hf.int("max_seq_len", default=2048))
+        return ModelSpec(**kw)
+    # The Llama lineage: gated MLP, RMSNorm, RoPE. transformers' per-family defaults for absent fields.
+    gemma = mt.startswith("gemma")
+    layers, hidden = hf.int("num_hidden_layers", hi=lim["layers"]), hf.int("hidden_size", hi=lim["hidden"])
+    heads = hf.int("num_attention_heads", hi=lim["heads"])
+    kw |= dict(layers=layers, hidden=hidden, heads=heads, kv_heads=hf.int("num_key_value_heads", default=heads, hi=lim["kv_heads"]),
+               ffn_hidden=hf.int("intermediate_size", hi=lim["ffn_hidden"]),
+               vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="swiglu",
+               head_dim_override=hf.int("head_dim", default=256 if gemma else (128 if mt == "qwen3" else None),
+                                        hi=lim["head_dim_override"], nullable=not (gemma or mt == "qwen3")),
+               tied_embeddings=hf.bool("tie_word_embeddings", gemma),
+               bias=_hf_bias(hf, qkv_default=mt == "qwen2") if mt != "qwen2" else "qkv",
+               qk_norm=mt in ("qwen3", "gemma3_text"), norms_per_layer=4 if mt in ("gemma2", "gemma3_text") else 2,
+               max_seq_len=hf.int("max_position_embeddings", default={
+                   "llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768, "gemma": 8192,
+                   "gemma2": 8192, "gemma3_text": 131072}[mt]))
+    if mt == "mistral":  # every layer windowed (v0.1: 4096; v0.2+ null); transformers' default is 4096
+        kw["sliding_window"] = hf.int("sliding_window", default=4096, nullable="sliding_window" in cfg)
+    elif mt in ("qwen2", "qwen3") and hf.bool("use_sliding_window", False):
+        kw["sliding_window"] = hf.int("sliding_window", default=4096)
+    # gemma2 / gemma3_text interleave windowed and global layers: the global ones attend over the whole
+    # sequence, so full attention is modelled (an upper bound on the windowed layers' attention work).
+    return ModelSpec(**kw)
+
 
 def model_from_hf_config(path: str | Path) -> ModelSpec:
-    """A ModelSpec from a Hugging Face ``config.json`` (Llama, Mistral, Qwen2, GPT-NeoX, MPT styles)."""
+    """A ModelSpec from a Hugging Face ``config.json`` file (see :func:`model_from_hf_dict`)."""
+    from trainplan.io import InputFileError, read_json_checked
+
     p = Path(path)
     try:
-        cfg = json.loads(p.read_text())
+        cfg = read_json_checked(p, max_bytes=MAX_HF_CONFIG_BYTES)
     except FileNotFoundError:
         raise ConfigError("model", str(path), "no such file; give a preset name or a config.json path") from None
-    except (OSError, json.JSONDecodeError) as e:
+    except InputFileError as e:
         raise ConfigError("model", str(path), f"not a readable JSON config.json ({e})") from None
     if not isinstance(cfg, dict):
         raise ConfigError("model", str(path), "config.json must hold a JSON object")
-    mt = str(cfg.get("model_type", "llama")).lower()
-
-    def need(*keys: str) -> Any:
-        for k in keys:
-            if k in cfg:
-                return cfg[k]
-        raise ConfigError(f"{p.name}:{keys[0]}", None, f"missing; a {mt} config.json needs it")
-
-    name = cfg.get("_name_or_path") or p.parent.name or "hf-model"
-    if mt in ("gpt_neox",):
-        return ModelSpec(name=name, layers=need("num_hidden_layers"), hidden=need("hidden_size"),
-                         heads=need("num_attention_heads"), ffn_hidden=need("intermediate_size"),
-                         vocab=need("vocab_size"), mlp="gelu", norm="layernorm", bias="all",
-                         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                         max_seq_len=cfg.get("max_position_embeddings", 2048))
-    if mt == "mpt":
-        d = need("d_model")
-        return ModelSpec(name=name, layers=need("n_layers"), hidden=d, heads=need("n_heads"),
-                         ffn_hidden=int(cfg.get("expansion_ratio", 4) * d), vocab=need("vocab_size"),
-                         mlp="gelu", norm="layernorm", tied_embeddings=True, pos_embedding="rope",
-                         max_seq_len=cfg.get("max_seq_len", 2048))
-    # llama, mistral, qwen2 and friends
-    return ModelSpec(name=name, layers=need("num_hidden_layers"), hidden=need("hidden_size"),
-                     heads=need("num_attention_heads"),
-                     kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-                     ffn_hidden=need("intermediate_size"), vocab=need("vocab_size"), mlp="swiglu",
-                     bias="qkv" if mt == "qwen2" else "none",
-                     tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                     max_seq_len=cfg.get("max_position_embeddings", 4096))
+    return model_from_hf_dict(cfg, where=p.name, name=cfg.get("_name_or_path") or p.parent.name or "hf-model")
 
 
 def resolve_model(ref: str | dict | ModelSpec) -> ModelSpec:
@@ -229,15 +400,24 @@ def resolve_model(ref: str | dict | ModelSpec) -> ModelSpec:
     if isinstance(ref, dict):
         if "preset" in ref:
             base = resolve_model(ref["preset"])
-            return replace(base, **{k: v for k, v in ref.items() if k != "preset"})
+            over = _model_aliases({k: v for k, v in ref.items() if k != "preset"})
+            known = {f.name for f in fields(ModelSpec)}
+            unknown = sorted(set(over) - known, key=str)
+            if unknown:
+                raise ConfigError("model." + str(unknown[0]), over[unknown[0]],
+                                  "unknown key; valid: " + ", ".join(sorted(known | {"head_dim"})))
+            if "hidden" in over or "heads" in over:  # a new width: the preset's head_dim no longer applies
+                over.setdefault("head_dim_override", None)
+            return replace(base, **over)
         return ModelSpec.from_dict(ref)
     if isinstance(ref, str):
         if ref in MODEL_PRESETS:
             return MODEL_PRESETS[ref]
-        if ref.endswith(".json") or Path(ref).exists():
+        if "\0" not in ref and (ref.endswith(".json") or Path(ref).exists()):
             p = Path(ref)
             return model_from_hf_config(p / "config.json" if p.is_dir() else p)
-    raise ConfigError("model", ref, "must be a preset (" + ", ".join(MODEL_PRESETS) + ") or a config.json path")
+    shown = ref if isinstance(ref, str) and len(ref) <= 200 else (f"{ref[:200]}…" if isinstance(ref, str) else ref)
+    raise ConfigError("model", shown, "must be a preset (" + ", ".join(MODEL_PRESETS) + ") or a config.json path")
 
 
 # ----------------------------------------------------------------------------------------------- gpu

@@ -1,0 +1,211 @@
+"""Model families from Hugging Face config.json: every dense family the planner models has its published
+parameter count; what it does not model (MoE, encoder-decoder, multimodal, unknown model_type, biases on
+attention only) is refused with one ConfigError naming the field.
+
+Each config below is the published config.json's architecture fields, typed in (source URL in the comment);
+the expected count is the model's published parameter count (the Hugging Face model page / transformers'
+``num_parameters()``), and ``hand_count`` recomputes it from the raw fields by a separate formula.
+"""
+
+import json
+
+import pytest
+
+from trainplan.specs import ConfigError, ModelSpec, model_from_hf_config, model_from_hf_dict, resolve_model
+
+LLAMA = dict(model_type="llama", hidden_act="silu", rms_norm_eps=1e-5, rope_theta=10000.0)
+
+FAMILIES = {
+    # https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json
+    "llama2-7b": ({**LLAMA, "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+                   "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 32000,
+                   "max_position_embeddings": 4096, "tie_word_embeddings": False}, 6_738_415_616),
+    # https://huggingface.co/meta-llama/Llama-2-13b-hf/blob/main/config.json
+    "llama2-13b": ({**LLAMA, "num_hidden_layers": 40, "hidden_size": 5120, "num_attention_heads": 40,
+                    "num_key_value_heads": 40, "intermediate_size": 13824, "vocab_size": 32000,
+                    "max_position_embeddings": 4096, "tie_word_embeddings": False}, 13_015_864_320),
+    # https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json
+    "llama3-8b": ({**LLAMA, "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+                   "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+                   "max_position_embeddings": 8192, "tie_word_embeddings": False, "rope_theta": 500000.0},
+                  8_030_261_248),
+    # https://huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json
+    "llama3.1-70b": ({**LLAMA, "num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64,
+                      "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 128256,
+                      "max_position_embeddings": 131072, "tie_word_embeddings": False, "attention_bias": False,
+                      "mlp_bias": False, "rope_scaling": {"factor": 8.0, "rope_type": "llama3"}}, 70_553_706_496),
+    # https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json (tied, head_dim given)
+    "llama3.2-1b": ({**LLAMA, "num_hidden_layers": 16, "hidden_size": 2048, "num_attention_heads": 32,
+                     "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 8192, "vocab_size": 128256,
+                     "max_position_embeddings": 131072, "tie_word_embeddings": True}, 1_235_814_400),
+    # https://huggingface.co/meta-llama/Llama-3.2-3B/blob/main/config.json
+    "llama3.2-3b": ({**LLAMA, "num_hidden_layers": 28, "hidden_size": 3072, "num_attention_heads": 24,
+                     "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 8192, "vocab_size": 128256,
+                     "max_position_embeddings": 131072, "tie_word_embeddings": True}, 3_212_749_824),
+    # https://huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json (sliding_window 4096 on every layer)
+    "mistral-7b-v0.1": ({"model_type": "mistral", "num_hidden_layers": 32, "hidden_size": 4096,
+                         "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+                         "vocab_size": 32000, "max_position_embeddings": 32768, "sliding_window": 4096,
+                         "tie_word_embeddings": False}, 7_241_732_096),
+    # https://huggingface.co/mistralai/Mistral-7B-v0.3/blob/main/config.json (no sliding window)
+    "mistral-7b-v0.3": ({"model_type": "mistral", "num_hidden_layers": 32, "hidden_size": 4096,
+                         "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+                         "vocab_size": 32768, "max_position_embeddings": 32768, "sliding_window": None,
+                         "tie_word_embeddings": False}, 7_248_023_552),
+    # https://huggingface.co/Qwen/Qwen2-7B/blob/main/config.json (q/k/v biases)
+    "qwen2-7b": ({"model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584, "num_attention_heads": 28,
+                  "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
+                  "max_position_embeddings": 131072, "use_sliding_window": False, "sliding_window": 131072,
+                  "tie_word_embeddings": False}, 7_615_616_512),
+    # https://huggingface.co/Qwen/Qwen2-0.5B/blob/main/config.json (tied)
+    "qwen2-0.5b": ({"model_type": "qwen2", "num_hidden_layers": 24, "hidden_size": 896, "num_attention_heads": 14,
+                    "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
+                    "max_position_embeddings": 131072, "use_sliding_window": False, "sliding_window": 131072,
+                    "tie_word_embeddings": True}, 494_032_768),
+    # https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json (q/k norms, head_dim 128)
+    "qwen3-8b": ({"model_type": "qwen3", "num_hidden_layers": 36, "hidden_size": 4096, "num_attention_heads": 32,
+                  "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936,
+                  "max_position_embeddings": 40960, "attention_bias": False, "tie_word_embeddings": False,
+                  "use_sliding_window": False}, 8_190_735_360),
+    # https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json (head_dim 128 ≠ 1024/16)
+    "qwen3-0.6b": ({"model_type": "qwen3", "num_hidden_layers": 28, "hidden_size": 1024, "num_attention_heads": 16,
+                    "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151936,
+                    "max_position_embeddings": 40960, "attention_bias": False, "tie_word_embeddings": True,
+                    "use_sliding_window": False}, 596_049_920),
+    # https://huggingface.co/google/gemma-7b/blob/main/config.json (head_dim 256 ≠ 3072/16; tied by default)
+    "gemma-7b": ({"model_type": "gemma", "num_hidden_layers": 28, "hidden_size": 3072, "num_attention_heads": 16,
+                  "num_key_value_heads": 16, "head_dim": 256, "intermediate_size": 24576, "vocab_size": 256000,
+                  "max_position_embeddings": 8192, "hidden_act": "gelu"}, 8_537_680_896),
+    # https://huggingface.co/google/gemma-2b/blob/main/config.json
+    "gemma-2b": ({"model_type": "gemma", "num_hidden_layers": 18, "hidden_size": 2048, "num_attention_heads": 8,
+                  "num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 16384, "vocab_size": 256000,
+                  "max_position_embeddings": 8192}, 2_506_172_416),
+    # https://huggingface.co/google/gemma-2-2b/blob/main/config.json (4 norms per block)
+    "gemma2-2b": ({"model_type": "gemma2", "num_hidden_layers": 26, "hidden_size": 2304, "num_attention_heads": 8,
+                   "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 9216, "vocab_size": 256000,
+                   "max_position_embeddings": 8192, "sliding_window": 4096}, 2_614_341_888),
+    # https://huggingface.co/google/gemma-2-9b/blob/main/config.json
+    "gemma2-9b": ({"model_type": "gemma2", "num_hidden_layers": 42, "hidden_size": 3584, "num_attention_heads": 16,
+                   "num_key_value_heads": 8, "head_dim": 256, "intermediate_size": 14336, "vocab_size": 256000,
+                   "max_position_embeddings": 8192, "sliding_window": 4096}, 9_241_705_984),
+    # https://huggingface.co/google/gemma-2-27b/blob/main/config.json
+    "gemma2-27b": ({"model_type": "gemma2", "num_hidden_layers": 46, "hidden_size": 4608, "num_attention_heads": 32,
+                    "num_key_value_heads": 16, "head_dim": 128, "intermediate_size": 36864, "vocab_size": 256000,
+                    "max_position_embeddings": 8192, "sliding_window": 4096}, 27_227_128_320),
+    # https://huggingface.co/google/gemma-3-1b-pt/blob/main/config.json (4 norms + q/k norms)
+    "gemma3-1b": ({"model_type": "gemma3_text", "num_hidden_layers": 26, "hidden_size": 1152,
+                   "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 6912,
+                   "vocab_size": 262144, "max_position_embeddings": 32768, "sliding_window": 512}, 999_885_952),
+    # https://huggingface.co/openai-community/gpt2/blob/main/config.json (learned positions, biases, tied)
+    "gpt2": ({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_inner": None,
+              "vocab_size": 50257, "n_positions": 1024, "activation_function": "gelu_new"}, 124_439_808),
+    # https://huggingface.co/EleutherAI/pythia-160m/blob/main/config.json (GPT-NeoX, untied)
+    "pythia-160m": ({"model_type": "gpt_neox", "num_hidden_layers": 12, "hidden_size": 768,
+                     "num_attention_heads": 12, "intermediate_size": 3072, "vocab_size": 50304,
+                     "max_position_embeddings": 2048, "tie_word_embeddings": False}, 162_322_944),
+}
+
+
+def hand_count(c: dict) -> int:
+    """Published-count formula straight from the raw config.json fields (independent of ModelSpec)."""
+    mt = c["model_type"]
+    if mt == "gpt2":
+        h, L, V = c["n_embd"], c["n_layer"], c["vocab_size"]
+        block = (3 * h * h + 3 * h) + (h * h + h) + (h * 4 * h + 4 * h) + (4 * h * h + h) + 2 * 2 * h
+        return L * block + V * h + c["n_positions"] * h + 2 * h
+    if mt == "gpt_neox":
+        h, L, V, f = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["intermediate_size"]
+        block = (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 2 * 2 * h
+        return L * block + 2 * V * h + 2 * h
+    h, L, V, f = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["intermediate_size"]
+    a, kv = c["num_attention_heads"], c["num_key_value_heads"]
+    d = c.get("head_dim") or h // a
+    q_out, kv_out = a * d, kv * d
+    block = h * q_out + 2 * h * kv_out + q_out * h + 3 * h * f
+    block += (4 if mt in ("gemma2", "gemma3_text") else 2) * h
+    block += 2 * d if mt in ("qwen3", "gemma3_text") else 0
+    block += q_out + 2 * kv_out if mt == "qwen2" else 0
+    tied = c.get("tie_word_embeddings", mt.startswith("gemma"))
+    return L * block + (1 if tied else 2) * V * h + h
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_published_parameter_count(name, tmp_path):
+    cfg, published = FAMILIES[name]
+    assert hand_count(cfg) == published  # the formula reproduces the published number
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**cfg, "_name_or_path": name}))
+    m = model_from_hf_config(p)
+    assert m.n_params == published, f"{name}: {m.n_params:,} != {published:,}"
+    assert m.name == name
+    assert resolve_model(str(p)).n_params == published
+    assert resolve_model(str(tmp_path)).n_params == published  # a directory holding config.json
+
+
+def test_head_dim_is_honoured_everywhere_it_counts():
+    cfg, _ = FAMILIES["gemma-7b"]
+    m = model_from_hf_dict(cfg)
+    assert m.head_dim == 256 and m.q_dim == 4096 and m.kv_dim == 4096 and m.hidden == 3072
+    from trainplan.flops import attn_width
+
+    assert attn_width(m) == 16 * 256  # QKᵀ/PV width: heads · head_dim, not hidden
+    # head_dim equal to hidden/heads is the default spelled out: the same spec as without it
+    a = model_from_hf_dict(FAMILIES["llama3.2-1b"][0])
+    b = model_from_hf_dict({k: v for k, v in FAMILIES["llama3.2-1b"][0].items() if k != "head_dim"})
+    assert a == b and a.head_dim_override is None
+
+
+def test_sliding_window_recorded_only_when_every_layer_is_windowed():
+    assert model_from_hf_dict(FAMILIES["mistral-7b-v0.1"][0]).sliding_window == 4096
+    assert model_from_hf_dict(FAMILIES["mistral-7b-v0.3"][0]).sliding_window is None
+    assert model_from_hf_dict(FAMILIES["qwen2-7b"][0]).sliding_window is None  # use_sliding_window false
+    assert model_from_hf_dict(FAMILIES["gemma2-9b"][0]).sliding_window is None  # interleaved with global layers
+    swa = {**FAMILIES["qwen2-7b"][0], "use_sliding_window": True, "sliding_window": 4096}
+    assert model_from_hf_dict(swa).sliding_window == 4096
+
+
+def test_config_model_mapping_accepts_head_dim():
+    m = resolve_model({"layers": 2, "hidden": 3072, "heads": 16, "head_dim": 256, "vocab": 1000})
+    assert m.head_dim == 256 and m.q_dim == 4096
+    with pytest.raises(ConfigError, match="head_dim"):
+        ModelSpec(layers=2, hidden=3072, heads=16, vocab=10, head_dim_override=0)
+
+
+MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000, "num_local_experts": 8,
+           "num_experts_per_tok": 2, "sliding_window": None}
+
+
+@pytest.mark.parametrize("cfg, field", [
+    (MIXTRAL, "num_local_experts"),  # https://huggingface.co/mistralai/Mixtral-8x7B-v0.1 (46.7B total)
+    ({**FAMILIES["qwen2-7b"][0], "model_type": "qwen2_moe", "num_experts": 60}, "num_experts"),
+    ({**FAMILIES["llama2-7b"][0], "model_type": "deepseek_v3", "n_routed_experts": 256}, "n_routed_experts"),
+    ({"model_type": "t5", "is_encoder_decoder": True, "d_model": 512}, "is_encoder_decoder"),
+    ({"model_type": "gemma3", "text_config": {"hidden_size": 2560}, "vision_config": {}}, "vision_config"),
+    ({"model_type": "falcon", "num_hidden_layers": 32, "hidden_size": 4544}, "model_type"),
+    ({"model_type": "bert"}, "model_type"),
+    ({"num_hidden_layers": 2}, "model_type"),
+    ({**FAMILIES["llama2-7b"][0], "attention_bias": True}, "attention_bias"),
+    ({**FAMILIES["qwen3-8b"][0], "attention_bias": True}, "attention_bias"),
+    ({**FAMILIES["llama2-7b"][0], "num_hidden_layers": "32"}, "num_hidden_layers"),
+    ({**FAMILIES["llama2-7b"][0], "hidden_size": 10**30}, "hidden_size"),
+    ({**FAMILIES["llama2-7b"][0], "vocab_size": True}, "vocab_size"),
+    ({**FAMILIES["gpt2"][0], "n_layer": None}, "n_layer"),
+])
+def test_unmodelled_architectures_refused_naming_the_field(cfg, field):
+    with pytest.raises(ConfigError) as e:
+        model_from_hf_dict(cfg)
+    assert e.value.key == f"config.json:{field}", e.value
+    assert "\n" not in str(e.value)
+
+
+def test_gpt2_is_planned_not_reported_missing_num_hidden_layers():
+    m = model_from_hf_dict(FAMILIES["gpt2"][0])
+    assert (m.mlp, m.norm, m.pos_embedding, m.bias, m.tied_embeddings, m.max_seq_len) == (
+        "gelu", "layernorm", "learned", "all", True, 1024)
+
+
+def test_mpt_uses_alibi_positions():
+    m = model_from_hf_dict({"model_type": "mpt", "d_model": 4096, "n_layers": 32, "n_heads": 32,
+                            "expansion_ratio": 4, "vocab_size": 50432, "max_seq_len": 2048})
+    assert m.pos_embedding == "alibi" and m.n_params_embedding == 50432 * 4096  # alibi has no parameters
