@@ -183,7 +183,11 @@ def run_proxy_run(inp: Mapping, out: Mapping, cfg: Mapping, *, wildcards: Mappin
         spec_path = Path(d) / "run_spec.json"
         write_json(spec_path, spec)
         log.info("proxy %s: trainplan proxy %s --out %s", pid, spec_path, out["record"])
-        rc = main(["proxy", str(spec_path), "--out", str(out["record"])])
+        try:
+            rc = main(["proxy", str(spec_path), "--out", str(out["record"])])
+        except SystemExit as e:  # SIGINT/SIGTERM, or the Snakemake run gone: the launcher killed every rank
+            log.warning("proxy %s: interrupted (exit %s); no record written, the next run reruns it", pid, e.code)
+            raise
     if rc not in (0, None) or not Path(out["record"]).exists():
         raise RuntimeError(f"proxy {pid}: `trainplan proxy` exited {rc} (see the log; Snakemake retries)")
     log.info("proxy %s: status %s", pid, read_json(out["record"]).get("status"))
