@@ -25,6 +25,7 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="ne
 SPEC = {"id": "hang", "model": "debug", "layout": {"dp": 2, "sharding": "zero3"}, "seq_len": 64, "global_batch": 4,
         "steps": 3, "warmup": 1, "nproc_per_node": 2, "timeout_s": 300}
 GONE_WITHIN_S = 15.0  # the launcher's grace is 3 s; the rest is slack for a loaded 2-core CI machine
+ROOT = Path(__file__).resolve().parents[1]
 PROXY = [sys.executable, "-c", "import sys; from trainplan.cli import main; sys.exit(main())", "proxy"]
 
 
@@ -33,21 +34,21 @@ def _workers(pid: int) -> set[int]:
     return {p for p in L.descendants(pid) if "worker" in (c := L._cmdline(p)) and "torch.distributed.run" not in c}
 
 
-def _start(tmp: Path, prefix: list[str] = ()) -> tuple[subprocess.Popen, int, set[int], dict]:
+def _start(tmp: Path, prefix: list[str] = (), cmd: list[str] | None = None) -> tuple[subprocess.Popen, int, set[int], dict]:
     """Start the hanging proxy (optionally under ``prefix``); wait until torchrun runs both workers."""
     (tmp / "spec.json").write_text(json.dumps(SPEC))
     logf = (tmp / "proxy.log").open("w")
     env = {**os.environ, "TRAINPLAN_PROXY_HANG_RANK": "1"}
-    top = subprocess.Popen([*prefix, *PROXY, str(tmp / "spec.json"), "--out", str(tmp / "hang.json")],
-                           stdout=logf, stderr=subprocess.STDOUT, env=env)
+    cmd = cmd or [*PROXY, str(tmp / "spec.json"), "--out", str(tmp / "hang.json")]
+    top = subprocess.Popen([*prefix, *cmd], stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     deadline = time.monotonic() + 120
     while len(_workers(top.pid)) < 2:
         assert top.poll() is None, (tmp / "proxy.log").read_text()[-3000:]
         assert time.monotonic() < deadline, "torchrun did not start two workers in 120 s"
         time.sleep(0.2)
     time.sleep(2.0)  # let the ranks get into the run (rank 0 blocks in its first collective)
-    launcher = top.pid if not prefix else next(p for p in L.descendants(top.pid) if "proxy" in L._cmdline(p)
-                                                and "trainplan.cli" in " ".join(L._cmdline(p)))
+    launcher = next(p for p in [top.pid, *L.descendants(top.pid)] if "proxy" in L._cmdline(p)
+                    and "trainplan.cli" in " ".join(L._cmdline(p)))
     tree = L.descendants(launcher)
     starts = {p: L._stat(p)[2] for p in tree if L._stat(p)}
     assert len(_workers(launcher)) == 2 and len(tree) >= 3, tree  # torchrun + 2 workers (+ helpers)
@@ -150,3 +151,21 @@ def test_proxy_stops_when_the_snakemake_that_started_it_dies(tmp_path):
     print(f"parent lost: launcher and {len(tree)} descendants gone {took:.2f} s after snakemake died")
     assert "its snakemake (pid" in log and "no record written" in log, log[-3000:]
     assert _left(tmp_path) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sigterm_to_trainplan_preflight_stops_its_proxy_and_judges_nothing(tmp_path):
+    from trainplan.io import write_json
+
+    write_json(tmp_path / "analytic" / "summary.json", {"layout": {"dp": 32, "sharding": "zero2"}})
+    cmd = [sys.executable, "-c", "import sys; from trainplan.cli import main; sys.exit(main())", "preflight",
+           "--summary", str(tmp_path / "analytic" / "summary.json"), "--config", "config/config.yaml",
+           "--out", str(tmp_path / "pf"), "--steps", "3", "--warmup", "1"]
+    top, _, tree, starts = _start(tmp_path, cmd=cmd)
+    os.kill(top.pid, signal.SIGTERM)
+    took = _wait_gone(starts, GONE_WITHIN_S)
+    rc = top.wait(timeout=30)
+    print(f"preflight SIGTERM: {len(tree)} descendants gone {took:.2f} s after the signal, rc {rc}")
+    assert rc == 143, (tmp_path / "proxy.log").read_text()[-3000:]
+    assert sorted(p.name for p in (tmp_path / "pf").iterdir()) == ["preflight_spec.json"]

@@ -221,6 +221,40 @@ def _proxy_command(spec_path: Path, record_path: Path) -> list[str]:
             str(spec_path), "--out", str(record_path)]
 
 
+def _run_proxy(cmd: list[str], timeout_s: float) -> tuple[int, str, str]:
+    """Run ``trainplan proxy`` and wait for it. SIGINT/SIGTERM/SIGHUP to the preflight are passed on to it
+    (it kills its ranks, removes its work folder, writes no record), and once it has exited the preflight
+    exits ``128 + signal`` too, judging nothing."""
+    import signal
+    import threading
+
+    got: list[int] = []
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def forward(signum: int, _frame: object) -> None:
+        if not got:
+            got.append(signum)
+            proc.send_signal(signum)
+
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    main = threading.current_thread() is threading.main_thread()
+    old = {s: signal.signal(s, forward) for s in sigs} if main else {}
+    try:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # the launcher's own SIGTERM path: kill the tree, clean up
+            stdout, stderr = proc.communicate()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if got:
+        print(f"trainplan preflight: interrupted ({signal.Signals(got[0]).name}); the proxy stopped "
+              f"(exit {proc.returncode}), nothing judged", file=sys.stderr)
+        raise SystemExit(128 + got[0])
+    return proc.returncode, stdout, stderr
+
+
 def run_preflight(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,
                   out_dir: str | Path, *, device: str = "cuda", layers: int = 2, steps: int = 6, warmup: int = 2,
                   nproc: int | None = None, eff: Any = None, timeout_s: int = 900) -> dict[str, Any]:
@@ -230,13 +264,12 @@ def run_preflight(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
                                  warmup=warmup, nproc=nproc, timeout_s=timeout_s)
     spec_path, rec_path = out / "preflight_spec.json", out / "preflight_record.json"
     write_json(spec_path, spec)
-    r = subprocess.run(_proxy_command(spec_path, rec_path), capture_output=True, text=True,
-                       timeout=timeout_s + 120, check=False)
+    rc, stdout, stderr = _run_proxy(_proxy_command(spec_path, rec_path), timeout_s + 120)
     if rec_path.exists():
         record = read_json(rec_path)
     else:
-        tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
-        record = {"status": "error", "message": f"trainplan proxy exited {r.returncode}: " + " | ".join(tail),
+        tail = (stderr or stdout).strip().splitlines()[-3:]
+        record = {"status": "error", "message": f"trainplan proxy exited {rc}: " + " | ".join(tail),
                   "spec": spec}
     verdict, checks = evaluate(record, cluster, eff)
     result = {"verdict": verdict, "device": device, "notes": notes, "spec": spec,
