@@ -1,4 +1,6 @@
 # trainplan: plan, prove and cost a distributed fine-tune. Table of contents only; logic is in src/trainplan.
+import sys
+
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
@@ -13,6 +15,26 @@ include: "rules/proxies.smk"
 include: "rules/calibrate.smk"
 include: "rules/cost.smk"
 include: "rules/report.smk"
+
+
+# Seconds-long rules run where Snakemake runs, never as cluster jobs (with --profile slurm only the proxies
+# are submitted; their resources come from each RUN_SPEC: rules/proxies.smk).
+localrules:
+    all,
+    analytic_model,
+    select_proxies,
+    aggregate,
+    calibrate,
+    fit_scaling,
+    predict_production,
+    cost_and_risk,
+    figures,
+    memo,
+    launch_artifacts,
+
+
+onstart:
+    print(f"trainplan study hash: {STUDY_HASH}", file=sys.stderr)
 
 
 rule all:

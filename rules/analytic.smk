@@ -7,6 +7,8 @@ rule analytic_model:
         summary=f"{R}/analytic/summary.json",
     log:
         f"{LOGS}/analytic_model.log",
+    benchmark:
+        f"{BENCH}/analytic_model.tsv"
     conda:
         "../envs/trainplan.yaml"
     params:

@@ -9,6 +9,8 @@ rule calibrate:
         heldout=f"{R}/calibration/heldout.csv",
     log:
         f"{LOGS}/calibrate.log",
+    benchmark:
+        f"{BENCH}/calibrate.tsv"
     conda:
         "../envs/trainplan.yaml"
     params:

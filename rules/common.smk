@@ -4,6 +4,8 @@ from pathlib import Path
 
 import trainplan
 from trainplan.config import config_slice, load_config
+from trainplan.provenance import study_hash
+from trainplan.slurm_resources import proxy_job_resources
 from trainplan.specs import ConfigError
 
 try:
@@ -18,6 +20,12 @@ config.update(STUDY.raw)
 
 R = STUDY.raw["study"]["results_dir"]
 LOGS = f"{R}/logs"
+BENCH = f"{R}/benchmarks"
+# The one study hash (provenance.study_hash of the resolved config): the memo footer and the launch files
+# print it, and so does every run here.
+STUDY_HASH = study_hash(STUDY.raw)
+# Rules that run `benchmark:` (their TSVs are memo inputs: the memo reports their wall time).
+BENCHMARKED = ("analytic_model", "calibrate", "cost_and_risk", "figures")
 # The published tables calibration reads (package data, cited in its SOURCES.md): editing one reruns calibrate.
 PUBLISHED = sorted(
     str(p) for p in (Path(trainplan.__file__).parent / "data").glob("*.csv")
@@ -44,6 +52,24 @@ def proxy_ids(wildcards=None):
 
 def proxy_records(wildcards=None):
     return expand(f"{R}/proxies/runs/{{id}}.json", id=proxy_ids())
+
+
+def proxy_resources(wildcards):
+    """Scheduler resources of one proxy job, from its RUN_SPEC (trainplan.slurm_resources)."""
+    ps = checkpoints.select_proxies.get().output.proxy_set
+    spec = next(
+        p
+        for p in json.loads(Path(ps).read_text())["proxies"]
+        if p["id"] == wildcards.id
+    )
+    return proxy_job_resources(spec)
+
+
+def benchmark_files(wildcards=None):
+    """The benchmark TSVs of the expensive rules (one per proxy run), for the memo's wall-time table."""
+    return [f"{BENCH}/{rule}.tsv" for rule in BENCHMARKED] + expand(
+        f"{BENCH}/proxy_run/{{id}}.tsv", id=proxy_ids()
+    )
 
 
 def all_outputs():

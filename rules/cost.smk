@@ -7,6 +7,8 @@ rule cost_and_risk:
         sensitivity=f"{R}/cost/sensitivity.csv",
     log:
         f"{LOGS}/cost_and_risk.log",
+    benchmark:
+        f"{BENCH}/cost_and_risk.tsv"
     conda:
         "../envs/trainplan.yaml"
     params:

@@ -22,11 +22,21 @@ rule proxy_run:
         record=f"{R}/proxies/runs/{{id}}.json",
     log:
         f"{LOGS}/proxy_run/{{id}}.log",
+        steps=f"{LOGS}/proxy_run/{{id}}.steps.log",
+    benchmark:
+        f"{R}/benchmarks/proxy_run/{{id}}.tsv"
     wildcard_constraints:
         id="[A-Za-z0-9_-]+",
     conda:
         "../envs/proxy.yaml"
     threads: STUDY.raw["proxies"]["nproc_per_node"]
+    resources:
+        nodes=lambda wc: proxy_resources(wc)["nodes"],
+        cpus_per_task=lambda wc: proxy_resources(wc)["cpus_per_task"],
+        mem_mb=lambda wc: proxy_resources(wc)["mem_mb"],
+        runtime=lambda wc: proxy_resources(wc)["runtime"],
+        gres=lambda wc: proxy_resources(wc)["gres"],
+        tasks=lambda wc: proxy_resources(wc)["tasks"],
     params:
         cfg=cfg("proxy_run"),
     script:

@@ -62,6 +62,31 @@ def _dp_coords(mesh: Any, layout: Layout) -> tuple[int, int]:
     return r, layout.dp
 
 
+PROGRESS_ENV = "TRAINPLAN_PROXY_PROGRESS"
+
+
+def progress_line(spec: dict[str, Any], step: int, loss: float, times: list[float], *, tokens_per_step: int) -> str:
+    """One step of progress: step k/N, loss, this step's time, median so far, tokens/s, elapsed, ETA."""
+    med = statistics.median(times)
+    done, total = step + 1, spec["steps"]
+    phase = "warm-up" if step < spec["warmup"] else "timed"
+    return (f"{time.strftime('%Y-%m-%dT%H:%M:%S')} [proxy {spec['id']}] step {done}/{total} ({phase}) "
+            f"loss {loss:.4f}  {times[-1] * 1e3:.1f} ms (median {med * 1e3:.1f} ms)  "
+            f"{tokens_per_step / times[-1]:,.0f} tokens/s  elapsed {sum(times):.1f} s  "
+            f"ETA {med * (total - done):.1f} s")
+
+
+def _progress(spec: dict[str, Any], step: int, loss: float, times: list[float], *, tokens_per_step: int) -> None:
+    """Rank 0's per-step progress: stderr, and appended (flushed per line, so `tail -f` follows a long run)
+    to the file named by ``TRAINPLAN_PROXY_PROGRESS`` (the workflow sets it to the proxy's ``.steps.log``)."""
+    line = progress_line(spec, step, loss, times, tokens_per_step=tokens_per_step)
+    print(line, file=sys.stderr, flush=True)
+    path = os.environ.get(PROGRESS_ENV)
+    if path:
+        with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+
 def _percentile(xs: list[float], q: float) -> float:
     s = sorted(xs)
     k = (len(s) - 1) * q
@@ -157,9 +182,7 @@ def train(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
             total /= world  # TP ranks hold equal values; the mean over all ranks is the mean over dp
         losses.append(float(total))
         if rank == 0:
-            eta = statistics.median(times) * (spec["steps"] - step - 1)
-            print(f"[proxy {spec['id']}] step {step + 1}/{spec['steps']} loss {losses[-1]:.4f} "
-                  f"{times[-1] * 1e3:.1f} ms  ETA {eta:.1f}s", file=sys.stderr, flush=True)
+            _progress(spec, step, losses[-1], times, tokens_per_step=spec["global_batch"] * s)
 
     timed = times[spec["warmup"]:]
     tokens_per_step = spec["global_batch"] * s
