@@ -96,7 +96,41 @@ BAD = [
     ("layout", lambda r: r.update(layout={"dp": 8})),
     ("model", lambda r: r.update(model="gpt-17")),
     ("cost.price_range_usd", lambda r: r["cost"].update(price_per_gpu_hour_usd=9.0)),
-    ("training.seq_len", lambda r: r["training"].update(seq_len=8192)),
+    ("training.seq_len", lambda r: r["training"].update(seq_len=2**40)),  # bounded: no overflow downstream
+    ("cluster.intra_busbw_GBps", lambda r: r["cluster"].update(intra_busbw_GBps=float("nan"))),
+    ("cluster.inter_busbw_GBps", lambda r: r["cluster"].update(inter_busbw_GBps=float("inf"))),
+    ("cost.startup_h", lambda r: r["cost"].update(startup_h=float("nan"))),
+    ("cost.eval_overhead_frac", lambda r: r["cost"].update(eval_overhead_frac=float("inf"))),
+    ("targets.budget_usd", lambda r: r["targets"].update(budget_usd=float("nan"))),
+    ("training.dataset_tokens", lambda r: r["training"].update(dataset_tokens=float("-inf"))),
+    ("cost.price_range_usd[1]", lambda r: r["cost"].update(price_range_usd=[2.0, float("nan")])),
+    ("efficiency.gemm_eff_max", lambda r: r.update(efficiency={"gemm_eff_max": float("nan")})),
+    ("study.results_dir", lambda r: r["study"].update(results_dir="")),
+    ("study.results_dir", lambda r: r["study"].update(results_dir="/")),
+    ("study.results_dir", lambda r: r["study"].update(results_dir="../elsewhere")),
+    ("study.results_dir", lambda r: r["study"].update(results_dir="results/../..")),
+    ("study.results_dir", lambda r: r["study"].update(results_dir=".")),
+    ("proxies.warmup", lambda r: r["proxies"].update(warmup=8, steps=8)),
+    ("proxies.nproc_per_node", lambda r: r["proxies"].update(nproc_per_node=16)),
+    ("proxies.global_batch", lambda r: r["proxies"].update(nproc_per_node=3)),
+    ("proxies.nproc_per_node", lambda r: r["proxies"].update(nproc_per_node=1_000_000)),
+    ("proxies.nnodes", lambda r: r["proxies"].update(nnodes=5)),
+    ("proxies.scaleout_world_sizes", lambda r: r["proxies"].update(scaleout_world_sizes=[1, 3])),
+    ("proxies.scaleout_world_sizes", lambda r: r["proxies"].update(scaleout_world_sizes=[1_000_000])),
+    ("launch.partition", lambda r: r["launch"].update(partition="gpu$(touch /tmp/pwned)")),
+    ("launch.account", lambda r: r["launch"].update(account="a b")),
+    ("launch.job_name", lambda r: r["launch"].update(job_name="x;rm -rf ~")),
+    ("launch.time_limit_h", lambda r: r["launch"].update(time_limit_h=float("inf"))),
+    ("launch.time_limit_h", lambda r: r["launch"].update(time_limit_h=1e9)),
+    ("layout.shard_group", lambda r: r.update(layout={"dp": 32, "sharding": "zero3", "shard_group": 8})),
+    ("layout.cp_kind", lambda r: r.update(layout={"dp": 32, "cp_kind": "ulysses"})),
+    ("cluster.nodes", lambda r: r["cluster"].update(nodes=10**8)),
+    ("cluster.gpus_per_node", lambda r: r["cluster"].update(gpus_per_node=10**20)),
+    ("training.global_batch", lambda r: r["training"].update(global_batch=2**80)),
+    ("search.micro_batches", lambda r: r["search"].update(micro_batches=list(range(1, 1000)))),
+    ("calibration.bootstrap", lambda r: r["calibration"].update(bootstrap=10**12)),
+    ("model.max_seq_len", lambda r: r.update(model={"preset": "llama2-13b", "max_seq_len": 0})),
+    ("model.head_dim", lambda r: r.update(model={"preset": "llama2-13b", "head_dim": -1})),
     ("cluster.nodes", lambda r: r["cluster"].update(nodes=0)),
     ("training.kernels", lambda r: r["training"].update(kernels="triton")),
     ("training.attn_impl", lambda r: r["training"].update(attn_impl="sdpa")),
@@ -135,3 +169,59 @@ def test_config_slice_has_only_the_rule_sections():
     assert config_slice(r2, "analytic_model") == config_slice(c.raw, "analytic_model")
     with pytest.raises(ConfigError):
         config_slice(c.raw, "no_such_rule")
+
+
+def test_sequence_above_the_context_window_is_a_warning(capsys):
+    r = raw()
+    r["training"]["seq_len"] = 8192  # llama2-13b: max_position_embeddings 4096; RoPE scaling is common
+    c = load_config(r)
+    assert c.training.seq_len == 8192 and len(c.warnings) == 1 and "max_seq_len=4096" in c.warnings[0]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("trainplan: warning: training.seq_len=8192")
+    assert load_config(r, warn=False).warnings == c.warnings and capsys.readouterr().err == ""
+    assert load_config(DEFAULT).warnings == ()
+
+
+def test_learned_positions_and_sliding_windows_cap_the_sequence():
+    r = raw()
+    r["model"] = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 100, "pos_embedding": "learned",
+                  "max_seq_len": 1024}
+    with pytest.raises(ConfigError, match="learned position") as e:
+        load_config(r)
+    assert e.value.key == "training.seq_len"
+    r["model"] = {"preset": "llama2-7b", "sliding_window": 2048}
+    with pytest.raises(ConfigError, match="sliding_window=2048"):
+        load_config(r)
+
+
+def test_custom_architecture_without_max_seq_len_has_no_cap():
+    r = raw()
+    r["training"]["seq_len"] = 65536
+    r["model"] = {"layers": 2, "hidden": 256, "heads": 4, "vocab": 1000}
+    c = load_config(r)
+    assert c.warnings == () and c.model.max_seq_len == 65536
+    r["model"]["pos_embedding"] = "learned"  # the table holds exactly the rows the sequence needs
+    c = load_config(r)
+    assert c.model.n_params_embedding == 2 * 1000 * 256 + 65536 * 256
+
+
+def test_cluster_errors_name_the_human_unit_key():
+    from trainplan.config import build_cluster
+
+    c = {"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm-80gb", "intra_busbw_GBps": 0, "inter_busbw_GBps": 46,
+         "intra_latency_us": 30, "inter_latency_us": 50, "nics_per_node": 8, "host_to_device_GBps": 50,
+         "host_mem_GB": 2000}
+    with pytest.raises(ConfigError) as e:
+        build_cluster(c)
+    assert e.value.key == "intra_busbw_GBps" and e.value.value == 0
+
+
+def test_launch_values_are_checked_at_config_time_and_never_reach_a_shell():
+    r = raw()
+    r["launch"].update(partition="gpu-a100_x.1", account="proj-1", job_name="llama13b.ft")
+    assert load_config(r).launch["partition"] == "gpu-a100_x.1"
+    for bad in ("$(id)", "`id`", "a;b", "a b", "a\nb", "", "x" * 200):
+        r["launch"]["partition"] = bad
+        with pytest.raises(ConfigError) as e:
+            load_config(r)
+        assert e.value.key == "launch.partition"

@@ -13,6 +13,8 @@ This module imports neither torch nor snakemake.
 from __future__ import annotations
 
 import copy
+import math
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -21,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from trainplan.io import InputFileError, check_depth, read_text_checked
 from trainplan.specs import (
     ClusterSpec,
     ConfigError,
@@ -54,6 +57,7 @@ RULE_SECTIONS: dict[str, tuple[str, ...]] = {
 }
 
 GB, US = 1e9, 1e-6
+MAX_CONFIG_BYTES = 1024**2  # a study config is a few KB; a bigger file is a mistake (or an attack)
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class StudyConfig:
     study: dict = field(default_factory=dict)
     launch: dict = field(default_factory=dict)
     raw: dict = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()  # one line each; also written to stderr by load_config(warn=True)
 
     def slice(self, rule: str) -> dict:
         return config_slice(self.raw, rule)
@@ -100,14 +105,52 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict:
     return out
 
 
+class StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` without aliases (``*ref``: a billion-laughs bomb expands from a few lines) and
+    without duplicate keys (a careless second ``seq_len:`` would silently win)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.constructor.ConstructorError(None, None, f"YAML alias *{event.anchor} is not allowed in a "
+                                                    "config (write the value out)", event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                dup = key in seen
+                seen.add(key)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a plain value",
+                                                        key_node.start_mark) from None
+            if dup:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _one_line(e: Exception, limit: int = 160) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def read_yaml(path: str | Path) -> dict:
+    """A config file: a regular UTF-8 file of at most 1 MiB holding a YAML mapping, no aliases, no
+    duplicate keys, at most 64 levels deep; ConfigError('configfile', path, why) otherwise."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        text = read_text_checked(p, max_bytes=MAX_CONFIG_BYTES)
+        data = check_depth(yaml.load(text, Loader=StrictLoader))  # noqa: S506 - StrictLoader is a SafeLoader
     except FileNotFoundError:
         raise ConfigError("configfile", str(p), "no such file") from None
+    except InputFileError as e:
+        raise ConfigError("configfile", str(p), str(e)) from None
+    except RecursionError:
+        raise ConfigError("configfile", str(p), "nested too deep") from None
     except yaml.YAMLError as e:
-        raise ConfigError("configfile", str(p), f"not valid YAML ({e})") from None
+        raise ConfigError("configfile", str(p), f"not valid YAML ({_one_line(e)})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -145,11 +188,35 @@ def _schema_at(schema: Mapping[str, Any], path: Iterable[Any]) -> Mapping[str, A
     return s
 
 
+def _check_finite(node: Any, path: str = "") -> None:
+    """NaN and ±inf pass JSON-schema bounds (``.nan`` satisfies ``exclusiveMinimum``): refuse them first,
+    naming the key. Also refuses non-string mapping keys (YAML allows ``1: x``)."""
+    stack = [(node, path)]
+    while stack:
+        v, where = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(where or "config", v, "must be a finite number")
+        if isinstance(v, dict):
+            for k, sub in v.items():
+                if not isinstance(k, str):
+                    raise ConfigError(f"{where}.{k}" if where else str(k), sub, "keys must be strings")
+                stack.append((sub, f"{where}.{k}" if where else k))
+        elif isinstance(v, list):
+            stack.extend((sub, f"{where}[{i}]") for i, sub in enumerate(v))
+
+
+def _short(value: Any, limit: int = 200) -> Any:
+    r = repr(value)
+    return value if len(r) <= limit else r[:limit] + "…"
+
+
 def validate_raw(raw: dict) -> dict:
     """Fill defaults and check ``raw`` against the schema; ConfigError on the first (best) problem."""
     import jsonschema
 
     schema = load_schema()
+    check_depth(raw)
+    _check_finite(raw)
     raw = _fill_defaults(copy.deepcopy(raw), schema)
     validator = jsonschema.Draft202012Validator(schema)
     err = jsonschema.exceptions.best_match(validator.iter_errors(raw))
@@ -170,9 +237,13 @@ def validate_raw(raw: dict) -> dict:
         valid = "unknown key; valid: " + ", ".join(sorted(err.schema.get("properties", {})))
     else:
         desc = _schema_at(schema, err.absolute_path).get("description", "")
-        valid = err.message.replace(repr(err.instance), "value", 1) if len(repr(err.instance)) < 200 else err.message
+        r = repr(err.instance)
+        if len(r) < 200:
+            valid = err.message.replace(r, "value", 1)
+        else:  # never echo a huge value; say what was wrong with it
+            valid = f"{err.validator} {_short(err.validator_value, 120)} not satisfied"
         valid += f" ({desc})" if desc else ""
-    raise ConfigError(".".join(path) or "config", value, valid)
+    raise ConfigError(".".join(path) or "config", _short(value), valid)
 
 
 def _section(key: str, fn: Any, *args: Any, **kw: Any) -> Any:
@@ -184,8 +255,22 @@ def _section(key: str, fn: Any, *args: Any, **kw: Any) -> Any:
         raise ConfigError(k, e.value, e.valid) from None
 
 
+# ClusterSpec's SI field → the config key it comes from (errors name the key the user wrote).
+_CLUSTER_KEYS = {"intra_busbw_Bps": "intra_busbw_GBps", "inter_busbw_Bps": "inter_busbw_GBps",
+                 "intra_latency_s": "intra_latency_us", "inter_latency_s": "inter_latency_us",
+                 "host_to_device_Bps": "host_to_device_GBps", "host_mem_bytes": "host_mem_GB"}
+
+
 def build_cluster(c: Mapping[str, Any]) -> ClusterSpec:
     """ClusterSpec from the config's human units (GB/s, µs, GB)."""
+    try:
+        return _build_cluster(c)
+    except ConfigError as e:
+        key = _CLUSTER_KEYS.get(e.key, e.key)
+        raise ConfigError(key, c.get(key, e.value), e.valid) from None
+
+
+def _build_cluster(c: Mapping[str, Any]) -> ClusterSpec:
     return ClusterSpec(
         nodes=c["nodes"],
         gpus_per_node=c["gpus_per_node"],
@@ -200,16 +285,80 @@ def build_cluster(c: Mapping[str, Any]) -> ClusterSpec:
     )
 
 
-def build_efficiency(overrides: Mapping[str, Any]) -> Any:
-    """``Efficiency.from_dict(overrides)``; a plain dict while trainplan.efficiency does not exist yet."""
-    try:
-        from trainplan.efficiency import Efficiency
-    except ImportError:
-        return dict(overrides)
-    return _section("efficiency", Efficiency.from_dict, dict(overrides))
+def build_efficiency(overrides: Mapping[str, Any], gpu: Any = None) -> Any:
+    """The Efficiency fitted on ``gpu``'s generation (``Efficiency.for_gpu``) with the config's overrides on top;
+    without a GPU, the class defaults with the overrides."""
+    from trainplan.efficiency import Efficiency
+
+    def build(d: dict) -> Any:
+        base = Efficiency.from_dict(d)  # checks the keys and values first
+        return Efficiency.for_gpu(gpu, **d) if gpu is not None else base
+
+    return _section("efficiency", build, dict(overrides))
+
+
+def check_relative_dir(key: str, value: Any) -> None:
+    """A directory the study writes into: non-empty, relative, no ``..``: it stays inside the working
+    directory (``results_dir: ""`` or ``/`` would write results into the current or root directory)."""
+    p = Path(value) if isinstance(value, str) else None
+    if p is None or not value.strip() or "\0" in value or p.is_absolute() or ".." in p.parts \
+            or value.startswith("~") or p == Path("."):
+        raise ConfigError(key, value, "a non-empty relative directory inside the working directory "
+                                      "(no absolute path, '..', '~' or '.')")
+
+
+def seq_len_notes(model: ModelSpec, seq_len: int, *, key: str = "training.seq_len") -> list[str]:
+    """Warnings about a sequence beyond the model's context window (long-context fine-tuning with RoPE
+    scaling is common, so a warning); ConfigError where the model cannot run it at all."""
+    if model.sliding_window is not None and seq_len > model.sliding_window:
+        raise ConfigError(key, seq_len, f"at most the model's sliding_window={model.sliding_window} ({model.name}: "
+                                        "every layer attends within that window, which trainplan does not model; "
+                                        "it models full causal attention, equal to the window at or below it)")
+    if seq_len <= model.max_seq_len:
+        return []
+    if model.pos_embedding == "learned":
+        raise ConfigError(key, seq_len, f"at most the model's max_seq_len={model.max_seq_len} ({model.name}: "
+                                        "learned position embeddings have no row beyond it)")
+    return [f"{key}={seq_len} exceeds {model.name}'s max_seq_len={model.max_seq_len}: planned as given "
+            "(long-context fine-tuning needs RoPE scaling or position interpolation)"]
+
+
+def _check_proxies(px: Mapping[str, Any], cluster: ClusterSpec) -> None:
+    """Proxy settings that would otherwise fail (or silently drop runs) inside a job."""
+    if px["warmup"] >= px["steps"]:
+        raise ConfigError("proxies.warmup", px["warmup"], f"must be < proxies.steps={px['steps']}")
+    if px["nproc_per_node"] > cluster.gpus_per_node:
+        raise ConfigError("proxies.nproc_per_node", px["nproc_per_node"],
+                          f"at most cluster.gpus_per_node={cluster.gpus_per_node}")
+    if px["nnodes"] > cluster.nodes:
+        raise ConfigError("proxies.nnodes", px["nnodes"], f"at most cluster.nodes={cluster.nodes}")
+    world = px["nproc_per_node"] * px["nnodes"]
+    if px["global_batch"] % world:
+        raise ConfigError("proxies.global_batch", px["global_batch"],
+                          f"must be a multiple of the proxy world size nproc_per_node·nnodes = {world}")
+    for n in px["scaleout_world_sizes"]:
+        if n > cluster.gpus_per_node:
+            raise ConfigError("proxies.scaleout_world_sizes", n,
+                              f"each at most cluster.gpus_per_node={cluster.gpus_per_node} (one node)")
+        if px["global_batch"] % n:
+            raise ConfigError("proxies.scaleout_world_sizes", n,
+                              f"each must divide proxies.global_batch={px['global_batch']}")
+
+
+def _check_layout_flags(lay: Mapping[str, Any] | None) -> None:
+    """Settings that only apply to one sharding or schedule are refused elsewhere, not ignored."""
+    if not lay:
+        return
+    if lay.get("shard_group") is not None and lay.get("sharding", "zero3") != "hsdp":
+        raise ConfigError("layout.shard_group", lay["shard_group"],
+                          f"only applies to sharding: hsdp (sharding is {lay.get('sharding', 'zero3')})")
+    if lay.get("cp_kind", "ring") != "ring" and lay.get("cp", 1) == 1:
+        raise ConfigError("layout.cp_kind", lay["cp_kind"], "only applies with cp > 1")
 
 
 def _check_semantics(raw: Mapping[str, Any], model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> None:
+    check_relative_dir("study.results_dir", raw["study"]["results_dir"])
+    _check_proxies(raw["proxies"], cluster)
     lo, hi = raw["cost"]["price_range_usd"]
     p = raw["cost"]["price_per_gpu_hour_usd"]
     if not lo <= p <= hi:
@@ -217,15 +366,25 @@ def _check_semantics(raw: Mapping[str, Any], model: ModelSpec, cluster: ClusterS
     qlo, qhi = raw["calibration"]["interval"]
     if not qlo < qhi:
         raise ConfigError("calibration.interval", [qlo, qhi], "must be [lower, upper] quantiles with lower < upper")
-    if training.seq_len > model.max_seq_len:
-        raise ConfigError("training.seq_len", training.seq_len,
-                          f"at most the model's max_seq_len={model.max_seq_len} ({model.name})")
     if cluster.n_gpus < 1:  # pragma: no cover - ClusterSpec already enforces it
         raise ConfigError("cluster", cluster.n_gpus, "at least one GPU")
 
 
-def load_config(path_or_dict: str | Path | Mapping[str, Any] | Iterable[str | Path]) -> StudyConfig:
-    """Load, default, validate and resolve a study config; ConfigError names the first bad key."""
+def _model_ref(ref: Any, seq_len: int) -> Any:
+    """A custom architecture (a mapping without ``preset``) without ``max_seq_len`` has no context cap: its
+    window is the study's sequence (learned positions get exactly the rows the sequence needs)."""
+    if isinstance(ref, Mapping) and "preset" not in ref and "max_seq_len" not in ref:
+        return {**ref, "max_seq_len": seq_len}
+    return ref
+
+
+def load_config(path_or_dict: str | Path | Mapping[str, Any] | Iterable[str | Path], *,
+                warn: bool = True) -> StudyConfig:
+    """Load, default, validate and resolve a study config; ConfigError names the first bad key.
+
+    Warnings (a sequence above the model's context window) are one line each in ``StudyConfig.warnings``
+    and, with ``warn=True``, on stderr.
+    """
     if isinstance(path_or_dict, Mapping):
         raw: dict = copy.deepcopy(dict(path_or_dict))
     elif isinstance(path_or_dict, str | Path):
@@ -236,18 +395,23 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any] | Iterable[str | Pa
             raw = deep_merge(raw, read_yaml(p))
     raw = validate_raw(raw)
 
-    model = _section("model", resolve_model, raw["model"])
-    cluster = _section("cluster", build_cluster, raw["cluster"])
     tr = raw["training"]
+    model = _section("model", resolve_model, _model_ref(raw["model"], tr["seq_len"]))
+    cluster = _section("cluster", build_cluster, raw["cluster"])
     training = _section("training", TrainingSpec, **{**tr, "lora_targets": tuple(tr["lora_targets"])})
+    notes = seq_len_notes(model, training.seq_len)
     layout = None
     if raw.get("layout") is not None:
+        _check_layout_flags(raw["layout"])
         layout = _section("layout", Layout.from_dict, raw["layout"])
         check_layout(model, cluster, training, layout)
     _check_semantics(raw, model, cluster, training)
+    if warn:
+        for n in notes:
+            sys.stderr.write(f"trainplan: warning: {n}\n")
     return StudyConfig(
         model=model, cluster=cluster, training=training, layout=layout,
-        search=raw["search"], efficiency=build_efficiency(raw["efficiency"]), proxies=raw["proxies"],
+        search=raw["search"], efficiency=build_efficiency(raw["efficiency"], cluster.gpu), proxies=raw["proxies"],
         calibration=raw["calibration"], cost=raw["cost"], targets=raw["targets"], memo=raw["memo"],
-        study=raw["study"], launch=raw["launch"], raw=raw,
+        study=raw["study"], launch=raw["launch"], raw=raw, warnings=tuple(notes),
     )
