@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -20,27 +22,55 @@ __all__ = ["main"]
 DELEGATED = {"proxy": ("trainplan.proxy.cli", "run one proxy training job (see `trainplan proxy --help`)"),
              "launch": ("trainplan.launch", "write Accelerate/torchrun/sbatch launch artifacts"),
              "preflight": ("trainplan.preflight", "one-node preflight check before the real run")}
+# --arch key → ModelSpec field. Integers, then the kinds, then booleans.
 ARCH_KEYS = {"layers": "layers", "hidden": "hidden", "heads": "heads", "kv_heads": "kv_heads", "ffn": "ffn_hidden",
-             "vocab": "vocab", "mlp": "mlp", "tied": "tied_embeddings"}
+             "vocab": "vocab", "head_dim": "head_dim_override", "max_seq": "max_seq_len", "norms": "norms_per_layer",
+             "mlp": "mlp", "norm": "norm", "pos": "pos_embedding", "bias": "bias",
+             "tied": "tied_embeddings", "qk_norm": "qk_norm"}
+_ARCH_BOOL = ("tied", "qk_norm")
+_ARCH_STR = ("mlp", "norm", "pos", "bias")
+ARCH_HELP = ("architecture k=v,...: layers, hidden, heads, vocab (all four needed without --model); kv_heads, ffn, "
+             "head_dim (when not hidden/heads), max_seq (context window; omitted without --model = no cap), "
+             "norms (norms per block, default 2), mlp (swiglu|gelu), norm (rmsnorm|layernorm), "
+             "pos (rope|learned|alibi), bias (none|qkv|all), tied (true|false), qk_norm (true|false). "
+             "GPT-2 small: layers=12,hidden=768,heads=12,vocab=50257,mlp=gelu,norm=layernorm,pos=learned,"
+             "bias=all,tied=true,max_seq=1024")
+# Upper bounds of the integer flags (the config schema's): beyond them a float or int64 would overflow.
+INT_FLAGS = {"gpus": 2**23, "gpus_per_node": 128, "seq_len": 2**21, "micro_batch": 65536, "global_batch": 2**24,
+             "tp": 128, "pp": 4096, "cp": 65536, "vpp": 4096}
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"trainplan: error: {message}\n")
+        sys.stderr.write(f"trainplan: error: {_clean(message, 400)}\n")
         raise SystemExit(2)
 
 
+def _clean(x: object, limit: int = 200) -> str:
+    """One printable line: control characters escaped, long values cut."""
+    s = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(x))
+    return s if len(s) <= limit else s[:limit] + "…"
+
+
 def _fmt(e: ConfigError) -> str:
-    return f"trainplan: error: {e.key}={e.value}: {e.valid}"
+    return f"trainplan: error: {_clean(e.key, 100)}={_clean(e.value)}: {_clean(e.valid, 600)}"
+
+
+def _warn(line: str) -> None:
+    sys.stderr.write(f"trainplan: warning: {_clean(line, 600)}\n")
 
 
 # ------------------------------------------------------------------------------------------ estimate
 def _parse_arch(text: str | None) -> dict[str, Any]:
+    """``--arch k=v,...`` → ModelSpec fields; unknown, repeated or malformed keys are errors."""
     out: dict[str, Any] = {}
     if not text:
         return out
+    if len(text) > 2000:
+        raise ConfigError("arch", text, "at most 2000 characters")
+    seen: set[str] = set()
     for item in text.split(","):
         if not item.strip():
             continue
@@ -49,12 +79,15 @@ def _parse_arch(text: str | None) -> dict[str, Any]:
         k, v = (x.strip() for x in item.split("=", 1))
         if k not in ARCH_KEYS:
             raise ConfigError("arch." + k, v, "unknown key; valid: " + ", ".join(ARCH_KEYS))
-        if k == "mlp":
-            out["mlp"] = v
-        elif k == "tied":
+        if k in seen:
+            raise ConfigError("arch." + k, v, "given twice")
+        seen.add(k)
+        if k in _ARCH_STR:
+            out[ARCH_KEYS[k]] = v
+        elif k in _ARCH_BOOL:
             if v.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ConfigError("arch.tied", v, "must be true or false")
-            out["tied_embeddings"] = v.lower() in ("true", "1", "yes")
+                raise ConfigError("arch." + k, v, "must be true or false")
+            out[ARCH_KEYS[k]] = v.lower() in ("true", "1", "yes")
         else:
             try:
                 out[ARCH_KEYS[k]] = int(v)
@@ -63,7 +96,17 @@ def _parse_arch(text: str | None) -> dict[str, Any]:
     return out
 
 
+def _arch_model(make: Any) -> Any:
+    """Build a ModelSpec from --arch values; a field's ConfigError names the --arch key."""
+    try:
+        return make()
+    except ConfigError as e:
+        back = {f: k for k, f in ARCH_KEYS.items()}
+        raise ConfigError("arch." + back.get(e.key, e.key), e.value, e.valid) from None
+
+
 def _build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+    from trainplan.config import seq_len_notes
     from trainplan.specs import (
         ClusterSpec,
         Layout,
@@ -74,26 +117,40 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         resolve_model,
     )
 
+    for key, hi in INT_FLAGS.items():
+        v = getattr(args, key)
+        if not 1 <= v <= hi:
+            raise ConfigError(key.replace("_", "-"), v, f"must be an integer in 1..{hi}")
     arch = _parse_arch(args.arch)
-    if args.model is None and arch:
-        try:
-            model = ModelSpec(name="custom", **arch)
-        except TypeError:
-            raise ConfigError("arch", args.arch, "without --model give layers, hidden, heads and vocab") from None
+    if args.model is None and arch:  # a custom architecture: --arch alone, not overrides of the default model
+        missing = [k for k in ("layers", "hidden", "heads", "vocab") if ARCH_KEYS[k] not in arch]
+        if missing:
+            raise ConfigError("arch", args.arch, "without --model give layers, hidden, heads and vocab (missing: "
+                                                 + ", ".join(missing) + ")")
+        arch.setdefault("max_seq_len", args.seq_len)  # no context cap (learned positions: exactly seq_len rows)
+        model = _arch_model(lambda: ModelSpec(name="custom", **arch))
     else:
         model = resolve_model(args.model or "llama2-13b")
         if arch:
-            model = replace(model, **arch)
+            if ("hidden" in arch or "heads" in arch) and "head_dim_override" not in arch:
+                arch["head_dim_override"] = None  # a new width: the preset's head_dim no longer applies
+            base = model
+            model = _arch_model(lambda: replace(base, **arch))
     gpu = resolve_gpu(args.gpu)
-    for key in ("gpus", "gpus_per_node", "seq_len", "micro_batch", "global_batch", "tp", "pp", "cp"):
-        v = getattr(args, key)
-        if v < 1:
-            raise ConfigError(key.replace("_", "-"), v, "must be a positive integer")
+    if args.shard_group is not None and args.sharding != "hsdp":
+        raise ConfigError("shard-group", args.shard_group, f"only applies to --sharding hsdp (not {args.sharding})")
+    if args.shard_group is not None and not 1 <= args.shard_group <= args.gpus:
+        raise ConfigError("shard-group", args.shard_group, f"must be an integer in 1..{args.gpus} (--gpus)")
+    if args.cp_kind != "ring" and args.cp == 1:
+        raise ConfigError("cp-kind", args.cp_kind, "only applies with --cp > 1")
+    for line in seq_len_notes(model, args.seq_len, key="seq-len"):
+        _warn(line)
     gpn = min(args.gpus_per_node, args.gpus)
     if args.gpus % gpn:
         raise ConfigError("gpus", args.gpus, f"must be a multiple of --gpus-per-node={args.gpus_per_node}")
     cluster = ClusterSpec(nodes=args.gpus // gpn, gpus_per_node=gpn, gpu=gpu)
-    training = TrainingSpec(seq_len=args.seq_len, global_batch=args.global_batch, finetune=args.finetune)
+    training = TrainingSpec(seq_len=args.seq_len, global_batch=args.global_batch, finetune=args.finetune,
+                            kernels=args.kernels, attn_impl=args.attn_impl)
     mp = args.tp * args.pp * args.cp
     if args.gpus % mp:
         raise ConfigError("layout", f"tp·pp·cp = {args.tp}·{args.pp}·{args.cp} = {mp}",
@@ -137,15 +194,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from trainplan.efficiency import Efficiency
     from trainplan.search import family_verdicts, search, technique_verdicts
 
-    if args.top < 1:
-        raise ConfigError("top", args.top, "must be a positive integer")
+    if not 1 <= args.top <= 100_000:
+        raise ConfigError("top", args.top, "must be an integer in 1..100000")
+    _check_out_path("csv", args.csv)
     cfg = load_config(args.config)
     eff = cfg.efficiency if isinstance(cfg.efficiency, Efficiency) else Efficiency.from_dict(cfg.efficiency)
     df = search(cfg.model, cfg.cluster, cfg.training, eff, cfg.search)
     if args.csv:
-        from trainplan.io import write_csv
-
-        write_csv(df, args.csv)
+        _write_csv_arg("csv", df, args.csv)
     con = Console(width=None if sys.stdout.isatty() else 200)
     feas = df[df["feasible"]]
     t = Table(title=f"{cfg.model.name} on {cfg.cluster.n_gpus}× {cfg.cluster.gpu.name}, seq {cfg.training.seq_len}, "
@@ -165,7 +221,30 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     con.print("[bold]What each technique buys[/bold] (best layout with it vs without it):")
     for _, v in technique_verdicts(df).iterrows():
         con.print(f"  [bold]{v['technique']}[/bold]: {v['line']}", highlight=False)
+    if not len(feas):  # say why in one line: the most common first reason across the layouts
+        top = df["reason"].astype(str).str.split(";").str[0].value_counts().head(3)
+        _warn(f"no feasible layout of {len(df)}; most common reasons: "
+              + "; ".join(f"{r} ({n} layouts)" for r, n in top.items()))
     return 0
+
+
+def _check_out_path(key: str, path: str | None) -> None:
+    """An output file path the command will write: refused before any work if it cannot be a file."""
+    if path is None:
+        return
+    if not path or "\0" in path:
+        raise ConfigError(key, path, "a file path")
+    if os.path.isdir(path):
+        raise ConfigError(key, path, "is a directory; give a file path")
+
+
+def _write_csv_arg(key: str, df: Any, path: str) -> None:
+    from trainplan.io import write_csv
+
+    try:
+        write_csv(df, path)
+    except OSError as e:
+        raise ConfigError(key, path, f"cannot write: {e.strerror or e}") from None
 
 
 # ------------------------------------------------------------------------------------------ validate
@@ -176,14 +255,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from trainplan.efficiency import Efficiency
     from trainplan.validate import heldout_tables, mape_table, validate_all
 
+    _check_out_path("csv", args.csv)
+    t = args.h100_peak_tflops
+    if t is not None and not (math.isfinite(t) and 0 < t <= 100_000):
+        raise ConfigError("h100-peak-tflops", t, "a finite number of TFLOP/s in (0, 100000]")
     if args.heldout:
         return _print_heldout(heldout_tables(), args.csv)
     peak = None if args.h100_peak_tflops is None else args.h100_peak_tflops * 1e12
     df = validate_all(Efficiency(), h100_peak_flops=peak)
     if args.csv:
-        from trainplan.io import write_csv
-
-        write_csv(df, args.csv)
+        _write_csv_arg("csv", df, args.csv)
     con = Console(width=None if sys.stdout.isatty() else 200)
     for table, g in df.groupby("table", sort=False):
         t = Table(title=table)
@@ -208,9 +289,7 @@ def _print_heldout(df: Any, csv: str | None) -> int:
     from rich.table import Table
 
     if csv:
-        from trainplan.io import write_csv
-
-        write_csv(df, csv)
+        _write_csv_arg("csv", df, csv)
     t = Table(title="Held-out error per published table (Efficiency refitted without it)")
     for c in ("held out", "metric", "fitted on", "rows", "MAPE %", "bias %"):
         t.add_column(c, justify="right" if c in ("rows", "MAPE %", "bias %") else "left")
@@ -237,12 +316,12 @@ def _parser() -> argparse.ArgumentParser:
                         epilog="example:\n  trainplan estimate --model llama2-13b --gpu h100-sxm-80gb --gpus 32 "
                                "--seq-len 4096 --global-batch 256 --tp 2 --sp --recompute selective --json")
     es.add_argument("--model", help="preset name (llama2-13b, ...) or a Hugging Face config.json path")
-    es.add_argument("--arch", help="architecture overrides k=v,...: layers, hidden, heads, kv_heads, ffn, vocab, "
-                                   "mlp (swiglu|gelu), tied (true|false)")
+    es.add_argument("--arch", help=ARCH_HELP + " (with --model: overrides of that model)")
     es.add_argument("--gpu", default="h100-sxm-80gb", help="GPU name (default h100-sxm-80gb)")
     es.add_argument("--gpus", type=int, default=32, help="total GPUs (default 32)")
-    es.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
-    es.add_argument("--seq-len", type=int, default=4096)
+    es.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8, at most 128)")
+    es.add_argument("--seq-len", type=int, default=4096,
+                    help="tokens per sequence (above the model's max_seq_len: a warning, as with RoPE scaling)")
     es.add_argument("--micro-batch", type=int, default=1, help="sequences per rank per forward")
     es.add_argument("--global-batch", type=int, default=256, help="sequences per optimizer step")
     es.add_argument("--tp", type=int, default=1)
@@ -257,6 +336,11 @@ def _parser() -> argparse.ArgumentParser:
     es.add_argument("--recompute", default="none", help="none | selective | full")
     es.add_argument("--offload", default="none", help="none | cpu")
     es.add_argument("--finetune", default="full", help="full | lora | qlora")
+    es.add_argument("--kernels", default="eager", choices=("eager", "compiled", "fused"),
+                    help="elementwise kernels, as training.kernels in the study config: eager (PyTorch eager, "
+                         "default), compiled (torch.compile), fused (Megatron / Transformer Engine)")
+    es.add_argument("--attn-impl", default="flash", choices=("flash", "math"),
+                    help="attention core, as training.attn_impl: flash (default) or math (materialised scores)")
     es.add_argument("--json", action="store_true", help="print the estimate as JSON")
     va = sub.add_parser("validate", help="predicted vs published tables, MAPE per table", formatter_class=raw,
                         epilog="example:\n  trainplan validate --csv validation.csv\n  trainplan validate --heldout\n"
@@ -272,6 +356,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _quiet_broken_pipe() -> int:
+    """``trainplan estimate | head -1``: the reader left; stop quietly (no BrokenPipeError at exit)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (captured in tests)
+        pass
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -279,13 +373,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             import importlib
 
             mod = importlib.import_module(DELEGATED[argv[0]][0])
-            return int(mod.main(argv[1:]) or 0)
-        args = _parser().parse_args(argv)
-        handler = {"plan": _cmd_plan, "estimate": _cmd_estimate, "validate": _cmd_validate}[args.cmd]
-        return handler(args)
+            rc = int(mod.main(argv[1:]) or 0)
+        else:
+            args = _parser().parse_args(argv)
+            handler = {"plan": _cmd_plan, "estimate": _cmd_estimate, "validate": _cmd_validate}[args.cmd]
+            rc = handler(args)
+        sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at interpreter exit
+        return rc
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
     except ConfigError as e:
         sys.stderr.write(_fmt(e) + "\n")
         return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("trainplan: interrupted\n")
+        return 130
 
 
 if __name__ == "__main__":
