@@ -281,8 +281,8 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     ``partition``/``account`` of None leave a disabled, marked PLACEHOLDER directive.
     """
     _check_hash(study_hash)
-    if isinstance(time_limit_h, bool) or not (isinstance(time_limit_h, int | float) and time_limit_h > 0):
-        raise ConfigError("launch.time_limit_h", time_limit_h, "a positive number of hours")
+    if isinstance(time_limit_h, bool) or not (isinstance(time_limit_h, int | float) and 0 < time_limit_h <= 8760):
+        raise ConfigError("launch.time_limit_h", time_limit_h, "a finite number of hours in (0, 8760]")
     if isinstance(master_port, bool) or not isinstance(master_port, int) or not 1024 <= master_port <= 65535:
         raise ConfigError("launch.master_port", master_port, "an integer port in 1024..65535")
     for key, val in (("job_name", job_name), ("partition", partition), ("account", account)):
@@ -369,14 +369,16 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
 # -------------------------------------------------------------------------------------------- CLI
 def _load_inputs(summary: str, config: str) -> tuple[Any, ModelSpec, ClusterSpec, TrainingSpec, Layout]:
     from trainplan.config import load_config  # the config engineer's module (contract: ARCHITECTURE.md)
-    from trainplan.io import read_json
+    from trainplan.io import InputFileError, read_json_checked
 
     cfg = load_config(config)
     try:
-        layout_d = read_json(summary)["layout"]
+        layout_d = read_json_checked(summary)["layout"]
+        if not isinstance(layout_d, dict):
+            raise TypeError(layout_d)
     except FileNotFoundError:
         raise ConfigError("summary", summary, "no such file; run the analytic_model rule first") from None
-    except (KeyError, TypeError, json.JSONDecodeError):
+    except (KeyError, TypeError, IndexError, InputFileError):
         raise ConfigError("summary", summary, "a summary.json with a 'layout' object") from None
     return cfg, cfg.model, cfg.cluster, cfg.training, Layout.from_dict(layout_d)
 
@@ -414,6 +416,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bash_syntax_check(Path(a.out) / name)
     except ConfigError as e:
         print(f"trainplan launch: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # --out not writable, a file, ...
+        print(f"trainplan launch: out={a.out!r}: cannot write: {e.strerror or e}", file=sys.stderr)
         return 2
     for name, short in arts:
         print(f"{Path(a.out) / name}  ({'inline' if short else 'attach'})")
