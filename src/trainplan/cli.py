@@ -236,6 +236,11 @@ def _check_out_path(key: str, path: str | None) -> None:
         raise ConfigError(key, path, "a file path")
     if os.path.isdir(path):
         raise ConfigError(key, path, "is a directory; give a file path")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):  # the first existing ancestor must be a directory
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ConfigError(key, path, f"cannot write: {parent} is not a directory")
 
 
 def _write_csv_arg(key: str, df: Any, path: str) -> None:
