@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ RULE_SECTIONS: dict[str, tuple[str, ...]] = {
 
 GB, US = 1e9, 1e-6
 MAX_CONFIG_BYTES = 1024**2  # a study config is a few KB; a bigger file is a mistake (or an attack)
+_DEEP_FLOW = re.compile(r"(?:[\[{][ \t\r\n]*){65}")  # more than 64 nested flow collections in a row
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,8 @@ def read_yaml(path: str | Path) -> dict:
     p = Path(path)
     try:
         text = read_text_checked(p, max_bytes=MAX_CONFIG_BYTES)
+        if _DEEP_FLOW.search(text):  # a run of openers: refuse before the (pure-Python) YAML scanner sees it
+            raise RecursionError
         data = check_depth(yaml.load(text, Loader=StrictLoader))  # noqa: S506 - StrictLoader is a SafeLoader
     except FileNotFoundError:
         raise ConfigError("configfile", str(p), "no such file") from None
