@@ -37,6 +37,8 @@ rule proxy_run:
         runtime=lambda wc: proxy_resources(wc)["runtime"],
         gres=lambda wc: proxy_resources(wc)["gres"],
         tasks=lambda wc: proxy_resources(wc)["tasks"],
+        tasks_per_gpu=lambda wc: proxy_resources(wc)["tasks_per_gpu"],
+        mpi=lambda wc: proxy_resources(wc)["mpi"],
     params:
         cfg=cfg("proxy_run"),
     script:

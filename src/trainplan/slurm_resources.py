@@ -8,8 +8,14 @@ site values (partition, account) and nothing has to be kept in step by hand:
   reads *per node* (a 2-node proxy gets N GPUs on each node). ``device: cpu`` asks for no GPU at all;
 * CPUs: one ``--cpus-per-task`` per node (the plugin submits one task per node for GPU jobs and
   ``--ntasks=tasks`` otherwise): ``nproc_per_node`` ranks x ``CPUS_PER_RANK[device]``;
-* ``tasks`` (CPU jobs only; for GPU jobs the plugin would turn it into ``--ntasks-per-gpu``): one per node,
-  so ``--nodes=2`` is not shrunk to one node by a single task;
+* ``tasks``: one per node (``--ntasks``), so ``--nodes=2`` is not shrunk to one node by a single task;
+  ``tasks_per_gpu=0`` keeps the plugin from turning ``tasks`` into ``--ntasks-per-gpu`` on GPU jobs;
+* ``mpi``: always present, ``"srun"`` for a multi-node proxy and ``""`` otherwise. Its presence makes the
+  jobstep plugin run the job in the batch step instead of inside its ``srun -n1`` wrapper (a one-task step
+  on one node: a launcher started there sees a 1-node allocation and could not start a step on the other
+  nodes). The proxy launcher places the ranks itself: torchrun on one node, ``srun --ntasks-per-node=1``
+  + torchrun across nodes. A non-empty value also makes the plugin submit ``--ntasks=<tasks>`` (its MPI
+  path), which is what a multi-node proxy needs;
 * ``runtime`` (minutes): the harness kills a proxy after ``timeout_s`` and records ``status: timeout``,
   plus ``STARTUP_MIN`` for the interpreter, torch import, rendezvous and the record;
 * ``mem_mb``: ``MEM_MB_PER_RANK[device]`` per rank on a node.
@@ -30,11 +36,8 @@ __all__ = ["CPUS_PER_RANK", "MEM_MB_PER_RANK", "STARTUP_MIN", "proxy_job_resourc
 
 
 def proxy_job_resources(spec: dict[str, Any]) -> dict[str, Any]:
-    """``{nodes, cpus_per_task, mem_mb, runtime, gres, tasks}`` for one RUN_SPEC (see the module docstring).
-
-    ``gres`` is ``""`` for CPU proxies (the plugin then adds no GPU flag); ``tasks`` is 0 for GPU proxies
-    (the plugin adds no ``--ntasks-per-gpu`` for a value below 1 and Slurm's default is one task per node).
-    """
+    """``{nodes, tasks, tasks_per_gpu, cpus_per_task, mem_mb, runtime, gres, mpi}`` for one RUN_SPEC (see
+    the module docstring). ``gres`` is ``""`` for CPU proxies: the plugin then adds no GPU flag."""
     device = spec.get("device", "cpu")
     if device not in CPUS_PER_RANK:
         raise ValueError(f"proxy {spec.get('id')}: device={device!r}, expected one of {sorted(CPUS_PER_RANK)}")
@@ -49,5 +52,30 @@ def proxy_job_resources(spec: dict[str, Any]) -> dict[str, Any]:
         "mem_mb": nproc * MEM_MB_PER_RANK[device],
         "runtime": math.ceil(int(spec.get("timeout_s", 600)) / 60) + STARTUP_MIN,
         "gres": f"gpu:{nproc}" if gpu else "",
-        "tasks": 0 if gpu else nodes,
+        "tasks": nodes,
+        "tasks_per_gpu": 0,
+        "mpi": "srun" if nodes > 1 else "",
     }
+
+
+def restore_allocation_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """Put the allocation's ``SLURM_JOB_NUM_NODES`` / ``SLURM_JOB_NODELIST`` back into ``env`` (default:
+    ``os.environ``) when a Slurm job id is set but they are not; returns what was set.
+
+    The jobstep plugin (snakemake-executor-plugin-slurm-jobstep >= 0.6.1) starts the job with every
+    ``SLURM_*`` variable removed except the job's identity, and the proxy launcher reads those two to choose
+    its multi-node path; the controller still knows them (``scontrol show job -o <id>``).
+    """
+    import os
+    import subprocess
+
+    env = os.environ if env is None else env
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if not job or (env.get("SLURM_JOB_NUM_NODES") and env.get("SLURM_JOB_NODELIST")):
+        return {}
+    r = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, check=False)
+    fields = dict(f.split("=", 1) for f in r.stdout.split() if "=" in f)
+    got = {k: fields[f] for k, f in (("SLURM_JOB_NUM_NODES", "NumNodes"), ("SLURM_JOB_NODELIST", "NodeList"))
+           if fields.get(f) and not fields[f].startswith("(")}
+    env.update(got)
+    return got

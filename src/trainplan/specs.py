@@ -306,6 +306,27 @@ def _hf_bias(hf: _HF, *, qkv_default: bool = False) -> str:
     return "qkv" if qkv_default else "none"
 
 
+_HF_FIELDS = {  # ModelSpec field → the config.json key it is read from, per family (errors name the key)
+    "llama": {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+              "kv_heads": "num_key_value_heads", "ffn_hidden": "intermediate_size", "vocab": "vocab_size",
+              "head_dim_override": "head_dim", "max_seq_len": "max_position_embeddings",
+              "sliding_window": "sliding_window"},
+    "gpt2": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "kv_heads": "n_head", "ffn_hidden": "n_inner",
+             "vocab": "vocab_size", "max_seq_len": "n_positions"},
+    "mpt": {"layers": "n_layers", "hidden": "d_model", "heads": "n_heads", "kv_heads": "n_heads",
+            "ffn_hidden": "expansion_ratio", "vocab": "vocab_size", "max_seq_len": "max_seq_len"},
+}
+
+
+def _hf_spec(kw: dict, where: str, mt: str) -> ModelSpec:
+    """ModelSpec(**kw); a cross-field error (hidden not divisible by heads, ...) names the config.json key."""
+    try:
+        return ModelSpec(**kw)
+    except ConfigError as e:
+        keys = _HF_FIELDS.get(mt, _HF_FIELDS["llama"])
+        raise ConfigError(f"{where}:{keys.get(e.key, e.key)}", e.value, e.valid) from None
+
+
 def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None = None) -> ModelSpec:
     """A ModelSpec from the fields of a Hugging Face ``config.json``.
 
@@ -334,7 +355,7 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
                    vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="gelu", norm="layernorm", bias="all",
                    pos_embedding="learned", tied_embeddings=hf.bool("tie_word_embeddings", True),
                    max_seq_len=hf.int("n_positions", "n_ctx", default=1024))
-        return ModelSpec(**kw)
+        return _hf_spec(kw, where, mt)
     if mt == "gpt_neox":
         kw |= dict(layers=hf.int("num_hidden_layers", hi=lim["layers"]), hidden=hf.int("hidden_size", hi=lim["hidden"]),
                    heads=hf.int("num_attention_heads", hi=lim["heads"]),
@@ -342,7 +363,7 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
                    vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="gelu", norm="layernorm", bias="all",
                    tied_embeddings=hf.bool("tie_word_embeddings", False),
                    max_seq_len=hf.int("max_position_embeddings", default=2048))
-        return ModelSpec(**kw)
+        return _hf_spec(kw, where, mt)
     if mt == "mpt":
         d = hf.int("d_model", hi=lim["hidden"])
         ratio = cfg.get("expansion_ratio", 4)
@@ -352,7 +373,7 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
                    ffn_hidden=max(1, int(ratio * d)), vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="gelu",
                    norm="layernorm", tied_embeddings=True, pos_embedding="alibi",
                    max_seq_len=hf.int("max_seq_len", default=2048))
-        return ModelSpec(**kw)
+        return _hf_spec(kw, where, mt)
     # The Llama lineage: gated MLP, RMSNorm, RoPE. transformers' per-family defaults for absent fields.
     gemma = mt.startswith("gemma")
     layers, hidden = hf.int("num_hidden_layers", hi=lim["layers"]), hf.int("hidden_size", hi=lim["hidden"])
@@ -374,7 +395,7 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
         kw["sliding_window"] = hf.int("sliding_window", default=4096)
     # gemma2 / gemma3_text interleave windowed and global layers: the global ones attend over the whole
     # sequence, so full attention is modelled (an upper bound on the windowed layers' attention work).
-    return ModelSpec(**kw)
+    return _hf_spec(kw, where, mt)
 
 
 def model_from_hf_config(path: str | Path) -> ModelSpec:
