@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainplan import launch
+from trainplan import launch, trainers
 from trainplan.specs import ClusterSpec, ConfigError, Layout, TrainingSpec, resolve_model
 
 MODEL = resolve_model("llama2-13b")
@@ -142,7 +142,8 @@ def test_sbatch_refuses_to_run_with_placeholders(tmp_path):
 
 def test_every_file_header_carries_the_study_hash(tmp_path):
     out, arts = write(tmp_path, FSDP)
-    assert {f for f, _ in arts} == {"accelerate_fsdp2.yaml", "torchrun.sh", "sbatch_4x8.sh", "deepspeed_zero.json"}
+    assert {f for f, _ in arts} == {"accelerate_fsdp2.yaml", "torchrun.sh", "sbatch_4x8.sh", "deepspeed_zero.json",
+                                    "model_config.json", "trainplan_torchtitan.py"}
     for f, _ in arts:
         head = "\n".join((out / f).read_text().splitlines()[:4])
         assert f"study hash: {HASH}" in head, f
@@ -219,7 +220,8 @@ def test_config_values_reach_the_shell_only_quoted(tmp_path):
                        text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     argv = _nul_args(rec)
-    assert argv[0] == "launch" and argv[-3:] == [HOSTILE, "--name", "a b'c"]
+    assert argv[0] == "launch" and argv[-5:-2] == [HOSTILE, "--name", "a b'c"]
+    assert argv[-2:] == ["--steps", str(trainers.total_steps(TRAINING))]  # the mode's own arguments, last
     assert argv[argv.index("--machine_rank") + 1] == "3"  # expanded on the node, not on the batch host
     assert argv[argv.index("--main_process_ip") + 1] == "node-a"  # first host of the allocation
     assert argv[argv.index("--config_file") + 1] == str(out / "accelerate_fsdp2.yaml")
@@ -231,7 +233,7 @@ def test_hostile_model_name_cannot_escape_a_comment(tmp_path):
 
     model = replace(MODEL, name="x\nrm -rf /tmp/should-not-run")
     launch.write_artifacts(model, CLUSTER, TRAINING, FSDP, tmp_path, study_hash=HASH)
-    for f in ("torchrun.sh", "sbatch_4x8.sh", "accelerate_fsdp2.yaml"):
+    for f in ("torchrun.sh", "sbatch_4x8.sh", "accelerate_fsdp2.yaml", "trainplan_torchtitan.py"):
         assert not any(ln.startswith("rm ") for ln in (tmp_path / f).read_text().splitlines())
 
 

@@ -34,13 +34,24 @@ import yaml
 from trainplan import __version__
 from trainplan.io import write_json, write_text
 from trainplan.specs import ClusterSpec, ConfigError, Layout, ModelSpec, TrainingSpec, grad_accum
+from trainplan.trainers import (
+    TORCHTITAN_CONFIG_FN,
+    TORCHTITAN_MODULE,
+    checkpoint_interval_steps,
+    choose_trainer,
+    torchtitan_job_module,
+    torchtitan_model_problems,
+    torchtitan_settings,
+    total_steps,
+)
 
 __all__ = ["Artifact", "DEEPSPEED_DOCUMENTED_KEYS", "accelerate_config", "bash_syntax_check",
            "deepspeed_config", "deepspeed_unsupported_reason", "main", "sbatch_name", "sbatch_script",
            "sbatch_test_only", "torchrun_command", "torchrun_script", "write_artifacts"]
 
 DECODER_LAYER_CLS = "LlamaDecoderLayer"  # transformers' Llama block; FSDP2 wraps one unit per layer
-DEFAULT_TRAIN_SCRIPT = "train.py"  # PLACEHOLDER: the training entry point the run will use
+DEFAULT_TRAIN_SCRIPT = None  # None: ``-m trainplan.train_entry`` (the thin entry point); or a script path
+ENTRY_MODULE = "trainplan.train_entry"
 RDZV_PORT = 29500  # torchrun's default c10d port
 LAUNCH_OPTIONS = frozenset({"job_name", "partition", "account", "time_limit_h", "master_port"})
 SHORT_MAX_LINES = 45  # artifacts up to this many lines are inlined in the memo; longer ones attached
@@ -242,14 +253,19 @@ def deepspeed_config(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
 
 
 # ------------------------------------------------------------------------------- torchrun / sbatch
-def torchrun_command(cluster: ClusterSpec, *, train_script: str = DEFAULT_TRAIN_SCRIPT,
+def torchrun_command(cluster: ClusterSpec, *, train_script: str | None = DEFAULT_TRAIN_SCRIPT,
                      train_args: Sequence[str] = ()) -> str:
     """The per-node torchrun command line (shell text): c10d rendezvous at $HEAD_NODE:$RDZV_PORT."""
     fixed = ["torchrun", f"--nnodes={cluster.nodes}", f"--nproc-per-node={cluster.gpus_per_node}",
              "--rdzv-backend=c10d"]
-    tail = ["--max-restarts=0", str(train_script), *map(str, train_args)]
+    tail = ["--max-restarts=0", *_script_argv(train_script), *map(str, train_args)]
     return " ".join([shlex.join(fixed), '--rdzv-endpoint="$HEAD_NODE:$RDZV_PORT"', '--rdzv-id="$RDZV_ID"',
                      shlex.join(tail)])
+
+
+def _script_argv(train_script: str | None) -> list[str]:
+    """The launcher's program arguments: ``-m trainplan.train_entry`` by default, else the given script."""
+    return ["-m", ENTRY_MODULE] if not train_script else [str(train_script)]
 
 
 def _template(name: str) -> Any:
@@ -261,7 +277,7 @@ def _template(name: str) -> Any:
 
 
 def torchrun_script(model: ModelSpec, cluster: ClusterSpec, layout: Layout, *, study_hash: str,
-                    train_script: str = DEFAULT_TRAIN_SCRIPT, train_args: Sequence[str] = (),
+                    train_script: str | None = DEFAULT_TRAIN_SCRIPT, train_args: Sequence[str] = (),
                     master_port: int = RDZV_PORT) -> str:
     """A runnable torchrun.sh (header, HEAD_NODE guard, the torchrun command)."""
     _check_hash(study_hash)
@@ -271,14 +287,41 @@ def torchrun_script(model: ModelSpec, cluster: ClusterSpec, layout: Layout, *, s
         command=torchrun_command(cluster, train_script=train_script, train_args=train_args))
 
 
+def accelerate_node_command(cluster: ClusterSpec, *, train_script: str | None = None,
+                            train_args: Sequence[str] = (), accelerate_file: str = "accelerate_fsdp2.yaml") -> str:
+    """Per-node shell text: ``accelerate launch`` (the generated FSDP2 config) of the entry point, args "$@"."""
+    return " ".join([
+        "exec accelerate launch --config_file", '"$LAUNCH_DIR"/' + shlex.quote(accelerate_file),
+        shlex.join(["--num_machines", str(cluster.nodes), "--num_processes", str(cluster.n_gpus)]),
+        '--machine_rank "$SLURM_NODEID" --main_process_ip "$HEAD_NODE" --main_process_port "$RDZV_PORT"',
+        "--rdzv_backend c10d", shlex.join([*_script_argv(train_script), *map(str, train_args)]), '"$@"'])
+
+
+def torchtitan_node_command(cluster: ClusterSpec) -> str:
+    """Per-node shell text: torchrun of ``torchtitan.train`` with the generated job module, args "$@"."""
+    return " ".join([
+        'export PYTHONPATH="$LAUNCH_DIR${PYTHONPATH:+:$PYTHONPATH}";',
+        shlex.join(["exec", "torchrun", f"--nnodes={cluster.nodes}", f"--nproc-per-node={cluster.gpus_per_node}",
+                    "--rdzv-backend=c10d"]),
+        '--rdzv-endpoint="$HEAD_NODE:$RDZV_PORT" --rdzv-id="$SLURM_JOB_ID"',
+        shlex.join(["--max-restarts=0", "-m", "torchtitan.train", "--module", TORCHTITAN_MODULE,
+                    "--config", TORCHTITAN_CONFIG_FN]),
+        '--comm.init_timeout_seconds "$TRAINPLAN_COLLECTIVE_TIMEOUT_S" "$@"'])
+
+
 def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, *,
-                  study_hash: str, train_script: str = DEFAULT_TRAIN_SCRIPT, train_args: Sequence[str] = (),
+                  study_hash: str, train_script: str | None = None, train_args: Sequence[str] = (),
                   time_limit_h: float = 72.0, collective_timeout_s: int = 1800, job_name: str = "trainplan",
                   partition: str | None = None, account: str | None = None, master_port: int = RDZV_PORT,
-                  accelerate_file: str = "accelerate_fsdp2.yaml") -> str:
-    """The Slurm batch script for nodes x gpus_per_node (accelerate launch under srun, c10d rendezvous).
+                  accelerate_file: str = "accelerate_fsdp2.yaml", checkpoint_interval_s: float | None = None,
+                  step_time_s: float | None = None, min_tokens_per_s_per_gpu: float | None = None,
+                  signal_lead_s: int = 300, gpu_directive: bool = True) -> str:
+    """The Slurm batch script for nodes x gpus_per_node: runs the chosen trainer (:func:`trainers.choose_trainer`).
 
-    ``partition``/``account`` of None leave a disabled, marked PLACEHOLDER directive.
+    ``TRAINPLAN_MODE`` = train (resumes from the last checkpoint; requeues itself when told to stop),
+    day1-throughput (50 steps; the step log becomes a record checked against ``min_tokens_per_s_per_gpu``),
+    day1-checkpoint (save at step 5, stop, restore, continue). ``partition``/``account`` of None leave a
+    disabled, marked PLACEHOLDER directive. ``train_args`` go to the accelerate line before the mode's own.
     """
     _check_hash(study_hash)
     if isinstance(time_limit_h, bool) or not (isinstance(time_limit_h, int | float) and 0 < time_limit_h <= 8760):
@@ -289,20 +332,34 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         if val is not None and not _slurm_word(val):
             raise ConfigError(f"launch.{key}", val, "letters, digits, '.', '_' or '-' only (an #SBATCH value)")
     minutes = max(1, round(time_limit_h * 60))
-    inner = " ".join([
-        "exec accelerate launch --config_file", '"$LAUNCH_DIR"/' + shlex.quote(accelerate_file),
-        shlex.join(["--num_machines", str(cluster.nodes), "--num_processes", str(cluster.n_gpus)]),
-        '--machine_rank "$SLURM_NODEID" --main_process_ip "$HEAD_NODE" --main_process_port "$RDZV_PORT"',
-        "--rdzv_backend c10d", shlex.join([str(train_script), *map(str, train_args)])])
+    trainer, why = choose_trainer(model, training, layout)
+    titan_no = torchtitan_model_problems(model, training)
+    ckpt_steps = checkpoint_interval_steps(checkpoint_interval_s, step_time_s)
+    lead = int(min(signal_lead_s, max(30, minutes * 60 // 4)))
     return _template("sbatch.sh.j2").render(
         header=_header(f"Slurm batch script ({cluster.nodes} x {cluster.gpus_per_node} GPUs)", study_hash,
                        model, cluster, layout),
-        script_name=sbatch_name(cluster), job_name=f"{job_name}-{study_hash[:12]}",
-        partition=partition, account=account,
-        nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node,
+        script_name=sbatch_name(cluster), job_name=f"{job_name}-{study_hash[:12]}", short_hash=study_hash[:12],
+        partition=partition, account=account, gpus_per_node_directive=bool(gpu_directive),
+        nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, signal_lead_s=lead,
         time_limit=f"{minutes // 60:d}:{minutes % 60:02d}:00", collective_timeout_s=int(collective_timeout_s),
         seq_len=training.seq_len, micro_batch=layout.micro_batch, grad_accum=grad_accum(training, layout),
-        rdzv_port=master_port, node_command=shlex.quote(inner))
+        reshard_after_forward=int(layout.sharding in ("zero3", "hsdp")),
+        activation_checkpointing=int(layout.recompute != "none"),
+        peak_tflops=f"{cluster.gpu.peak_bf16_flops / 1e12:g}",
+        steps=total_steps(training),
+        ckpt_interval_s=int(round(checkpoint_interval_s)) if checkpoint_interval_s else 0,
+        ckpt_interval_note=("" if checkpoint_interval_s else " (no cost.json given: 0 = every "
+                            f"{ckpt_steps} steps)") + (f"; torchtitan: {ckpt_steps} steps of the predicted "
+                                                       f"{step_time_s:.3g} s" if step_time_s else ""),
+        ckpt_interval_steps=ckpt_steps,
+        trainer=trainer, trainer_why=_one_line(why), torchtitan_ok=not titan_no,
+        torchtitan_why=_one_line("; ".join(titan_no)).replace('"', "'"),
+        min_tps=int(min_tokens_per_s_per_gpu or 0), rdzv_port=master_port,
+        accelerate_node_command=shlex.quote(accelerate_node_command(cluster, train_script=train_script,
+                                                                    train_args=train_args,
+                                                                    accelerate_file=accelerate_file)),
+        torchtitan_node_command=shlex.quote(torchtitan_node_command(cluster)))
 
 
 def bash_syntax_check(path: str | Path) -> None:
@@ -328,13 +385,55 @@ def sbatch_test_only(path: str | Path, *, partition: str | None = None, account:
 
 
 # ------------------------------------------------------------------------------------------ write
+def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "results/analytic/summary.json",
+                  config_path: str = "config/config.yaml", min_tokens_per_s_per_gpu: float | None = None,
+                  checkpoint_interval_s: float | None = None) -> list[dict[str, str]]:
+    """The memo's day-1 go/no-go checks as commands: [{check, command, passes_when}] (manifest.json ``day1``)."""
+    sb = sbatch_name(cluster)
+    tps = f"{min_tokens_per_s_per_gpu:,.0f}" if min_tokens_per_s_per_gpu else "the p10 prediction"
+    run = "run-<study hash[:12]>"
+    out = [
+        {"check": "one-node preflight",
+         "command": f"trainplan preflight --summary {shlex.quote(summary_path)} --config {shlex.quote(config_path)} "
+                    "--device cuda",
+         "passes_when": "exit 0 (PASS): state and activation bytes, peak reserved memory and step time within "
+                        "tolerance of the plan"},
+        {"check": "first 50 steps on all GPUs",
+         "command": f"sbatch --export=ALL,TRAINPLAN_MODE=day1-throughput {sb}",
+         "passes_when": f"the job exits 0: it ends with `trainplan ingest <{run}>/day1-throughput-<job>/steps.jsonl "
+                        f"--min-tokens-per-s-per-gpu {int(min_tokens_per_s_per_gpu or 0)}` (median tokens/s/GPU "
+                        f">= {tps}, losses finite)" if trainer == "accelerate" else
+                        f"torchtitan's log shows tps per GPU >= {tps} after warm-up and finite losses"},
+        {"check": "nccl-tests all-reduce across all nodes",
+         "command": f"srun --nodes={cluster.nodes} --ntasks-per-node={cluster.gpus_per_node} "
+                    f"--gpus-per-node={cluster.gpus_per_node} all_reduce_perf -b 1G -e 8G -f 2 -g 1",
+         "passes_when": f"busbw at 8 GB >= {cluster.inter_busbw_Bps / 1e9:g} GB/s (cluster.inter_busbw_GBps)"},
+        {"check": "save and restore one sharded (DCP) checkpoint",
+         "command": f"sbatch --export=ALL,TRAINPLAN_MODE=day1-checkpoint {sb}",
+         "passes_when": "the job exits 0: a checkpoint at step 5, a fresh launch restores it and reaches step 10 "
+                        "(`trainplan ingest --check-resume` on its step log)"},
+        {"check": "measurements flow back",
+         "command": f"trainplan ingest <{run}>/day1-throughput-<job>/steps.jsonl --out "
+                    "data/calibration/gpu/day1-production.json",
+         "passes_when": "the record is written; rerun the study: calibrate fits the efficiencies to it"},
+    ]
+    if checkpoint_interval_s:
+        out[3]["passes_when"] += f"; production checkpoints every {checkpoint_interval_s / 3600:.2g} h (Young/Daly)"
+    return out
+
+
 def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,
-                    out_dir: str | Path, *, study_hash: str, train_script: str = DEFAULT_TRAIN_SCRIPT,
-                    train_args: Sequence[str] = (), options: Mapping[str, Any] | None = None
-                    ) -> list[tuple[str, bool]]:
+                    out_dir: str | Path, *, study_hash: str, train_script: str | None = DEFAULT_TRAIN_SCRIPT,
+                    train_args: Sequence[str] = (), options: Mapping[str, Any] | None = None,
+                    checkpoint_interval_s: float | None = None, step_time_s: float | None = None,
+                    min_tokens_per_s_per_gpu: float | None = None, summary_path: str = "results/analytic/summary.json",
+                    config_path: str = "config/config.yaml") -> list[tuple[str, bool]]:
     """Write every artifact (atomically) plus manifest.json; return [(filename, short?), ...].
 
     ``options`` is the config's ``launch`` section: job_name, partition, account, time_limit_h, master_port.
+    ``checkpoint_interval_s`` (cost.json's Young/Daly ``checkpoint_interval_h`` × 3600) and ``step_time_s`` (the
+    chosen layout's predicted step time) set the checkpoint interval; ``min_tokens_per_s_per_gpu`` (the p10
+    prediction) is the day-1 throughput threshold.
     """
     out = Path(out_dir)
     opts = dict(options or {})
@@ -342,17 +441,39 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     if unknown:
         raise ConfigError("launch." + unknown[0], opts[unknown[0]], "valid: " + ", ".join(sorted(LAUNCH_OPTIONS)))
     kw = {"study_hash": study_hash, "train_script": train_script, "train_args": train_args}
+    trainer, why = choose_trainer(model, training, layout)
+    titan_no = torchtitan_model_problems(model, training)
+    ckpt_steps = checkpoint_interval_steps(checkpoint_interval_s, step_time_s)
     texts: dict[str, tuple[str, str]] = {
         "accelerate_fsdp2.yaml": (accelerate_config(model, cluster, training, layout, study_hash=study_hash),
                                   "Accelerate FSDP2 config"),
         "torchrun.sh": (torchrun_script(model, cluster, layout, master_port=opts.get("master_port", RDZV_PORT), **kw),
                         "torchrun command, one per node"),
-        sbatch_name(cluster): (sbatch_script(model, cluster, training, layout, **opts, **kw),
-                               "Slurm batch script"),
+        sbatch_name(cluster): (sbatch_script(model, cluster, training, layout, checkpoint_interval_s=checkpoint_interval_s,
+                                             step_time_s=step_time_s, min_tokens_per_s_per_gpu=min_tokens_per_s_per_gpu,
+                                             **opts, **kw),
+                               f"Slurm batch script (runs {trainer}; requeue on USR1/TERM; day-1 modes)"),
     }
+    hf_why = _hf_unsupported(model)
+    if hf_why is None:
+        from trainplan.proxy.model import hf_config_dict
+
+        hf = {"_comment": _one_line(f"trainplan launch artifact: transformers LlamaConfig of {model.name}; "
+                                    f"study hash: {study_hash}"), **hf_config_dict(model)}
+        texts["model_config.json"] = (json.dumps(hf, indent=2) + "\n",
+                                      "Hugging Face config.json of the model (random init; or point "
+                                      "TRAINPLAN_MODEL_CONFIG at the checkpoint directory)")
+    settings: dict[str, Any] | None = None
+    if not titan_no:
+        settings, _ = torchtitan_settings(model, cluster, training, layout, ckpt_interval_steps=ckpt_steps)
+        head = _header(f"torchtitan job module ({TORCHTITAN_MODULE}.{TORCHTITAN_CONFIG_FN})", study_hash, model,
+                       cluster, layout)
+        texts[f"{TORCHTITAN_MODULE}.py"] = (torchtitan_job_module(model, cluster, training, layout, header=head,
+                                                                  ckpt_interval_steps=ckpt_steps),
+                                            "torchtitan 0.3 job (config_registry module)")
     ds = deepspeed_config(model, cluster, training, layout, study_hash=study_hash)
     if ds is not None:
-        texts["deepspeed_zero.json"] = (json.dumps(ds, indent=2) + "\n", "DeepSpeed ZeRO config")
+        texts["deepspeed_zero.json"] = (json.dumps(ds, indent=2) + "\n", "DeepSpeed ZeRO config (reference only)")
     arts: list[Artifact] = []
     for name, (text, what) in texts.items():
         p = write_text(out / name, text)
@@ -361,9 +482,28 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         arts.append(Artifact(name, text.count("\n") <= SHORT_MAX_LINES, what))
     write_json(out / "manifest.json", {
         "study_hash": study_hash, "layout": layout.to_dict(),
-        "deepspeed": "written" if ds is not None else deepspeed_unsupported_reason(layout),
+        "trainer": {"chosen": trainer, "why": why,
+                    "torchtitan": "written" if not titan_no else "; ".join(titan_no),
+                    "torchtitan_parallelism": settings["parallelism"] if settings else None,
+                    "hf_model_config": "written" if hf_why is None else hf_why,
+                    "accelerate_line": accelerate_node_command(cluster, train_script=train_script,
+                                                               train_args=train_args),
+                    "torchtitan_line": torchtitan_node_command(cluster) if not titan_no else None,
+                    "checkpoint_interval_s": checkpoint_interval_s, "checkpoint_interval_steps": ckpt_steps,
+                    "total_steps": total_steps(training)},
+        "deepspeed": ("written (reference only: no launch line uses it; the sbatch script runs "
+                      f"{trainer})") if ds is not None else deepspeed_unsupported_reason(layout),
+        "day1": day1_commands(cluster, trainer=trainer, summary_path=summary_path, config_path=config_path,
+                              min_tokens_per_s_per_gpu=min_tokens_per_s_per_gpu,
+                              checkpoint_interval_s=checkpoint_interval_s),
         "artifacts": [{"filename": a.filename, "short": a.short, "description": a.description} for a in arts]})
     return [(a.filename, a.short) for a in arts]
+
+
+def _hf_unsupported(model: ModelSpec) -> str | None:
+    from trainplan.proxy.model import hf_unsupported_reason
+
+    return hf_unsupported_reason(model)
 
 
 # -------------------------------------------------------------------------------------------- CLI
@@ -390,6 +530,31 @@ def study_hash_of(cfg: Any) -> str:
     return study_hash(cfg)
 
 
+def _plan_numbers(summary: str, cost: str | None, production: str | None) -> dict[str, float | None]:
+    """checkpoint_interval_s (cost.json), step_time_s (summary's estimate), min tokens/s/GPU (production p10)."""
+    from trainplan.io import read_json
+
+    results = Path(summary).resolve().parent.parent
+
+    def num(path: Path | None, *keys: str) -> float | None:
+        if path is None or not path.is_file():
+            return None
+        try:
+            v: Any = read_json(path)
+            for k in keys:
+                v = v[k]
+        except (KeyError, TypeError, ValueError, OSError):
+            return None
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0 else None
+
+    h = num(Path(cost) if cost else results / "cost" / "cost.json", "checkpoint_interval_h")
+    return {"checkpoint_interval_s": h * 3600 if h else None,
+            "step_time_s": num(Path(summary), "estimate", "step_time_s"),
+            "min_tokens_per_s_per_gpu": num(Path(production) if production else
+                                            results / "prediction" / "production.json",
+                                            "chosen", "tokens_per_s_per_gpu_p10")}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``trainplan launch``: write the launch artifacts for the chosen layout."""
     ap = argparse.ArgumentParser(
@@ -400,8 +565,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--config", required=True, help="the study config (model, cluster, training)")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--study-hash", help="hash for the headers (default: config_hash of the config)")
-    ap.add_argument("--train-script", default=DEFAULT_TRAIN_SCRIPT, help="training entry point (PLACEHOLDER)")
+    ap.add_argument("--train-script", default=DEFAULT_TRAIN_SCRIPT,
+                    help="training script for accelerate launch / torchrun (default: -m trainplan.train_entry)")
     ap.add_argument("--time-limit-h", type=float, help="Slurm --time in hours (default: config launch.time_limit_h)")
+    ap.add_argument("--cost", help="cost.json (Young/Daly checkpoint_interval_h; default: cost/cost.json beside "
+                    "the summary's analytic/ directory, if present)")
+    ap.add_argument("--production", help="production.json (p10 tokens/s/GPU for the day-1 check; default: "
+                    "prediction/production.json beside analytic/, if present)")
     a = ap.parse_args(argv)
     try:
         cfg, model, cluster, training, layout = _load_inputs(a.summary, a.config)
@@ -409,8 +579,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         opts = {k: v for k, v in dict(getattr(cfg, "launch", None) or {}).items() if k in LAUNCH_OPTIONS}
         if a.time_limit_h is not None:
             opts["time_limit_h"] = a.time_limit_h
+        extra = _plan_numbers(a.summary, a.cost, a.production)
         arts = write_artifacts(model, cluster, training, layout, a.out, study_hash=h,
-                               train_script=a.train_script, options=opts)
+                               train_script=a.train_script, options=opts, summary_path=a.summary,
+                               config_path=a.config, **extra)
         for name, _ in arts:
             if name.endswith(".sh"):
                 bash_syntax_check(Path(a.out) / name)

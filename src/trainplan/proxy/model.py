@@ -174,6 +174,12 @@ def hf_unsupported_reason(spec: ModelSpec) -> str | None:
         why.append(f"pos_embedding={spec.pos_embedding} (RoPE only)")
     if spec.bias == "qkv":
         why.append("bias=qkv (LlamaConfig.attention_bias adds a bias to o_proj as well; that is Qwen2's model)")
+    if getattr(spec, "qk_norm", False):
+        why.append("qk_norm (Llama has no q/k norm; Qwen3/Gemma 3 do)")
+    if getattr(spec, "norms_per_layer", 2) != 2:
+        why.append(f"norms_per_layer={spec.norms_per_layer} (Llama blocks have 2)")
+    if getattr(spec, "sliding_window", None):
+        why.append("sliding_window (Llama attends over the full sequence; Mistral's model has the window)")
     return "; ".join(why) or None
 
 
