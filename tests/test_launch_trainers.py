@@ -1,0 +1,144 @@
+"""The trainer the sbatch runs: torchtitan 0.3's own config parser accepts the generated job module (and builds
+the same model), transformers builds the same model from model_config.json, the manifest names the trainer
+and the day-1 commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainplan import launch, trainers
+from trainplan.specs import ClusterSpec, Layout, TrainingSpec, resolve_model
+
+MODEL = resolve_model("llama2-13b")
+CLUSTER = ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb")
+TRAINING = TrainingSpec(seq_len=4096, global_batch=256)
+HASH = "0123456789abcdef"
+LAYOUTS = {
+    "fsdp": Layout(dp=32, sharding="zero3", recompute="full", micro_batch=1),
+    "hsdp_tp": Layout(dp=16, tp=2, sp=True, sharding="hsdp", shard_group=8, recompute="selective", micro_batch=1),
+    "pp_interleaved": Layout(dp=8, pp=4, pp_schedule="interleaved", vpp=2, sharding="zero1", micro_batch=1),
+    "cp": Layout(dp=16, cp=2, sharding="zero3", micro_batch=1),
+    "ddp": Layout(dp=32, sharding="none", micro_batch=1),
+}
+
+
+def _parse_titan(out: Path, *overrides: str):
+    pytest.importorskip("torchtitan")
+    from torchtitan.config.manager import ConfigManager
+
+    sys.path.insert(0, str(out))
+    try:
+        sys.modules.pop(trainers.TORCHTITAN_MODULE, None)
+        return ConfigManager().parse_args(["--module", trainers.TORCHTITAN_MODULE, "--config",
+                                           trainers.TORCHTITAN_CONFIG_FN, *overrides])
+    finally:
+        sys.path.remove(str(out))
+        sys.modules.pop(trainers.TORCHTITAN_MODULE, None)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_torchtitan_config_manager_accepts_the_job_and_its_degrees_cover_the_cluster(tmp_path, name):
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    layout = LAYOUTS[name]
+    launch.write_artifacts(MODEL, CLUSTER, TRAINING, layout, tmp_path, study_hash=HASH,
+                           checkpoint_interval_s=1.6 * 3600, step_time_s=12.0)
+    cfg = _parse_titan(tmp_path, "--training.steps", "50")  # a CLI override on top, as the sbatch passes
+    p = cfg.parallelism
+    assert cfg.training.steps == 50 and cfg.training.seq_len == 4096 and cfg.training.global_batch_size == 256
+    assert (p.tensor_parallel_degree, p.pipeline_parallel_degree, p.context_parallel_degree) == (
+        layout.tp, layout.pp, layout.cp)
+    dims = ParallelDims.from_config(p, CLUSTER.n_gpus)  # torchtitan's own world-size check
+    assert dims.dp_replicate * dims.dp_shard * dims.cp * dims.tp * dims.pp == CLUSTER.n_gpus
+    assert cfg.checkpoint.enable and cfg.checkpoint.interval == 480  # Young/Daly 1.6 h / 12 s per step
+    if layout.sharding == "hsdp":
+        assert (p.data_parallel_replicate_degree, p.data_parallel_shard_degree) == (2, 8)  # dp 16, groups of 8
+    if layout.sharding == "none":
+        assert (p.data_parallel_replicate_degree, p.data_parallel_shard_degree) == (32, 1)
+    if layout.pp > 1:
+        assert p.pipeline_parallel_schedule == "Interleaved1F1B" and p.pipeline_parallel_layers_per_stage == 5
+        # the local batch is split into pipeline micro-batches: 256 / dp 8 = 32 of micro_batch 1
+        assert cfg.training.local_batch_size == 32 and p.pipeline_parallel_microbatch_size == 1
+    else:
+        assert cfg.training.local_batch_size == layout.micro_batch
+    ac = type(cfg.activation_checkpoint).__qualname__ if cfg.activation_checkpoint is not None else None
+    assert ac == {"full": "FullAC.Config", "selective": "SelectiveAC.Config", "none": None}[layout.recompute]
+
+
+def test_torchtitan_builds_the_planned_model_exactly(tmp_path):
+    import torch
+
+    launch.write_artifacts(MODEL, CLUSTER, TRAINING, LAYOUTS["pp_interleaved"], tmp_path, study_hash=HASH)
+    cfg = _parse_titan(tmp_path)
+    with torch.device("meta"):
+        m = cfg.model_spec.model.build()
+    assert sum(p.numel() for p in m.parameters()) == MODEL.n_params  # 13,015,864,320
+
+
+def test_transformers_builds_the_same_model_from_model_config_json(tmp_path):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    launch.write_artifacts(MODEL, CLUSTER, TRAINING, LAYOUTS["fsdp"], tmp_path, study_hash=HASH)
+    cfg = AutoConfig.from_pretrained(str(tmp_path / "model_config.json"))
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(cfg)
+    assert type(m).__name__ == "LlamaForCausalLM"
+    assert sum(p.numel() for p in m.parameters()) == MODEL.n_params
+    assert resolve_model(str(tmp_path / "model_config.json")).n_params == MODEL.n_params
+
+
+@pytest.mark.parametrize("name,trainer", [("fsdp", "accelerate"), ("ddp", "accelerate"), ("hsdp_tp", "torchtitan"),
+                                          ("pp_interleaved", "torchtitan"), ("cp", "torchtitan")])
+def test_manifest_names_the_trainer_the_sbatch_runs_and_the_day1_commands(tmp_path, name, trainer):
+    launch.write_artifacts(MODEL, CLUSTER, TRAINING, LAYOUTS[name], tmp_path, study_hash=HASH,
+                           min_tokens_per_s_per_gpu=4960.6)
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    assert man["trainer"]["chosen"] == trainer and man["trainer"]["why"]
+    sb = (tmp_path / "sbatch_4x8.sh").read_text()
+    assert f'TRAINPLAN_TRAINER="${{TRAINPLAN_TRAINER:-{trainer}}}"' in sb
+    assert "#SBATCH --requeue" in sb and "#SBATCH --signal=B:USR1@" in sb and 'scontrol requeue "$SLURM_JOB_ID"' in sb
+    checks = {d["check"]: d["command"] for d in man["day1"]}
+    assert checks["one-node preflight"].startswith("trainplan preflight ")
+    assert checks["first 50 steps on all GPUs"] == "sbatch --export=ALL,TRAINPLAN_MODE=day1-throughput sbatch_4x8.sh"
+    assert "TRAINPLAN_MODE=day1-checkpoint" in checks["save and restore one sharded (DCP) checkpoint"]
+    assert "--min-tokens-per-s-per-gpu 4960" in sb
+    if "deepspeed_zero.json" in {a["filename"] for a in man["artifacts"]}:
+        assert "reference only" in man["deepspeed"]
+
+
+def test_layouts_torchtitan_cannot_build_say_why(tmp_path):
+    from dataclasses import replace
+
+    gelu = replace(MODEL, mlp="gelu", norm="layernorm", name="neox-like")
+    launch.write_artifacts(gelu, CLUSTER, TRAINING, LAYOUTS["hsdp_tp"], tmp_path, study_hash=HASH)
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    assert not (tmp_path / "trainplan_torchtitan.py").exists() and "SwiGLU" in man["trainer"]["torchtitan"]
+    assert man["trainer"]["chosen"] == "accelerate" and "cannot build this model" in man["trainer"]["why"]
+    assert "mlp=gelu" in man["trainer"]["hf_model_config"] and not (tmp_path / "model_config.json").exists()
+    sb = (tmp_path / "sbatch_4x8.sh").read_text()
+    assert "no torchtitan job for this layout" in sb
+
+
+def test_checkpoint_interval_and_steps():
+    assert trainers.checkpoint_interval_steps(5760.0, 12.0) == 480
+    assert trainers.checkpoint_interval_steps(None, 12.0) == 500  # no cost.json: torchtitan's default
+    assert trainers.total_steps(TRAINING) == 9537  # 10e9 tokens / (256 x 4096)
+
+
+def test_torchtitan_trainer_cannot_start_on_a_cpu_only_torch():
+    """Why the torchtitan path is validated by its parser and not run here: its device falls back to cuda."""
+    import torch
+
+    pytest.importorskip("torchtitan")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA build: torchtitan can run")
+    from torchtitan.tools import utils
+
+    assert utils.device_type == "cuda"  # no accelerator → 'cuda' anyway (tools/utils.get_device_info)
+    with pytest.raises((AttributeError, AssertionError, RuntimeError)):
+        utils.device_module.set_device(torch.device("cuda", 0))  # what Trainer.__init__ does first
