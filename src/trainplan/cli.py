@@ -380,7 +380,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             mod = importlib.import_module(DELEGATED[argv[0]][0])
             rc = int(mod.main(argv[1:]) or 0)
         else:
-            args = _parser().parse_args(argv)
+            try:
+                args = _parser().parse_args(argv)
+            except SystemExit as e:  # a usage error (one line already written) or --help: a code, not an exit
+                return e.code if isinstance(e.code, int) else 2
             handler = {"plan": _cmd_plan, "estimate": _cmd_estimate, "validate": _cmd_validate}[args.cmd]
             rc = handler(args)
         sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at interpreter exit
