@@ -146,7 +146,7 @@ def test_kernels_and_attn_impl_flags_change_the_estimate(capsys):
     (["--arch", "layers=2,hidden=64,heads=3,vocab=10"], "arch.hidden"),
     (["--arch", "layers=2,hidden=64,heads=4,vocab=10,pos=sinusoid"], "arch.pos"),
     (["--model", "debug", "--arch", "layers=99999999"], "arch.layers"),
-    (["--model", "llama2-7b", "--arch", "hidden=4000"], "arch.hidden"),
+    (["--model", "llama2-7b", "--arch", "hidden=4001"], "arch.hidden"),
     (["--gpu", "h100\nsxm"], "gpu"),
 ])
 def test_bounded_and_cross_checked_flags(capsys, argv, key):
