@@ -47,8 +47,8 @@ def _start(tmp: Path, prefix: list[str] = (), cmd: list[str] | None = None) -> t
         assert time.monotonic() < deadline, "torchrun did not start two workers in 120 s"
         time.sleep(0.2)
     time.sleep(2.0)  # let the ranks get into the run (rank 0 blocks in its first collective)
-    launcher = next(p for p in [top.pid, *L.descendants(top.pid)] if "proxy" in L._cmdline(p)
-                    and "trainplan.cli" in " ".join(L._cmdline(p)))
+    below = sorted(L.descendants(top.pid)) if prefix else [top.pid, *sorted(L.descendants(top.pid))]
+    launcher = next(p for p in below if "proxy" in L._cmdline(p) and "trainplan.cli" in " ".join(L._cmdline(p)))
     tree = L.descendants(launcher)
     starts = {p: L._stat(p)[2] for p in tree if L._stat(p)}
     assert len(_workers(launcher)) == 2 and len(tree) >= 3, tree  # torchrun + 2 workers (+ helpers)
@@ -169,3 +169,33 @@ def test_sigterm_to_trainplan_preflight_stops_its_proxy_and_judges_nothing(tmp_p
     print(f"preflight SIGTERM: {len(tree)} descendants gone {took:.2f} s after the signal, rc {rc}")
     assert rc == 143, (tmp_path / "proxy.log").read_text()[-3000:]
     assert sorted(p.name for p in (tmp_path / "pf").iterdir()) == ["preflight_spec.json"]
+
+
+GRACEFUL_PARENT = """\
+import signal, subprocess, sys
+from trainplan.proxy.launch import forward_signals_to_proxies
+# like Snakemake's scheduler: SIGTERM means "finish the running jobs, then exit" (exit_gracefully)
+signal.signal(signal.SIGTERM, lambda *a: print("graceful: waiting for running jobs", flush=True))
+forward_signals_to_proxies()  # what the Snakefile's onstart: hook installs
+sys.exit(subprocess.call(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sigterm_to_a_waiting_snakemake_reaches_its_proxies(tmp_path):
+    """Snakemake alone gets SIGTERM and would wait for its jobs; with ``forward_signals_to_proxies`` (the
+    Snakefile's onstart hook) the proxy launcher gets it too: the ranks are gone within seconds."""
+    fake = tmp_path / "bin" / "snakemake"
+    fake.parent.mkdir()
+    fake.write_text(f"#!{sys.executable}\n{GRACEFUL_PARENT}")
+    fake.chmod(0o755)
+    top, launcher, tree, starts = _start(tmp_path, [str(fake)])
+    assert L.proxy_launchers(top.pid) == {launcher}
+    os.kill(top.pid, signal.SIGTERM)
+    took = _wait_gone({**starts, launcher: L._stat(launcher)[2]}, GONE_WITHIN_S)
+    rc = top.wait(timeout=30)
+    log = (tmp_path / "proxy.log").read_text()
+    print(f"SIGTERM to the parent alone: launcher and {len(tree)} descendants gone {took:.2f} s later, rc {rc}")
+    assert "graceful: waiting" in log and "interrupted (SIGTERM received)" in log, log[-3000:]
+    assert rc == 143 and _left(tmp_path) == []

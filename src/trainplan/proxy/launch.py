@@ -206,6 +206,38 @@ def _signals_raise() -> Any:
             signal.signal(s, h)
 
 
+def proxy_launchers(root: int) -> set[int]:
+    """The proxy launchers below ``root``: the parents of the processes that start ranks with
+    ``trainplan.proxy.launch worker`` (torchrun, or srun in a multi-node allocation)."""
+    starters = {p for p in descendants(root)
+                if "trainplan.proxy.launch" in (c := " ".join(_cmdline(p))) and "torch.distributed.run" in c}
+    return {st[0] for p in starters if (st := _stat(p))} - starters - {root}
+
+
+def forward_signals_to_proxies(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
+    """For the Snakefile's ``onstart:`` hook (the main Snakemake process). Snakemake answers SIGINT and
+    SIGTERM by waiting for its running jobs to finish — for a GPU proxy, hours on held GPUs. This chains a
+    handler in front of Snakemake's: it first sends the signal to every proxy launcher below this process
+    (:func:`proxy_launchers`), which kills its ranks within seconds and writes no record; then Snakemake's
+    own handling runs (the job fails, Snakemake exits, the next run reruns the proxy)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for s in signals:
+        prev = signal.getsignal(s)
+
+        def handler(signum: int, frame: Any, prev: Any = prev) -> None:
+            for pid in proxy_launchers(os.getpid()):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signum)
+            if callable(prev):
+                prev(signum, frame)
+            elif prev == signal.SIG_DFL:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        signal.signal(s, handler)
+
+
 def _stale_work_dirs(out: Path, run_id: str) -> None:
     """Remove ``.{id}.*`` work folders a killed (SIGKILL) launcher of this id left beside its record."""
     if out.parent.exists():
