@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,10 @@ sys.path.insert(0, str(Path(__file__).parent / "slurm"))
 from cluster import PARTITION, available, local_slurm  # noqa: E402
 from workflow_copy import copy_workflow, snakemake  # noqa: E402
 
+from trainplan.config import load_config  # noqa: E402
 from trainplan.launch import bash_syntax_check, sbatch_test_only  # noqa: E402
+from trainplan.provenance import study_hash  # noqa: E402
+from trainplan.slurm_resources import proxy_job_resources  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -23,14 +27,14 @@ def test_study_runs_through_the_slurm_profile(tmp_path, monkeypatch):
     with local_slurm(tmp_path) as env:
         r = snakemake(
             wf, "--profile", "slurm", "--configfile", "config/tiny.yaml",
-            # test override of the machine-specific values: CPU partition, no GPUs, small memory
-            "--default-resources", f"slurm_partition={PARTITION}", "runtime=10", "mem_mb=500", "cpus_per_task=1",
-            "--set-resources", "proxy_run:nodes=1", "proxy_run:mem_mb=1000", "proxy_run:runtime=10",
-            "proxy_run:cpus_per_task=2",
+            # the only override: the test cluster's partition (the profile's one site value). No
+            # --set-resources: what each proxy asks for is derived from its RUN_SPEC by the rule itself.
+            "--default-resources", f"slurm_partition={PARTITION}",
             "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
-            "--slurm-keep-successful-logs", "--slurm-no-account", "--latency-wait", "5", "--jobs", "2",
+            "--slurm-keep-successful-logs", "--latency-wait", "5", "--jobs", "2",
             env=env, timeout=900)
-        jobs = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%j"], env=env, capture_output=True, text=True)
+        jobs = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%k|%D|%C|%l|%m"], env=env, capture_output=True,
+                              text=True).stdout.split()
         if r.returncode == 0:
             monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])
             _check_sbatch_artifact(wf / "results" / "launch", tmp_path)  # while the cluster is up
@@ -38,7 +42,13 @@ def test_study_runs_through_the_slurm_profile(tmp_path, monkeypatch):
     assert r.returncode == 0, out[-5000:]
     assert (wf / "results" / "memo" / "design_memo.pdf").exists()
     logs = list((wf / ".snakemake" / "slurm_logs").rglob("*.log"))
-    assert any("proxy_run" in str(p) for p in logs), (logs, jobs.stdout)
+    assert any("proxy_run" in str(p) for p in logs), (logs, jobs)
+    # only the proxies were cluster jobs (every other rule is a localrule), each with its derived resources
+    specs = {p["id"]: p for p in json.loads((wf / "results/proxies/proxy_set.json").read_text())["proxies"]}
+    want = {f"rule_proxy_run_wildcards_{i}|{w['nodes']}|{w['cpus_per_task']}|{w['runtime']}:00|{w['mem_mb']}M"
+            for i, w in ((i, proxy_job_resources(s)) for i, s in specs.items())}
+    assert set(jobs) == want, (jobs, want)
+    assert f"trainplan study hash: {study_hash(load_config([wf / 'config/config.yaml', wf / 'config/tiny.yaml']))}" in out
 
 
 GRES_REJECTION = "sbatch: error: Invalid generic resource (gres) specification"
