@@ -59,9 +59,90 @@ def _files(inp: Mapping[str, Any]) -> list[str]:
 
 
 def _sidecars(rule: str, out: Mapping[str, Any], cfg: Any, inp: Mapping[str, Any], **kw: Any) -> None:
+    """Provenance sidecars; a CSV's also promises its row count (``extra.rows``), which readers check."""
     for o in _files(out):
         if Path(o).exists():
-            write_sidecar(o, rule=rule, config_slice=cfg, inputs=_files(inp), **kw)
+            extra = dict(kw.get("extra") or {})
+            if o.endswith(".csv"):
+                extra["rows"] = _csv_rows(o)
+            write_sidecar(o, rule=rule, config_slice=cfg, inputs=_files(inp),
+                          **{**kw, "extra": extra or None})
+
+
+# ------------------------------------------------------------------------------ corrupted results
+class CorruptResultError(RuntimeError):
+    """A results file is not what the rule that wrote it recorded (cut, emptied, edited): it was removed, with
+    its sidecar, so the next ``snakemake`` run rebuilds it."""
+
+
+def _csv_rows(path: str | Path) -> int | None:
+    """Data rows of a CSV (quoted newlines handled), or None if it cannot be parsed."""
+    import csv
+
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            return max(sum(1 for _ in csv.reader(f)) - 1, 0)
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+
+
+def _remove_result(path: Path) -> None:
+    from trainplan.provenance import sidecar_path
+
+    for q in (path, sidecar_path(path)):
+        q.unlink(missing_ok=True)
+
+
+def verify_result(path: str | Path) -> None:
+    """Check a file a rule wrote against its provenance sidecar (sha256, and a CSV's promised row count).
+    On a mismatch, remove it and its sidecar and raise :class:`CorruptResultError` naming the file, so the
+    rerun rebuilds it instead of using it. Files without a sidecar (sources, published data) are not judged."""
+    from trainplan.provenance import file_sha256, sidecar_path
+
+    p, sc_path = Path(path), sidecar_path(path)
+    if not p.is_file() or not sc_path.is_file():
+        if sc_path.is_file() and not p.exists():
+            raise CorruptResultError(f"{p}: missing (its provenance sidecar is there): rerun to rebuild it")
+        return
+    try:
+        sc = read_json(sc_path)
+        promised = sc["output_sha256"]
+        rule = sc.get("rule", "its rule")
+        rows = (sc.get("extra") or {}).get("rows")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        _remove_result(p)
+        raise CorruptResultError(f"{p}: its provenance sidecar {sc_path} is unreadable ({type(e).__name__}: {e}); "
+                                 "removed both, so the next run rebuilds them") from None
+    if promised is None or file_sha256(p) == promised:
+        return
+    what = "its content differs from what it wrote"
+    if p.suffix == ".csv" and rows is not None:
+        now = _csv_rows(p)
+        if now != rows:
+            what = f"{'unparseable' if now is None else f'{now} rows'} but {rule} wrote {rows}"
+    _remove_result(p)
+    raise CorruptResultError(f"{p}: {what} (sha256 differs from {sc_path.name}): cut, emptied or edited after "
+                             f"{rule} wrote it; removed with its sidecar, so the next run rebuilds it")
+
+
+def verify_inputs(inp: Mapping[str, Any]) -> None:
+    """:func:`verify_result` for every input file; all problems in one error."""
+    problems = []
+    for f in _files(inp):
+        try:
+            verify_result(f)
+        except CorruptResultError as e:
+            problems.append(str(e))
+    if problems:
+        raise CorruptResultError("; ".join(problems))
+
+
+def _read_table(path: str | Path) -> Any:
+    """A results CSV, checked against its sidecar first (:func:`verify_result`)."""
+    import pandas as pd
+
+    verify_result(path)
+    return pd.read_csv(path)
 
 
 def _smk_dicts(smk: Any) -> tuple[dict, dict, dict, dict]:
@@ -100,7 +181,12 @@ def _with_log(smk: Any, fn: Callable[[], None]) -> None:
 def _stage(run: Callable[..., None]) -> Callable[[Any], None]:
     def stage(smk: Any) -> None:
         inp, out, params, wc = _smk_dicts(smk)
-        _with_log(smk, lambda: run(inp, out, params.get("cfg", {}), **({"wildcards": wc} if wc else {})))
+
+        def go() -> None:
+            verify_inputs(inp)  # a cut or edited upstream result fails here, named, and is removed
+            run(inp, out, params.get("cfg", {}), **({"wildcards": wc} if wc else {}))
+
+        _with_log(smk, go)
 
     stage.__name__ = run.__name__.removeprefix("run_")
     stage.__doc__ = f"Snakemake entry point for rule ``{stage.__name__}`` (see ``{run.__name__}``)."
@@ -216,24 +302,53 @@ def parity_columns(df: Any) -> Any:
     return df
 
 
-def run_aggregate(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
-    """records.csv: one flattened row per proxy RECORD, predicted next to measured."""
-    from trainplan.proxy.aggregate import aggregate
+def _proxy_set_path(inp: Mapping, records: list[str]) -> Path | None:
+    if inp.get("proxy_set"):
+        return Path(str(inp["proxy_set"]))
+    return Path(records[0]).parent.parent / "proxy_set.json" if records else None
 
-    df = parity_columns(aggregate([str(p) for p in inp.get("records", [])]))
+
+def run_aggregate(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
+    """records.csv: one flattened row per proxy RECORD, predicted next to measured.
+
+    Every run named in proxy_set.json must be there and be a valid RECORD (``aggregate.check_records``). A
+    missing, truncated or invalid one fails the rule with its path; the bad file and its sidecar are removed,
+    so the next ``snakemake`` reruns exactly those proxies. The sidecar promises the row count and ids."""
+    from trainplan.proxy.aggregate import RecordsError, aggregate
+
+    records = [str(p) for p in inp.get("records", [])]
+    ps = _proxy_set_path(inp, records)
+    expected = None
+    if ps is not None and ps.exists():
+        try:
+            expected = [p["id"] for p in read_json(ps)["proxies"]]
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptResultError(f"{ps}: not a proxy set ({type(e).__name__}: {e})") from None
+    try:
+        df = parity_columns(aggregate(records, expected))
+    except RecordsError as e:
+        for p in e.paths:
+            if p.exists():
+                _remove_result(p)
+            else:  # an orphaned sidecar
+                from trainplan.provenance import sidecar_path
+
+                sidecar_path(p).unlink(missing_ok=True)
+        lines = "\n".join(f"  {p}: {why}" for p, why in e.problems)
+        raise CorruptResultError(f"aggregate: {len(e.problems)} proxy record(s) missing or invalid — removed "
+                                 f"with their sidecars; rerun snakemake to redo these proxies:\n{lines}") from None
     write_csv(df, out["records"])
-    _sidecars("aggregate", out, cfg, inp)
+    _sidecars("aggregate", out, cfg, inp, extra={"ids": list(df["id"]) if len(df) else []})
 
 
 # ----------------------------------------------------------------------------------- calibrate / fits
 def run_calibrate(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     """calibration.json and heldout.csv from ``trainplan.calibrate.stage_calibrate``."""
-    import pandas as pd
 
     from trainplan.calibrate import stage_calibrate
 
     s = _specs(cfg)
-    result, heldout = stage_calibrate(pd.read_csv(inp["records"]), s["efficiency"], dict(cfg["calibration"]))
+    result, heldout = stage_calibrate(_read_table(inp["records"]), s["efficiency"], dict(cfg["calibration"]))
     write_json(out["calibration"], result)
     write_csv(heldout, out["heldout"])
     # committed GPU records (calibration.gpu_records_dir) are inputs too, whether or not the rule declares them
@@ -244,12 +359,11 @@ def run_calibrate(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
 
 def run_fit_scaling(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     """scaling.json: depth-slice, width-ladder and scale-out fits of the CPU proxy records (bytes, FLOPs)."""
-    import pandas as pd
 
     from trainplan.calibrate import stage_fit_scaling
 
     s = _specs(cfg)
-    result = stage_fit_scaling(pd.read_csv(inp["records"]), s["model"], s["cluster"].n_gpus, dict(cfg["calibration"]))
+    result = stage_fit_scaling(_read_table(inp["records"]), s["model"], s["cluster"].n_gpus, dict(cfg["calibration"]))
     write_json(out["scaling"], result)
     _sidecars("fit_scaling", out, cfg, inp)
 

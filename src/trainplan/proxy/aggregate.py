@@ -1,4 +1,10 @@
-"""Flatten proxy RECORDs into one table: predicted next to measured, with relative errors."""
+"""Flatten proxy RECORDs into one table: predicted next to measured, with relative errors.
+
+Nothing unreadable is flattened: :func:`check_record` loads one RECORD and checks it against the schema
+(``proxy.schema.RECORD_SCHEMA``), its id and what flattening needs; :func:`aggregate` with ``expected_ids``
+(the ids of ``proxy_set.json``) also checks that every promised run is there. All problems are collected
+and raised together as :class:`RecordsError`, each with the file's path.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,6 @@ from typing import Any
 
 import pandas as pd
 
-from trainplan.io import read_json
 from trainplan.proxy.record import STATE_TERMS, predicted_state_terms
 
 
@@ -86,9 +91,87 @@ def _spec_columns(rec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def aggregate(record_paths: Iterable[str | Path]) -> pd.DataFrame:
-    """One row per RECORD file (see :func:`record_row`), plus ``loss0_rel_spread``: |loss0 − median|/median."""
-    rows = [record_row(read_json(p)) for p in record_paths]
+class RecordsError(ValueError):
+    """One or more proxy RECORD files are missing or unusable: ``problems`` = [(path, why)]."""
+
+    def __init__(self, problems: list[tuple[Path, str]]):
+        self.problems = problems
+        super().__init__(f"{len(problems)} proxy record(s) missing or invalid: "
+                         + "; ".join(f"{p}: {why}" for p, why in problems))
+
+    @property
+    def paths(self) -> list[Path]:
+        return [p for p, _ in self.problems]
+
+
+def check_record(path: str | Path, expected_id: str | None = None) -> dict[str, Any]:
+    """The RECORD in ``path``, loaded and checked; :class:`RecordsError` naming the file if it is missing,
+    not JSON (truncated), not an object, off the schema, another run's, or missing what a row needs."""
+    import jsonschema
+
+    from trainplan.proxy.schema import validate_record
+
+    p = Path(path)
+
+    def bad(why: str) -> RecordsError:
+        return RecordsError([(p, why)])
+
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise bad("missing") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise bad(f"unreadable ({type(e).__name__}: {e})") from None
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise bad(f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno} of {len(text)} characters: "
+                  "truncated or overwritten?)") from None
+    if not isinstance(rec, dict):
+        raise bad(f"a JSON {type(rec).__name__}, not a RECORD object")
+    try:
+        validate_record(rec)
+    except jsonschema.ValidationError as e:
+        where = "/".join(str(x) for x in e.absolute_path) or "the top level"
+        raise bad(f"not a valid RECORD (docs/proxy-record.md): {e.message} at {where}") from None
+    if expected_id is not None and rec["id"] != expected_id:
+        raise bad(f"holds the record of run {rec['id']!r}, not {expected_id!r}")
+    try:
+        record_row(rec)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise bad(f"a RECORD without what its row needs ({type(e).__name__}: {e})") from None
+    return rec
+
+
+def check_records(record_paths: Iterable[str | Path],
+                  expected_ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """Every RECORD checked (:func:`check_record`); with ``expected_ids`` also one file ``{id}.json`` per
+    promised id, holding that id, and none more. Raises one :class:`RecordsError` with every problem."""
+    paths = [Path(p) for p in record_paths]
+    problems: list[tuple[Path, str]] = []
+    if expected_ids is not None:
+        expected = list(expected_ids)
+        have = {p.stem for p in paths}
+        where = paths[0].parent if paths else Path(".")
+        problems += [(where / f"{i}.json", "missing (named in proxy_set.json)") for i in expected if i not in have]
+        problems += [(p, "not a run of proxy_set.json") for p in paths if p.stem not in set(expected)]
+    recs = []
+    for p in paths:
+        if any(q == p for q, _ in problems):
+            continue
+        try:
+            recs.append(check_record(p, p.stem if expected_ids is not None else None))
+        except RecordsError as e:
+            problems += e.problems
+    if problems:
+        raise RecordsError(problems)
+    return recs
+
+
+def aggregate(record_paths: Iterable[str | Path], expected_ids: Iterable[str] | None = None) -> pd.DataFrame:
+    """One row per RECORD file (see :func:`record_row`), plus ``loss0_rel_spread``: |loss0 − median|/median.
+    Every file is checked first (:func:`check_records`); a bad one raises :class:`RecordsError`."""
+    rows = [record_row(r) for r in check_records(record_paths, expected_ids)]
     df = pd.DataFrame(rows)
     if len(df) and "loss0" in df and df["loss0"].notna().any():
         ref = df.groupby(["model", "seq_len", "global_batch", "finetune"])["loss0"].transform("median")
