@@ -215,3 +215,22 @@ def test_memo_templates_autoescape():
     """The memo's HTML escapes config text (a study name with markup stays text)."""
     src = (ROOT / "src" / "trainplan" / "memo.py").read_text()
     assert "select_autoescape" in src
+
+
+@pytest.mark.parametrize("over", [{"nproc_per_node": 1_000_000, "layout": {"dp": 1_000_000}}, {"steps": 2**63},
+                                  {"seq_len": 2**40}, {"timeout_s": 10**12}])
+def test_proxy_run_spec_is_bounded(tmp_path, capsys, over):
+    """A 1,000,000-rank (or 2⁶³-step) RUN_SPEC is refused before torchrun starts."""
+    p = tmp_path / "spec.json"
+    p.write_text(json.dumps({"id": "x", "model": "debug", "layout": {"dp": 1}, **over}))
+    assert main(["proxy", str(p), "--out", str(tmp_path / "rec.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "must be an integer in" in err[0], err
+    assert not (tmp_path / "rec.json").exists()
+
+
+def test_proxy_run_spec_hostile_files(tmp_path, capsys):
+    for name, p in hostile_files(tmp_path).items():
+        assert main(["proxy", str(p), "--out", str(tmp_path / "rec.json")]) == 2, name
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "spec=" in err[0], (name, err)

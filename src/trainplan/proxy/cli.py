@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from trainplan.io import read_json, write_json
+from trainplan.io import read_json_checked, write_json
 from trainplan.specs import ConfigError
 
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         from trainplan.proxy.schema import normalize_run_spec
 
         try:
-            raw = read_json(a.spec)
+            raw = read_json_checked(a.spec)
         except (OSError, ValueError) as e:
             raise ConfigError("spec", a.spec, f"a readable RUN_SPEC JSON file ({e})") from None
         spec = normalize_run_spec(raw)

@@ -20,10 +20,14 @@ def _choice(spec: dict, key: str, allowed: tuple) -> None:
         raise ConfigError(key, spec[key], "must be one of " + ", ".join(map(str, allowed)))
 
 
+RUN_MAX = {"nproc_per_node": 1024, "nnodes": 1024, "seq_len": 2**21, "global_batch": 2**20, "steps": 100_000,
+           "warmup": 100_000, "lora_rank": 65536, "timeout_s": 7 * 86400, "seed": 2**32 - 1}  # no 10⁶-rank spec
+
+
 def _pos_int(spec: dict, key: str, minimum: int = 1) -> None:
-    v = spec[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ConfigError(key, v, f"must be an integer ≥ {minimum}")
+    v, hi = spec[key], RUN_MAX.get(key, 2**31)
+    if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= hi:
+        raise ConfigError(key, v, f"must be an integer in {minimum}..{hi}")
 
 
 def normalize_run_spec(raw: dict) -> dict[str, Any]:
