@@ -21,7 +21,8 @@ __all__ = ["main"]
 
 DELEGATED = {"proxy": ("trainplan.proxy.cli", "run one proxy training job (see `trainplan proxy --help`)"),
              "launch": ("trainplan.launch", "write Accelerate/torchrun/sbatch launch artifacts"),
-             "preflight": ("trainplan.preflight", "one-node preflight check before the real run")}
+             "preflight": ("trainplan.preflight", "one-node preflight check before the real run"),
+             "ingest": ("trainplan.ingest", "a trainer's step log -> a calibration record (and day-1 checks)")}
 # --arch key → ModelSpec field. Integers, then the kinds, then booleans.
 ARCH_KEYS = {"layers": "layers", "hidden": "hidden", "heads": "heads", "kv_heads": "kv_heads", "ffn": "ffn_hidden",
              "vocab": "vocab", "head_dim": "head_dim_override", "max_seq": "max_seq_len", "norms": "norms_per_layer",

@@ -1,0 +1,123 @@
+"""Measurements flow back: a production step log becomes a RECORD that calibrate reads, and the prediction moves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from trainplan import ingest
+from trainplan.calibrate_gpu import calibrate_gpu, load_gpu_records, predict_record
+from trainplan.efficiency import Efficiency
+from trainplan.proxy.aggregate import record_row
+from trainplan.proxy.schema import validate_record
+from trainplan.specs import ClusterSpec, Layout, TrainingSpec, resolve_model
+from trainplan.timing import step_time
+
+MODEL = resolve_model("llama2-13b")
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _log(path: Path, layout: Layout, world: int, nnodes: int, times, *, gb: int = 256, seq: int = 4096,
+         peak: float = 60e9, starts=((0, None),)) -> Path:
+    """A train_entry-format step log (start + step events); ``starts``: (start_step, resumed_from) per launch."""
+    lines = []
+    it = iter(enumerate(times, 1))
+    bounds = [s for s, _ in starts[1:]] + [len(times)]
+    for (start_step, frm), end in zip(starts, bounds, strict=True):
+        lines.append({"event": "start", "model_spec": MODEL.to_dict(), "layout": layout.to_dict(), "world_size": world,
+                      "nnodes": nnodes, "device": "cuda", "device_name": H100, "backend": "nccl", "dtype": "bf16",
+                      "seq_len": seq, "global_batch": gb, "n_params": MODEL.n_params, "start_step": start_step,
+                      "resumed_from": frm, "engine": "synthetic"})
+        for _ in range(end - start_step):
+            i, t = next(it)
+            lines.append({"event": "step", "step": i, "loss": 2.0 - 0.001 * i, "step_time_s": float(t),
+                          "tokens": gb * seq, "tokens_per_s_per_gpu": gb * seq / t / world, "mfu": None,
+                          "peak_mem_bytes": int(peak), "peak_mem_kind": "cuda_max_reserved"})
+            if frm is None and starts[1:] and i == starts[1][0]:
+                lines.append({"event": "checkpoint", "step": i, "path": f"ckpt/step-{i}", "reason": "stop"})
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def test_step_log_becomes_a_valid_record_that_aggregate_flattens(tmp_path):
+    lay = Layout(dp=32, sharding="zero3", recompute="full", micro_batch=1)
+    times = [30.0, 12.0, 11.0] + [10.0 + 0.01 * i for i in range(17)]
+    rec = ingest.record_from_log(_log(tmp_path / "prod.jsonl", lay, 32, 4, times), warmup=3)
+    validate_record(rec)
+    assert rec["family"] == "production" and rec["spec"]["device"] == "cuda"
+    assert rec["timing"]["step_times_s"][:3] == [30.0, 12.0, 11.0] and rec["spec"]["warmup"] == 3
+    assert rec["timing"]["step_time_median_s"] == pytest.approx(10.08)
+    assert rec["memory"]["cuda_max_reserved_bytes"] == int(60e9)
+    row = record_row(rec)
+    assert (row["device"], row["world_size"], row["gpu_name"], row["nnodes"]) == ("cuda", 32, H100, 4)
+    assert json.loads(row["step_times_json"]) == times[3:]  # what calibrate_gpu bootstraps over
+
+
+def test_warmup_is_dropped_after_every_restart(tmp_path):
+    lay = Layout(dp=8, sharding="zero3", micro_batch=1)
+    times = [50, 10, 10, 10, 10, 10, 40, 10, 10, 10]  # a restart at step 6: its first step is slow again
+    log = _log(tmp_path / "r.jsonl", lay, 8, 1, times, gb=64, starts=((0, None), (6, "ckpt/step-6")))
+    rec = ingest.record_from_log(log, warmup=1)
+    assert sorted(rec["timing"]["step_times_s"][:2]) == [40, 50] and rec["timing"]["step_time_median_s"] == 10
+    ok, msg = ingest.check_resume(log)
+    assert ok and "restored at step 6" in msg
+    ok, msg = ingest.check_resume(_log(tmp_path / "n.jsonl", lay, 8, 1, times, gb=64))
+    assert not ok and "start_step is 0" in msg
+
+
+def test_torchtitan_console_log_is_read_too(tmp_path):
+    log = tmp_path / "titan.log"
+    log.write_text("\n".join(
+        f"[rank0]:[titan] 2026-12-03 10:00:0{i} - root - INFO - step: {i}  loss:  {8 - 0.1 * i:.4f}  grad_norm:  1.0"
+        f"  memory: 61.20GiB(77.3%)  tps: {'1,000' if i < 3 else '2,000'}  tflops: 300.1  mfu: 30.34%"
+        for i in range(1, 9)))
+    lay = Layout(dp=32, sharding="zero3", micro_batch=1)
+    rec = ingest.record_from_log(log, model="llama2-13b", layout=lay, seq_len=4096, global_batch=256,
+                                 world_size=32, device_name=H100, warmup=2)
+    validate_record(rec)
+    assert rec["timing"]["step_time_median_s"] == pytest.approx(256 * 4096 / 32 / 2000)
+    assert rec["memory"]["cuda_max_reserved_bytes"] == int(61.2 * 2**30) and len(rec["loss"]) == 8
+
+
+def test_a_slower_production_log_moves_the_prediction(tmp_path):
+    """Synthetic production logs 30% slower than the plan → calibrate_gpu fits to them → the production step
+    time predicted for the chosen layout moves from the prior to the measurement."""
+    eff0 = Efficiency()
+    runs = {"prod32": (Layout(dp=32, sharding="zero3", recompute="full", micro_batch=1), 32, 4, 256),
+            "node8": (Layout(dp=8, sharding="zero3", recompute="full", micro_batch=1), 8, 1, 64),
+            "node8-mb2": (Layout(dp=8, sharding="zero3", recompute="selective", micro_batch=2), 8, 1, 64),
+            "node8-noac": (Layout(dp=8, sharding="zero3", recompute="none", micro_batch=1), 8, 1, 64)}
+    gpu_dir = tmp_path / "gpu"
+    gpu_dir.mkdir()
+    rng = np.random.default_rng(0)
+    for name, (lay, world, nodes, gb) in runs.items():
+        probe = ingest.record_from_log(_log(tmp_path / f"{name}.jsonl", lay, world, nodes, [1.0] * 10, gb=gb))
+        pred_s, pred_mem = predict_record(pd.Series(record_row(probe)), eff0)
+        times = pred_s * 1.3 * (1 + 0.01 * rng.standard_normal(20))
+        log = _log(tmp_path / f"{name}.jsonl", lay, world, nodes, times, gb=gb, peak=pred_mem * 1.05)
+        assert ingest.main([str(log), "--out", str(gpu_dir / f"{name}.json")]) == 0
+    records, files = load_gpu_records(gpu_dir)
+    assert len(files) == 4
+    fit, why = calibrate_gpu(records, eff0, {"bootstrap": 20, "seed": 0})
+    assert fit is not None, why
+    cluster = ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb")
+    training = TrainingSpec(seq_len=4096, global_batch=256, attn_impl="flash", sac_policy="matmul",
+                            sp_impl="pytorch")
+    chosen = runs["prod32"][0]
+    before = step_time(MODEL, cluster, training, chosen, eff0)["step_time_s"]
+    after = step_time(MODEL, cluster, training, chosen, fit["efficiency"])["step_time_s"]
+    measured = float(records.set_index("id").loc["prod32", "step_time_median_s"])
+    assert after / before == pytest.approx(1.3, rel=0.03)  # the prediction moved by the measured 30%
+    assert abs(after - measured) / measured < 0.02 < abs(before - measured) / measured
+
+
+def test_day1_throughput_check_exit_codes(tmp_path):
+    lay = Layout(dp=8, sharding="zero3", micro_batch=1)
+    log = _log(tmp_path / "d.jsonl", lay, 8, 1, [10.0] * 8, gb=64)  # 64·4096/10/8 = 3,277 tokens/s/GPU
+    assert ingest.main([str(log), "--min-tokens-per-s-per-gpu", "3000"]) == 0
+    assert ingest.main([str(log), "--min-tokens-per-s-per-gpu", "4000"]) == 1
+    assert ingest.main([str(tmp_path / "missing.jsonl")]) == 2
