@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,6 +16,7 @@ from trainplan.provenance import (
     file_sha256,
     read_sidecar,
     sidecar_path,
+    study_hash,
     write_sidecar,
 )
 
@@ -66,3 +68,17 @@ def test_sidecar_git_override(tmp_path, monkeypatch):
     out = write_text(tmp_path / "o.txt", "x")
     write_sidecar(out, rule="r", config_slice={})
     assert read_sidecar(out)["git"] == {"commit": "abc123", "dirty": False}
+
+
+def test_one_study_hash_for_the_memo_the_launch_files_and_the_cli():
+    """provenance.study_hash is the one definition: the memo and launch_artifacts rules both receive the
+    whole config (config_slice(raw, "memo")), hash it with config_hash, and `trainplan launch` calls it."""
+    from trainplan.config import config_slice, load_config
+    from trainplan.launch import study_hash_of
+
+    conf = Path(__file__).resolve().parents[1] / "config"
+    cfg = load_config([conf / "config.yaml", conf / "tiny.yaml"])
+    h = study_hash(cfg)
+    assert h == study_hash(cfg.raw) == study_hash_of(cfg) == config_hash(config_slice(cfg.raw, "memo"))
+    assert h != config_hash(config_slice(cfg.raw, "launch_artifacts"))  # a slice hash is a different number
+    assert study_hash(load_config([conf / "config.yaml", conf / "lora.yaml"])) != h
