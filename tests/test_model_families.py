@@ -209,3 +209,21 @@ def test_mpt_uses_alibi_positions():
     m = model_from_hf_dict({"model_type": "mpt", "d_model": 4096, "n_layers": 32, "n_heads": 32,
                             "expansion_ratio": 4, "vocab_size": 50432, "max_seq_len": 2048})
     assert m.pos_embedding == "alibi" and m.n_params_embedding == 50432 * 4096  # alibi has no parameters
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_memory_parameter_terms_match_the_count(name):
+    """Weights/gradients/optimizer memory rest on per-rank parameter counts: at tp=1 they add up to the
+    exact block count (head_dim, sandwich norms and q/k norms included)."""
+    from trainplan import memory
+
+    m = model_from_hf_dict(FAMILIES[name][0])
+    per = memory.layer_matmul_params_per_rank(m, 1) + memory.layer_other_params_per_rank(m, 1)
+    assert float(per) == m.n_params_per_layer
+
+
+def test_lora_dims_use_the_attention_width():
+    from trainplan.flops import lora_dims
+
+    m = model_from_hf_dict(FAMILIES["gemma-7b"][0])
+    assert lora_dims(m)["q"] == (3072, 4096) and lora_dims(m)["o"] == (4096, 3072)

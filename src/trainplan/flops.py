@@ -67,8 +67,8 @@ def model_flops_per_token(model: ModelSpec, seq_len: int, *, count_input_embeddi
 
 def lora_dims(model: ModelSpec) -> dict[str, tuple[int, int]]:
     """(in, out) features of each LoRA target projection of one block."""
-    h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
-    return {"q": (h, h), "k": (h, kv), "v": (h, kv), "o": (h, h), "gate": (h, f), "up": (h, f), "down": (f, h)}
+    h, kv, f, q = model.hidden, model.kv_dim, model.ffn_hidden, model.q_dim  # q = heads·head_dim
+    return {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "gate": (h, f), "up": (h, f), "down": (f, h)}
 
 
 def adapter_params(model: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:

@@ -80,19 +80,20 @@ def _kv_shards(model: ModelSpec, tp: Any) -> Any:
 
 def layer_matmul_params_per_rank(model: ModelSpec, tp: Any = 1) -> Any:
     """Weight-matrix parameters of one block on one TP rank (column/row-parallel; Shoeybi 2019 §3)."""
-    h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
+    h, kv, f, q = model.hidden, model.kv_dim, model.ffn_hidden, model.q_dim  # q = heads·head_dim (Gemma: ≠ h)
     tp = np.asarray(tp, dtype=float)
     mlp = (3 if model.mlp == "swiglu" else 2) * h * f / tp
-    return 2 * h * h / tp + 2 * h * kv / _kv_shards(model, tp) + mlp
+    return 2 * h * q / tp + 2 * h * kv / _kv_shards(model, tp) + mlp
 
 
 def layer_other_params_per_rank(model: ModelSpec, tp: Any = 1) -> Any:
     """Norms (replicated under TP) and biases (column-parallel ones sharded) of one block on one TP rank."""
-    h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
+    h, kv, f, q = model.hidden, model.kv_dim, model.ffn_hidden, model.q_dim
     tp = np.asarray(tp, dtype=float)
-    n = 2 * h * (2 if model.norm == "layernorm" else 1) + 0 * tp
+    per_norm = 2 if model.norm == "layernorm" else 1  # + Gemma 2/3 sandwich norms, Qwen3/Gemma 3 q/k norms
+    n = (model.norms_per_layer * h + 2 * model.head_dim * model.qk_norm) * per_norm + 0 * tp
     if model.bias in ("qkv", "all"):
-        n = n + h / tp + 2 * kv / _kv_shards(model, tp)
+        n = n + q / tp + 2 * kv / _kv_shards(model, tp)
     if model.bias == "all":  # o and down biases sit after the all-reduce: replicated
         n = n + h + (2 if model.mlp == "swiglu" else 1) * f / tp + h
     return n
