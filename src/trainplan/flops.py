@@ -113,7 +113,7 @@ def recompute_flops_per_token(model: ModelSpec, seq_len: int, recompute: str, *,
         if policy == "attention":
             return attn
         if policy == "torchtitan_op":  # mm #2 (wk), #4 (wo), #6 (w3; GELU's fc2 is never needed)
-            return 2.0 * L * (h * kv + h * h + (h * f if model.mlp == "swiglu" else 0))
+            return 2.0 * L * (h * kv + model.q_dim * h + (h * f if model.mlp == "swiglu" else 0))
         return 0.0
     return 0.0
 
@@ -132,8 +132,8 @@ def model_flops_per_step(model: ModelSpec, seq_len: int, global_batch: int) -> f
 def block_matmul_flops(model: ModelSpec, seq_len: int, micro_batch: int = 1) -> dict[str, int]:
     """Forward FLOPs of each weight matmul in one block, 2·tokens·in·out each (FlopCounterMode's 2mnk)."""
     t = seq_len * micro_batch
-    h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
-    out = {"q": 2 * t * h * h, "k": 2 * t * h * kv, "v": 2 * t * h * kv, "o": 2 * t * h * h}
+    h, kv, f, q = model.hidden, model.kv_dim, model.ffn_hidden, model.q_dim
+    out = {"q": 2 * t * h * q, "k": 2 * t * h * kv, "v": 2 * t * h * kv, "o": 2 * t * q * h}
     if model.mlp == "swiglu":
         out |= {"gate": 2 * t * h * f, "up": 2 * t * h * f, "down": 2 * t * f * h}
     else:
