@@ -222,10 +222,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     con.print("[bold]What each technique buys[/bold] (best layout with it vs without it):")
     for _, v in technique_verdicts(df).iterrows():
         con.print(f"  [bold]{v['technique']}[/bold]: {v['line']}", highlight=False)
-    if not len(feas):  # say why in one line: the most common first reason across the layouts
-        top = df["reason"].astype(str).str.split(";").str[0].value_counts().head(3)
-        _warn(f"no feasible layout of {len(df)}; most common reasons: "
-              + "; ".join(f"{r} ({n} layouts)" for r, n in top.items()))
+    if not len(feas):  # say why in one line: the commonest kinds of first reason (numbers aside), an example each
+        first = df["reason"].astype(str).str.split(";").str[0].str.strip()
+        kind = first.str.replace(r"\d+(\.\d+)?", "#", regex=True)
+        top = kind.value_counts().head(3)
+        _warn(f"no feasible layout of {len(df)}; commonest reasons: "
+              + "; ".join(f"{first[kind == k].iloc[0]} (and alike: {n} layouts)" for k, n in top.items()))
     return 0
 
 
