@@ -165,3 +165,14 @@ def test_h100_peak_must_be_finite(capsys):
     for v in ("inf", "nan", "-1"):
         assert main(["validate", "--h100-peak-tflops", v]) == 2
         assert capsys.readouterr().err.startswith("trainplan: error: h100-peak-tflops=")
+
+
+def test_plan_without_a_feasible_layout_says_why(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: llama2-70b\ncluster: {nodes: 1, gpus_per_node: 1, gpu: a100-80gb}\n"
+                   "training: {seq_len: 4096, global_batch: 7}\ncost: {price_per_gpu_hour_usd: 3}\n"
+                   "proxies: {nproc_per_node: 1, scaleout_world_sizes: [1]}\nsearch: {offloads: [none]}\n")
+    assert main(["plan", str(cfg)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("trainplan: warning: no feasible layout of")
+    assert "global_batch=7 is not a multiple" in err[0] and "OOM" in err[0]
