@@ -225,3 +225,15 @@ def test_launch_values_are_checked_at_config_time_and_never_reach_a_shell():
         with pytest.raises(ConfigError) as e:
             load_config(r)
         assert e.value.key == "launch.partition"
+
+
+def test_proxy_defaults_fit_a_one_gpu_node():
+    r = raw()
+    r["cluster"].update(nodes=1, gpus_per_node=1)
+    r["training"]["global_batch"] = 4
+    del r["proxies"]
+    c = load_config(r)
+    assert c.proxies["nproc_per_node"] == 1 and c.proxies["scaleout_world_sizes"] == [1]
+    r["proxies"] = {"nproc_per_node": 2}  # set by the user: checked, not changed
+    with pytest.raises(ConfigError, match="at most cluster.gpus_per_node=1"):
+        load_config(r)

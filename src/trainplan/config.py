@@ -374,6 +374,19 @@ def _check_semantics(raw: Mapping[str, Any], model: ModelSpec, cluster: ClusterS
         raise ConfigError("cluster", cluster.n_gpus, "at least one GPU")
 
 
+def _proxy_defaults(raw: dict) -> dict:
+    """Proxy defaults that fit the cluster: on a node with one GPU the default 2 ranks (and the [1, 2]
+    scale-out ladder) would be refused, so unset ones shrink to it. Set values are checked, not changed."""
+    gpn = raw.get("cluster", {}).get("gpus_per_node") if isinstance(raw.get("cluster"), dict) else None
+    px = raw.get("proxies", {})
+    if not (isinstance(gpn, int) and not isinstance(gpn, bool) and 1 <= gpn < 2 and isinstance(px, dict)):
+        return raw
+    px = dict(px)
+    px.setdefault("nproc_per_node", gpn)
+    px.setdefault("scaleout_world_sizes", [1])
+    return {**raw, "proxies": px}
+
+
 def _model_ref(ref: Any, seq_len: int) -> Any:
     """A custom architecture (a mapping without ``preset``) without ``max_seq_len`` has no context cap: its
     window is the study's sequence (learned positions get exactly the rows the sequence needs)."""
@@ -397,7 +410,7 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any] | Iterable[str | Pa
         raw = {}
         for p in path_or_dict:
             raw = deep_merge(raw, read_yaml(p))
-    raw = validate_raw(raw)
+    raw = validate_raw(_proxy_defaults(raw))
 
     tr = raw["training"]
     model = _section("model", resolve_model, _model_ref(raw["model"], tr["seq_len"]))
