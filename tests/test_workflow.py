@@ -8,14 +8,18 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pypdf import PdfReader
 
 sys.path.insert(0, str(Path(__file__).parent / "slurm"))
 from workflow_copy import ROOT, copy_workflow, planned_jobs, snakemake  # noqa: E402
 
-from trainplan.provenance import config_hash, read_sidecar
+from trainplan.config import load_config
+from trainplan.provenance import config_hash, read_sidecar, study_hash
 
 TINY = ("--cores", "2", "--configfile", "config/tiny.yaml")
 DOWNSTREAM_OF_COST = {"cost_and_risk", "figures", "memo", "all"}
+# launch files print the study hash (a hash of the whole config), so any config change rewrites them
+DOWNSTREAM_OF_PRICE = DOWNSTREAM_OF_COST | {"launch_artifacts"}
 
 
 def test_lint_passes():
@@ -61,6 +65,23 @@ def test_tiny_study_runs_end_to_end_and_reruns_only_what_changed(tmp_path):
                 "prediction/production.json", "cost/cost.json", "memo/design_memo.pdf"]:
         sc = read_sidecar(res / out)
         assert sc["inputs"] or out.startswith("analytic"), out
+    # one study hash: the launch files' headers, the memo (footer, PDF identifier) and the run's first line
+    h = study_hash(load_config([wf / "config/config.yaml", wf / "config/tiny.yaml"]))
+    assert f"trainplan study hash: {h}" in r.stderr
+    for f in (res / "launch").iterdir():
+        if f.suffix in (".sh", ".yaml"):
+            assert f"study hash: {h}" in f.read_text(), f.name
+    assert h[:12] in "".join(pg.extract_text() for pg in PdfReader(pdf).pages[:2])
+    # benchmark: TSVs of the expensive rules, inputs of the memo
+    bench = {str(p.relative_to(res / "benchmarks")) for p in (res / "benchmarks").rglob("*.tsv")}
+    assert bench == {"analytic_model.tsv", "calibrate.tsv", "cost_and_risk.tsv", "figures.tsv",
+                     *(f"proxy_run/{i}.tsv" for i in ids)}, bench
+    memo_inputs = " ".join(i["path"] for i in read_sidecar(pdf)["inputs"])
+    assert all(f"benchmarks/{b}" in memo_inputs for b in bench), memo_inputs
+    # per-step progress of every proxy, in its own log
+    for i in ids:
+        steps = (res / "logs" / "proxy_run" / f"{i}.steps.log").read_text()
+        assert "step 3/3 (timed) loss" in steps and "ETA" in steps, steps
     cost_slice = read_sidecar(res / "cost/cost.json")["config_slice"]
     assert set(cost_slice) == {"model", "cluster", "training", "layout", "search", "cost", "targets"}
     assert read_sidecar(res / "cost/cost.json")["config_hash"] == config_hash(cost_slice)
@@ -71,7 +92,7 @@ def test_tiny_study_runs_end_to_end_and_reruns_only_what_changed(tmp_path):
     # price only: cost and downstream
     (wf / "price.yaml").write_text("cost:\n  price_per_gpu_hour_usd: 4.0\n  price_range_usd: [2.0, 6.88]\n")
     r = snakemake(wf, *TINY, "price.yaml", "-n", "--quiet", "rules", timeout=120)
-    assert set(planned_jobs(r.stdout + r.stderr)) == DOWNSTREAM_OF_COST, r.stdout
+    assert set(planned_jobs(r.stdout + r.stderr)) == DOWNSTREAM_OF_PRICE, r.stdout
     # model: everything
     (wf / "model.yaml").write_text("model:\n  preset: debug-wide\n")
     r = snakemake(wf, *TINY, "model.yaml", "-n", "--quiet", "rules", timeout=120)
