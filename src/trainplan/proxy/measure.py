@@ -176,10 +176,10 @@ class SavedTensorTracker:
         for mod, nb in self.by_module().items():
             lay = _layer_of(mod)
             if lay is None:
-                other[mod.split(".")[0]] += nb
+                other[_harness_name(mod).split(".")[0]] += nb
                 continue
             per_layer[lay] += nb
-            rest = mod[len(lay):].lstrip(".") or "block"
+            rest = _harness_name(_LAYER.sub("", mod, count=1)) or "block"
             per_term[rest] += nb
         n = max(len(per_layer), 1)
         return {"complete": True, "sac_outputs_counted": self.sac_seen,
@@ -216,6 +216,22 @@ class _SACOutputs(TorchDispatchMode):
             for t in _tensors(out):
                 tr._record(t, "sac-saved")
         return out
+
+
+# transformers' Llama module names → the harness's (torchtitan's), so terms of both models read the same
+_HF_NAMES = {"self_attn": "attention", "mlp": "feed_forward", "input_layernorm": "attention_norm",
+             "post_attention_layernorm": "ffn_norm", "q_proj": "wq", "k_proj": "wk", "v_proj": "wv", "o_proj": "wo",
+             "gate_proj": "w1", "up_proj": "w3", "down_proj": "w2", "embed_tokens": "tok_embeddings",
+             "lm_head": "output", "act_fn": "act_fn"}
+
+
+def _harness_name(mod: str) -> str:
+    """A module path in the harness's names: the HFCausalLM wrapper prefix (``hf.``, ``hf.model.``) dropped,
+    transformers' Llama names mapped (``self_attn.q_proj`` → ``attention.wq``)."""
+    parts = mod.split(".")
+    while parts and parts[0] in ("hf", "model"):
+        parts = parts[1:]
+    return ".".join(_HF_NAMES.get(p, p) for p in parts)
 
 
 def _layer_of(mod: str) -> str | None:

@@ -146,8 +146,20 @@ def init_weights(model: Transformer, seed: int) -> None:
                 p.zero_()
 
 
-def build_model(spec: ModelSpec, *, device: str | torch.device = "cpu", seed: int = 0) -> Transformer:
-    """The model on ``device`` ('meta' builds it without memory), seeded-initialised when not meta."""
+MODEL_IMPLS = ("trainplan", "hf")
+
+
+def build_model(spec: ModelSpec, *, device: str | torch.device = "cpu", seed: int = 0,
+                impl: str = "trainplan") -> nn.Module:
+    """The model on ``device`` ('meta' builds it without memory), seeded-initialised when not meta.
+
+    ``impl='trainplan'``: the harness's own :class:`Transformer`; ``impl='hf'``: transformers'
+    ``LlamaForCausalLM`` of the same ModelSpec (:class:`HFCausalLM`: tokens → logits, blocks at ``.layers``).
+    """
+    if impl == "hf":
+        return HFCausalLM(spec, device=device, seed=seed)
+    if impl != "trainplan":
+        raise ValueError(f"impl={impl!r}: one of {MODEL_IMPLS}")
     with torch.device(device):
         m = Transformer(spec)
     if torch.device(device).type != "meta":
@@ -216,3 +228,20 @@ def build_hf_llama(spec: ModelSpec, *, device: str | torch.device = "cpu", seed:
     if torch.device(device).type != "meta":
         init_weights(m, seed)
     return m
+
+
+class HFCausalLM(nn.Module):
+    """transformers' ``LlamaForCausalLM`` behind the harness's interface: ``forward(tokens) -> logits``, the
+    decoder blocks at ``.layers`` (the same modules as ``hf.model.layers``: FSDP2/AC wrap them there)."""
+
+    def __init__(self, spec: ModelSpec, *, device: str | torch.device = "cpu", seed: int = 0):
+        super().__init__()
+        self.spec = spec
+        self.hf = build_hf_llama(spec, device=device, seed=seed)
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.hf.model.layers
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.hf(input_ids=tokens, use_cache=False).logits

@@ -62,6 +62,9 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
         parallelize_module,
     )
 
+    if hasattr(model, "hf"):
+        raise ConfigError("layout.tp", "hf model", "TP proxies run the harness's own model; the Hugging Face model's "
+                          "TP is transformers' tp_plan (Accelerate), not wired into the harness")
     seq = Shard(1) if sp else Replicate()
     root_plan: dict[str, Any] = {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
@@ -114,7 +117,7 @@ def apply_ac(model: nn.Module, mode: str) -> None:
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
         kw["context_fn"] = partial(create_selective_checkpoint_contexts, _sac_policy)
-    for name, block in list(model.layers.named_children()):
+    for name, block in list(model.layers.named_children()):  # ModuleDict (own model) or ModuleList (HF)
         model.layers.register_module(name, checkpoint_wrapper(block, **kw))
 
 
@@ -131,7 +134,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, reshard_after_forward: 
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
-    for block in model.layers.values():
+    for _, block in model.layers.named_children():  # ModuleDict (own model) or ModuleList (HF)
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
 
