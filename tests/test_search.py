@@ -23,7 +23,7 @@ OPTS = {"micro_batch": [1, 2], "recompute": ["none", "full"], "offload": ["none"
 
 @pytest.fixture(scope="module")
 def df():
-    return search(MODEL, CLUSTER, TRAIN, Efficiency(), OPTS)
+    return search(MODEL, CLUSTER, TRAIN, Efficiency.for_gpu(CLUSTER.gpu), OPTS)
 
 
 def test_every_layout_uses_all_gpus():

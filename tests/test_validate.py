@@ -1,126 +1,193 @@
 """Predicted vs published tables (data/, citations in src/trainplan/data/SOURCES.md), one named tolerance each.
 
-The tolerances record what the default Efficiency reaches today (one Efficiency for every row, no per-row
-tuning; the defaults are the joint fit of docs/timing-model.md §7), with a little margin; the project's
-target is 10% MAPE for throughput and 10% for torchtitan's reserved memory.
+One Efficiency per GPU generation, fitted on that generation's tables only (validate.GEN_FIT; the fits ship in
+trainplan/data/efficiency_fits.json with their standard errors and leave-one-table-out errors). The tolerances
+record what the fits reach today with a little margin; the project's target is 10% MAPE per table.
 """
+
+import json
 
 import numpy as np
 import pytest
 
-from trainplan.efficiency import Efficiency
-from trainplan.validate import FIT_PARAMS, FIT_TABLES, _fit_residuals, fit_defaults, mape_table, validate_all
+from trainplan.efficiency import Efficiency, generation_fits
+from trainplan.validate import (
+    GEN_FIT,
+    MAMF_FRAC,
+    TT500_PARAM,
+    family_bias,
+    fit_generation,
+    interval_coverage,
+    mape_table,
+    validate_all,
+)
 
-# Narayanan 2021 Table 1 (TFLOP/s per GPU, the paper's formula): reached 3.7% (target 10%)
-MEGATRON_T1_MAPE_TOL_PCT = 5.0
-# Korthikanti 2022 Tables 3/5 (iteration time, full recompute and TP+SP+selective): reached 3.8% (target 10%)
-KORTHIKANTI_MAPE_TOL_PCT = 5.0
-# torchtitan docs/performance.md, 64×A100 FSDP (tokens/s/GPU): reached 2.6% (target 10%)
-TORCHTITAN_A100_MAPE_TOL_PCT = 5.0
-# torchtitan 500 W H100s (benchmarks 2024-12 bf16 eager + compile rows, docs 405B bf16 row), held out of the
-# fit: reached 24.6%, all over-predicted (the power cap is not modelled; target 10%)
-TORCHTITAN_H100_TPS_MAPE_TOL_PCT = 27.0
-# Memory vs torchtitan's peak reserved GiB (the two eager seq-8192 FSDP rows in scope): reached 6.3%, both
-# under-predicted (target 10%, which is this tolerance).
+# In-sample MAPE per table (each generation's own fit). Reached: Megatron 2021 T1 4.0%, Korthikanti 3.7%,
+# torchtitan A100 2.5%; torchtitan H100 6.0%, torchtitan async TP 4.9%, Megatron 2024 6.5%, Llama 3 405B 1.8%.
+MAPE_TOL_PCT = {"megatron2021_t1": 5.0, "korthikanti2022_t3_5": 5.0, "torchtitan_a100": 5.0,
+                "torchtitan_h100": 8.0, "torchtitan_asynctp_h100": 8.0, "megatron2024_h100": 8.0,
+                "llama3_405b_h100": 5.0}
+# Memory vs torchtitan's peak reserved GiB (the two eager seq-8192 FSDP rows in scope): reached 6.3%.
 TORCHTITAN_H100_MEM_MAPE_TOL_PCT = 10.0
 
 
 @pytest.fixture(scope="module")
 def rows():
-    return validate_all(Efficiency())
+    return validate_all()
 
 
 @pytest.fixture(scope="module")
 def mape(rows):
-    m = mape_table(rows)
-    return {(r.table, r.metric): r.mape_pct for r in m.itertuples()}
+    return {(r.table, r.metric): r.mape_pct for r in mape_table(rows).itertuples()}
 
 
-def test_megatron2021_table1(mape):
-    assert mape[("megatron2021_t1", "tflops_per_gpu")] <= MEGATRON_T1_MAPE_TOL_PCT
+@pytest.mark.parametrize("table", list(MAPE_TOL_PCT))
+def test_each_published_table_within_its_tolerance(mape, table):
+    got = [v for (t, m), v in mape.items() if t == table and m != "memory_gib"]
+    assert len(got) == 1 and got[0] <= MAPE_TOL_PCT[table], (table, got)
 
 
-def test_korthikanti2022_tables3_5(mape):
-    assert mape[("korthikanti2022_t3_5", "iter_time_s")] <= KORTHIKANTI_MAPE_TOL_PCT
-
-
-def test_torchtitan_a100(mape):
-    assert mape[("torchtitan_a100", "tokens_per_s_per_gpu")] <= TORCHTITAN_A100_MAPE_TOL_PCT
-
-
-def test_torchtitan_h100(mape):
-    assert mape[("torchtitan_h100", "tokens_per_s_per_gpu")] <= TORCHTITAN_H100_TPS_MAPE_TOL_PCT
+def test_torchtitan_h100_memory(mape):
     assert mape[("torchtitan_h100", "memory_gib")] <= TORCHTITAN_H100_MEM_MAPE_TOL_PCT
 
 
-# At the bottom of the bracket torchtitan states for its 500 W parts (H100 NVL's 835 TFLOP/s) the H100 MAPE
-# falls from 24.6% to 12.1% and stays over-predicted: the unknown peak explains about half of the gap.
-TORCHTITAN_H100_AT_NVL_PEAK_MAPE_TOL_PCT = 14.0
+def test_every_h100_table_is_scored_with_the_h100_fit(rows):
+    h = rows[rows["generation"] == "h100"]
+    assert set(GEN_FIT["h100"]["tables"]) <= set(h["table"])
+    a = rows[rows["generation"] == "a100"]
+    assert set(GEN_FIT["a100"]["tables"]) <= set(a["table"])
+    # one Efficiency for every row of a generation, never per row: refitting A100 cannot move an H100 row
+    other = validate_all({"a100": Efficiency(gemm_eff_max=0.6)})
+    assert np.allclose(other.loc[other["generation"] == "h100", "predicted"],
+                       rows.loc[rows["generation"] == "h100", "predicted"])
+    assert not np.allclose(other.loc[other["generation"] == "a100", "predicted"],
+                           rows.loc[rows["generation"] == "a100", "predicted"])
 
 
-def test_h100_peak_bracket_rescores_only_the_500w_rows(rows, mape):
-    from trainplan.validate import H100_NVL_PEAK_BF16
+def test_fitted_gemm_ceiling_stays_under_the_measured_mamf():
+    for gen, f in generation_fits().items():
+        assert f["values"]["gemm_eff_max"] <= MAMF_FRAC[gen] + 1e-9, gen
+        for p, se in f["stderr"].items():  # every fitted number carries its uncertainty
+            assert se is not None and np.isfinite(se), (gen, p)
 
-    low = validate_all(Efficiency(), h100_peak_flops=H100_NVL_PEAK_BF16)
-    m = {(r.table, r.metric): r for r in mape_table(low).itertuples()}
-    h = m[("torchtitan_h100", "tokens_per_s_per_gpu")]
-    assert h.mape_pct <= TORCHTITAN_H100_AT_NVL_PEAK_MAPE_TOL_PCT < mape[("torchtitan_h100", "tokens_per_s_per_gpu")]
-    assert h.bias_pct > 0  # still optimistic at the lowest stated peak: the residual is not only the cap
-    a100 = ~low["table"].eq("torchtitan_h100")
-    assert np.array_equal(low.loc[a100, "predicted"].to_numpy(), rows.loc[a100, "predicted"].to_numpy())
+
+def test_500w_peak_is_fitted_inside_the_stated_bracket():
+    frac = generation_fits()["h100"]["hardware"][TT500_PARAM]
+    assert 835 / 989 - 1e-9 <= frac <= 1.0
 
 
 def test_h100_peak_outside_the_stated_bracket_is_refused():
     from trainplan.specs import ConfigError
 
     with pytest.raises(ConfigError, match="h100_peak_tflops.*835"):
-        validate_all(Efficiency(), h100_peak_flops=700e12)
+        validate_all(h100_peak_flops=700e12)
 
 
 def test_unmodelled_rows_are_shown_but_excluded(rows):
-    df = rows
-    fp8 = df[df["note"].str.contains("float8|Float8", regex=True)]
+    fp8 = rows[rows["note"].str.contains("float8|Float8", regex=True)]
     assert len(fp8) > 0 and not fp8["in_mape"].any()
 
 
-def test_compile_rows_are_modelled_and_slower_than_published_less_than_eager_gap(rows):
-    tps = rows[(rows["table"] == "torchtitan_h100") & (rows["metric"] == "tokens_per_s_per_gpu")]
+def test_compile_speedup_matches_torchtitan(rows):
+    """Same layout, compile off / on (torchtitan table 1): the kernel class alone sets the ratio."""
+    tps = rows[(rows["table"] == "torchtitan_h100") & (rows["metric"] == "tokens_per_s_per_gpu") & rows["in_mape"]]
     t1 = tps[tps["row"].str.startswith("T1 ")]
-    eager, compiled = t1.iloc[0], t1.iloc[1]  # same layout, compile off / on (benchmarks table 1)
-    assert eager["in_mape"] and compiled["in_mape"]
-    assert compiled["predicted"] > eager["predicted"]  # fused elementwise ops move fewer bytes
+    eager, compiled = t1[t1["kernels"] == "eager"].iloc[0], t1[t1["kernels"] == "compiled"].iloc[0]
+    measured = compiled["published"] / eager["published"]  # 6667 / 5762 = 1.157
+    predicted = compiled["predicted"] / eager["predicted"]
+    assert abs(predicted / measured - 1) <= 0.05, (predicted, measured)
 
 
-def test_405b_pipeline_rows_are_evaluated_with_uneven_stages(rows):
-    pp = rows[rows["row"].str.contains("405b") & rows["row"].str.contains("pp8")]
-    assert len(pp) >= 8 and np.isfinite(pp["predicted"]).all() and (pp["predicted"] > 0).all()
+def test_async_tp_speedup_matches_the_published_pairs(rows):
+    """torchtitan async TP vs vanilla TP, bf16 rows: published 1.09 (70B) and 1.10 (8B)."""
+    d = rows[(rows["table"] == "torchtitan_asynctp_h100") & rows["in_mape"]]
+    for model in ("llama3-70b", "llama3-8b"):
+        g = d[d["model"] == model]
+        van, asy = g[~g["row"].str.contains("async-tp")].iloc[0], g[g["row"].str.contains("async-tp")].iloc[0]
+        measured, predicted = asy["published"] / van["published"], asy["predicted"] / van["predicted"]
+        assert predicted > 1.0 and abs(predicted - measured) <= 0.06, (model, predicted, measured)
 
 
-def test_defaults_are_the_documented_fit():
-    """The shipped defaults must stay the joint fit of FIT_PARAMS on FIT_TABLES (refit when physics changes)."""
-    fitted, _ = fit_defaults()
-    at_defaults = float(np.sum(_fit_residuals(Efficiency(), FIT_TABLES) ** 2))
-    at_fit = float(np.sum(_fit_residuals(fitted, FIT_TABLES) ** 2))
-    assert at_defaults <= 1.10 * at_fit + 1e-4, {p: getattr(fitted, p) for p in FIT_PARAMS}
+def test_llama3_405b_uneven_stages_and_cp16_are_answered(rows):
+    d = rows[rows["table"] == "llama3_405b_h100"]
+    assert len(d) == 3 and d["in_mape"].all()
+    assert d["row"].str.contains("cp16").sum() == 1 and d["row"].str.contains("pp16").all()
+    assert not d["note"].str.contains("reject").any()
 
 
-# Leave-one-table-out error (an Efficiency refitted without the table predicts it). Reached on the open set:
-# Megatron 4.3%, Korthikanti 5.4%, torchtitan A100 11.7%, torchtitan 500 W H100 24.9%; the issue's target is
-# 10%. These tolerances guard that level; a change to the physics that worsens generalisation fails here.
-HELDOUT_MAPE_TOL_PCT = {"megatron2021_t1": 8.0, "korthikanti2022_t3_5": 8.0, "torchtitan_a100": 15.0,
-                        "torchtitan_h100": 30.0}
+def test_shipped_fits_are_the_documented_fit():
+    """efficiency_fits.json must stay the fit of GEN_FIT (rerun ``python -m trainplan.validate --fit --write``)."""
+    for gen in GEN_FIT:
+        fresh = fit_generation(gen)
+        shipped = generation_fits()[gen]
+        for p, v in {**fresh["values"], **fresh["hardware"]}.items():
+            got = {**shipped["values"], **shipped["hardware"]}[p]
+            assert got == pytest.approx(v, rel=0.02, abs=1e-3), (gen, p, got, v)
+
+
+# Leave one table out per generation (the fit without the table predicts it), shipped in efficiency_fits.json.
+# Reached: A100 Megatron 4.2%, Korthikanti 5.3%, torchtitan A100 10.5%; H100 torchtitan 8.2%, async TP 15.2%,
+# Megatron 2024 8.1%, Llama 3 405B 2.6%. The issue's target is 10% per table: met on five of seven.
+HELDOUT_MAPE_TOL_PCT = {"megatron2021_t1": 7.0, "korthikanti2022_t3_5": 8.0, "torchtitan_a100": 13.0,
+                        "torchtitan_h100": 11.0, "torchtitan_asynctp_h100": 18.0, "megatron2024_h100": 10.0,
+                        "llama3_405b_h100": 5.0}
+HELDOUT_WORST_ROW_TOL_PCT = 35.0  # reached 32.6% (torchtitan async-TP 8B, when its table is held out)
+FAMILY_BIAS_TOL_PCT = 12.0  # H100 held-out bias per family class
+
+
+def _heldout_frame():
+    import pandas as pd
+
+    out = []
+    for gen, f in generation_fits().items():
+        out += [dict(r, generation=gen) for r in f["heldout"]]
+    return pd.DataFrame(out)
+
+
+def test_heldout_errors_per_table_and_family():
+    h = _heldout_frame()
+    assert set(h["table"]) == set(HELDOUT_MAPE_TOL_PCT)
+    for table, g in h.groupby("table"):
+        assert g["err_pct"].abs().mean() <= HELDOUT_MAPE_TOL_PCT[table], table
+    assert h["err_pct"].abs().max() <= HELDOUT_WORST_ROW_TOL_PCT
+    fam = family_bias(h.assign(in_mape=True))
+    for r in fam[fam["generation"] == "h100"].itertuples():
+        assert abs(r.bias_pct) <= FAMILY_BIAS_TOL_PCT, r
+
+
+def test_interval_from_heldout_errors_covers_heldout_rows():
+    """Nominal 80% p10–p90 from the other held-out rows' errors of the same family (or generation): measured
+    coverage on the held-out rows must be at least 75%."""
+    for gen, f in generation_fits().items():
+        cov = f["coverage"]
+        assert cov["n"] >= 10 and cov["measured"] >= 0.75, (gen, cov)
+        again = interval_coverage(_heldout_frame().query("generation == @gen"))
+        assert again == cov
+
+
+def test_interval_coverage_can_fail():
+    """A pool of tiny errors cannot cover rows that miss by 30%: the coverage check is not vacuous."""
+    import pandas as pd
+
+    d = pd.DataFrame({"family": ["FSDP/ZeRO"] * 6, "metric": ["tokens_per_s_per_gpu"] * 6,
+                      "predicted": [100.0] * 6, "published": [100.0, 100.5, 99.5, 130.0, 70.0, 100.2]})
+    assert interval_coverage(d)["measured"] < 0.75
+
+
+def test_fits_file_is_valid_json_with_every_generation():
+    from importlib import resources
+
+    doc = json.loads(resources.files("trainplan").joinpath("data", "efficiency_fits.json").read_text())
+    assert set(doc) == set(GEN_FIT)
+    for f in doc.values():
+        assert {"values", "stderr", "fitted_on", "heldout", "coverage"} <= set(f)
 
 
 @pytest.mark.slow
-def test_leave_one_table_out_error_per_table(capsys):
+def test_validate_heldout_cli_recomputes_and_prints_family_bias(capsys):
     from trainplan.cli import main
-    from trainplan.validate import heldout_tables
 
-    df = heldout_tables()
-    assert set(df["held_out"]) == set(HELDOUT_MAPE_TOL_PCT)
-    for _, r in df.iterrows():
-        assert r["held_out"] not in r["fit_on"].split("+")
-        assert r["heldout_mape_pct"] <= HELDOUT_MAPE_TOL_PCT[r["held_out"]], r.to_dict()
     assert main(["validate", "--heldout"]) == 0
     out = capsys.readouterr().out
     assert all(t in out for t in HELDOUT_MAPE_TOL_PCT)
+    assert "family class" in out and "nominal 80%" in out

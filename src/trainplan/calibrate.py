@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from trainplan.efficiency import generation_fits
 from trainplan.specs import ConfigError
 
 SOURCES = ("gpu-proxies", "published-h100", "defaults")
@@ -428,37 +429,56 @@ OPEN_SET = "published-open-set"
 
 def _throughput_rel_errors(df: pd.DataFrame) -> np.ndarray:
     """predicted/measured − 1 of *throughput* per published row (time metrics inverted)."""
-    d = df[df["in_mape"] & (df["metric"] != "memory_gib")]
-    ratio = d["predicted"].to_numpy(float) / d["published"].to_numpy(float)
-    is_time = d["metric"].astype(str).str.endswith("_s").to_numpy()
-    return np.where(is_time, 1.0 / ratio, ratio) - 1.0
+    from trainplan.validate import throughput_rel_errors
+
+    return throughput_rel_errors(df[df["in_mape"] & (df["metric"] != "memory_gib")])
 
 
-def open_set_report(eff: Any) -> tuple[dict[str, Any], pd.DataFrame, np.ndarray, np.ndarray]:
-    """Fits (per fitted Efficiency field: value, R² of log throughput, MAPE, n), MAPE per table, errors.
+def heldout_errors_by_family(generation: str | None) -> dict[str, list[float]]:
+    """Leave-one-table-out throughput errors (predicted/measured − 1) of ``generation``'s published rows, per
+    family class (FSDP/ZeRO, TP, PP, CP), as shipped in trainplan/data/efficiency_fits.json."""
+    out: dict[str, list[float]] = {}
+    for r in (generation_fits().get(str(generation)) or {}).get("heldout", []):
+        ratio = float(r["predicted"]) / float(r["published"])
+        out.setdefault(r["family"], []).append((1.0 / ratio if str(r.get("metric", "")).endswith("_s") else ratio) - 1.0)
+    return out
 
-    ``heldout``: one row per published table and metric, ``role`` = fit (the defaults were fitted on it) or
-    held out; ``mape`` and ``bias`` are fractions. The errors (predicted/measured − 1) are those of the
-    throughput of every in-scope row, and of the published peak memory rows.
+
+def open_set_report(eff: Any, generation: str | None = None) -> tuple[dict[str, Any], pd.DataFrame, np.ndarray, np.ndarray]:
+    """Fits (per fitted Efficiency field: value, stderr, R² of log throughput, MAPE, n), MAPE per table, errors.
+
+    ``heldout``: one row per published table and metric, ``role`` = fit (``generation``'s parameters were fitted
+    on it), ``other generation`` or held out; ``mape`` and ``bias`` are fractions; ``loto_mape`` the error when
+    that table is left out of its generation's fit (shipped in efficiency_fits.json; ``trainplan validate --heldout``
+    recomputes it). The errors (predicted/measured − 1) are those of every scored throughput row, and of the
+    published peak memory rows.
     """
-    from trainplan.validate import FIT_PARAMS, FIT_TABLES, heldout_tables, mape_table, validate_all
+    from trainplan.validate import GEN_FIT, TABLE_GENERATION, mape_table, validate_all
 
-    rows = validate_all(eff)
+    gen = generation if generation in GEN_FIT else "a100"
+    rows = validate_all({gen: eff})
     m = mape_table(rows)
+    fit_tables = GEN_FIT[gen]["tables"]
     heldout = pd.DataFrame({"table": m["table"], "metric": m["metric"], "n": m["rows"],
                             "mape": m["mape_pct"] / 100.0, "bias": m["bias_pct"] / 100.0,
-                            "role": np.where(m["table"].isin(FIT_TABLES), "fit", "held out")})
-    fit_rows = rows[rows["in_mape"] & rows["table"].isin(FIT_TABLES) & (rows["metric"] != "memory_gib")]
+                            "role": np.where(m["table"].isin(fit_tables), "fit",
+                                             np.where(m["table"].map(TABLE_GENERATION) == gen, "held out",
+                                                      "other generation"))})
+    loto: dict[str, list[float]] = {}
+    for f in generation_fits().values():
+        for r in f.get("heldout", []):
+            loto.setdefault(r["table"], []).append(abs(float(r["err_pct"])) / 100.0)
+    heldout["loto_mape"] = [float(np.mean(loto[t])) if t in loto and mt != "memory_gib" else np.nan
+                            for t, mt in zip(heldout["table"], heldout["metric"], strict=True)]
+    fit_rows = rows[rows["in_mape"] & rows["table"].isin(fit_tables) & (rows["metric"] != "memory_gib")]
     lp, lm = np.log(fit_rows["predicted"].to_numpy(float)), np.log(fit_rows["published"].to_numpy(float))
     r2 = 1.0 - float(((lm - lp) ** 2).sum()) / float(((lm - lm.mean()) ** 2).sum())
     mape = float(np.mean(np.abs(_throughput_rel_errors(fit_rows))))
-    # Leave one table out: refit without each table and predict it (validate.heldout_tables, ~20 s).
-    lo = heldout_tables()
-    loto = {(t, mt): v / 100.0 for t, mt, v in zip(lo["held_out"], lo["metric"], lo["heldout_mape_pct"], strict=True)}
-    heldout["loto_mape"] = [loto.get((t, mt), np.nan) for t, mt in zip(heldout["table"], heldout["metric"], strict=True)]
-    loo = float(np.mean([v for (t, _), v in loto.items() if t in FIT_TABLES]))
-    fits = {p: {"value": float(getattr(eff, p)), "r2": r2, "loo_mape": loo, "mape": mape, "n": len(fit_rows),
-                "fitted_on": "+".join(FIT_TABLES), "loo": "leave one published table out"} for p in FIT_PARAMS}
+    loo = float(np.mean([v for t in fit_tables for v in loto.get(t, [])] or [np.nan]))
+    shipped = generation_fits().get(gen) or {}
+    fits = {p: {"value": float(getattr(eff, p)), "stderr": shipped.get("stderr", {}).get(p), "r2": r2,
+                "loo_mape": loo, "mape": mape, "n": len(fit_rows), "fitted_on": "+".join(fit_tables),
+                "loo": "leave one published table out"} for p in GEN_FIT[gen]["params"] if hasattr(eff, p)}
     mem = rows[rows["in_mape"] & (rows["metric"] == "memory_gib")]
     mem_rel = mem["predicted"].to_numpy(float) / mem["published"].to_numpy(float) - 1.0
     return fits, heldout, _throughput_rel_errors(rows), mem_rel
@@ -480,7 +500,8 @@ def _memory_rel_errors(records: pd.DataFrame) -> list[float]:
     return out
 
 
-def stage_calibrate(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any]) -> tuple[dict[str, Any], pd.DataFrame]:
+def stage_calibrate(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any],
+                    generation: str | None = None) -> tuple[dict[str, Any], pd.DataFrame]:
     """calibration.json content and heldout.csv for the ``calibrate`` rule (``cfg``: the calibration section).
 
     Sources: ``gpu-proxies`` fits the time parameters to ok CUDA records (records.csv plus the committed
@@ -491,7 +512,14 @@ def stage_calibrate(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any]) -> tu
     interval uses the throughput errors of every in-scope published row (fitted A100 and held-out H100 alike).
     """
     from trainplan.calibrate_gpu import calibrate_gpu, load_gpu_records
-    from trainplan.validate import FIT_PARAMS
+    from trainplan.validate import GEN_FIT
+
+    if generation is None and str(getattr(eff0, "source", "")).startswith("fit:"):
+        generation = str(eff0.source).split(":", 1)[1]
+    # What "not overridden" means: the generation's shipped fit (the class defaults without a generation).
+    baseline = type(eff0).for_gpu(generation) if generation in GEN_FIT else type(eff0)()
+    FIT_PARAMS = tuple(GEN_FIT.get(str(generation), GEN_FIT["a100"])["params"])  # noqa: N806
+    FIT_PARAMS = tuple(p for p in FIT_PARAMS if hasattr(eff0, p))  # noqa: N806
 
     requested = str(cfg.get("source", "auto"))
     notes: list[str] = []
@@ -513,7 +541,7 @@ def stage_calibrate(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any]) -> tu
     if gpu is not None:
         eff, source = gpu["efficiency"], "gpu-proxies"
         notes += gpu["notes"]
-        if any(getattr(eff0, p) != getattr(type(eff0)(), p) for p in FIT_PARAMS):
+        if any(getattr(eff0, p) != getattr(baseline, p) for p in FIT_PARAMS):
             notes.append("config overrides of fitted Efficiency fields were refitted to the GPU records")
     elif requested == "published-h100":
         from trainplan.extrapolate import DEFAULT_PARAMS, predict_tps_per_gpu, published_frame
@@ -527,14 +555,21 @@ def stage_calibrate(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any]) -> tu
         eff = Efficiency.from_dict(extra["efficiency"])
         source = "published-h100"
         notes.append("fitted on torchtitan's H100 rows, which ran on 500 W power-capped parts")
-    elif requested == "defaults" or any(getattr(eff0, p) != getattr(type(eff0)(), p) for p in FIT_PARAMS):
+    elif requested == "defaults" or any(getattr(eff0, p) != getattr(baseline, p) for p in FIT_PARAMS):
         source = "defaults"
         notes.append("Efficiency from the config (overrides of fitted fields) or the uncalibrated defaults")
-    fits, heldout, rel, mem_rel = open_set_report(eff)
+    fits, heldout, rel, mem_rel = open_set_report(eff, generation)
+    by_family = heldout_errors_by_family(generation)
+    if by_family and gpu is None and not extra:
+        # The interval rests on leave-one-table-out errors of this GPU generation (per family class where a
+        # family has enough rows: validate.error_pool), not on the in-sample errors of every table.
+        rel = np.asarray([e for v in by_family.values() for e in v], dtype=float)
     doc: dict[str, Any] = {
         "source": source, "requested": requested, "notes": notes, "efficiency": eff.to_dict(),
         "fits": fits, "loo_relative_errors": rel.tolist(), "efficiency_samples": [],
         "memory_relative_errors": _memory_rel_errors(records) + mem_rel.tolist(),
+        "generation": generation, "heldout_errors_by_family": by_family,
+        "heldout_coverage": (generation_fits().get(str(generation)) or {}).get("coverage"),
         "cpu_records": {"n": int(len(cpu_only(records))) if len(records) else 0,
                         "use": "bytes, FLOPs, communication volume and loss parity only; never H100 time"},
     }
@@ -545,7 +580,8 @@ def stage_calibrate(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any]) -> tu
         doc["efficiency_samples"] = extra["efficiency_samples"]
     if gpu is not None:
         _apply_gpu(doc, heldout, gpu, committed_files)
-    doc["efficiency_sources"] = _efficiency_sources(eff, eff0, source, doc.get("source_detail"), gpu)
+    doc["efficiency_sources"] = _efficiency_sources(eff, eff0, source, doc.get("source_detail"), gpu, baseline,
+                                                    FIT_PARAMS)
     return doc, heldout
 
 
@@ -570,12 +606,15 @@ def _apply_gpu(doc: dict[str, Any], heldout: pd.DataFrame, gpu: dict[str, Any], 
 
 
 def _efficiency_sources(eff: Any, eff0: Any, source: str, detail: str | None,
-                        gpu: dict[str, Any] | None) -> dict[str, str]:
-    """Where each Efficiency number came from: the GPU fit, the open-set fit, the config, or a prior."""
+                        gpu: dict[str, Any] | None, default: Any = None,
+                        fit_params: tuple[str, ...] | None = None) -> dict[str, str]:
+    """Where each Efficiency number came from: the GPU fit, the open-set fit of the generation, the config, or a
+    prior (``default``: the generation's shipped fit; ``fit_params``: the fields that fit sets)."""
     from trainplan.validate import FIT_PARAMS
 
     fitted = set(gpu["params"]) | set(gpu["memory_params"]) if gpu else set()
-    default = type(eff0)()
+    default = default if default is not None else type(eff0)()
+    FIT_PARAMS = fit_params or FIT_PARAMS  # noqa: N806
     out = {}
     for k in eff.to_dict():
         if k == "source":

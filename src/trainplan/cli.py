@@ -168,7 +168,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     from trainplan.estimate import estimate
 
     model, cluster, training, layout = _build(args)
-    est = estimate(model, cluster, training, layout, Efficiency())
+    est = estimate(model, cluster, training, layout, Efficiency.for_gpu(cluster.gpu))
     js = est.to_json()
     if args.json:
         from trainplan.io import to_jsonable
@@ -260,17 +260,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from trainplan.efficiency import Efficiency
-    from trainplan.validate import heldout_tables, mape_table, validate_all
+    from trainplan.validate import heldout_rows, mape_table, validate_all
 
     _check_out_path("csv", args.csv)
     t = args.h100_peak_tflops
     if t is not None and not (math.isfinite(t) and 0 < t <= 100_000):
         raise ConfigError("h100-peak-tflops", t, "a finite number of TFLOP/s in (0, 100000]")
     if args.heldout:
-        return _print_heldout(heldout_tables(), args.csv)
+        return _print_heldout(heldout_rows(), args.csv)
     peak = None if args.h100_peak_tflops is None else args.h100_peak_tflops * 1e12
-    df = validate_all(Efficiency(), h100_peak_flops=peak)
+    df = validate_all(h100_peak_flops=peak)
     if args.csv:
         _write_csv_arg("csv", df, args.csv)
     con = Console(width=None if sys.stdout.isatty() else 200)
@@ -291,20 +290,35 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_heldout(df: Any, csv: str | None) -> int:
-    """Leave-one-table-out: each fitted table predicted by an Efficiency fitted on the others."""
+def _print_heldout(rows: Any, csv: str | None) -> int:
+    """Leave one table out per GPU generation: each table predicted by its generation's Efficiency refitted on
+    the generation's other tables; then the bias per family class and the interval's empirical coverage."""
     from rich.console import Console
     from rich.table import Table
 
+    from trainplan.validate import family_bias, interval_coverage
+
     if csv:
-        _write_csv_arg("csv", df, csv)
-    t = Table(title="Held-out error per published table (Efficiency refitted without it)")
-    for c in ("held out", "metric", "fitted on", "rows", "MAPE %", "bias %"):
-        t.add_column(c, justify="right" if c in ("rows", "MAPE %", "bias %") else "left")
-    for _, r in df.iterrows():
-        t.add_row(r["held_out"], r["metric"], r["fit_on"], str(r["rows"]), f"{r['heldout_mape_pct']:.1f}",
-                  f"{r['heldout_bias_pct']:+.1f}")
-    Console(width=None if sys.stdout.isatty() else 200).print(t)
+        _write_csv_arg("csv", rows, csv)
+    con = Console(width=None if sys.stdout.isatty() else 200)
+    t = Table(title="Held-out error per published table (its generation's Efficiency refitted without it)")
+    for c in ("held out", "gen", "metric", "fitted on", "rows", "MAPE %", "bias %", "worst %"):
+        t.add_column(c, justify="right" if c in ("rows", "MAPE %", "bias %", "worst %") else "left")
+    for (table, gen, metric, fit_on), g in rows.groupby(["table", "generation", "metric", "held_out_fit"], sort=False):
+        e = g["err_pct"]
+        t.add_row(table, gen, metric, fit_on, str(len(g)), f"{e.abs().mean():.1f}", f"{e.mean():+.1f}",
+                  f"{e.abs().max():.1f}")
+    con.print(t)
+    f = Table(title="Held-out bias per family class (FSDP/ZeRO = data parallel only; TP; PP; CP)")
+    for c in ("gen", "family", "rows", "bias %", "MAPE %", "worst %"):
+        f.add_column(c, justify="left" if c in ("gen", "family") else "right")
+    for r in family_bias(rows).itertuples():
+        f.add_row(r.generation, r.family, str(r.rows), f"{r.bias_pct:+.1f}", f"{r.mape_pct:.1f}", f"{r.worst_abs_pct:.1f}")
+    con.print(f)
+    for gen, g in rows.groupby("generation", sort=True):
+        cov = interval_coverage(g)
+        con.print(f"{gen}: p10–p90 interval from the other held-out errors of the family (or generation) holds "
+                  f"{cov['measured']:.0%} of {cov['n']} held-out rows (nominal {cov['nominal']:.0%})")
     return 0
 
 

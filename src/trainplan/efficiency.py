@@ -8,39 +8,61 @@ are documented with their source; ``[I]`` marks an informed assumption, later re
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, fields, replace
+from functools import cache
+from importlib import resources
 from typing import Any, ClassVar
 
 from trainplan.specs import ConfigError, GiB
 
-__all__ = ["Efficiency"]
+__all__ = ["Efficiency", "generation_fits", "FITS_FILE"]
+
+FITS_FILE = "efficiency_fits.json"
+
+
+@cache
+def generation_fits() -> dict[str, Any]:
+    """``{generation: {"values": {field: value}, "stderr": {...}, "fitted_on": [...], ...}}`` from package data."""
+    f = resources.files("trainplan").joinpath("data", FITS_FILE)
+    if not f.is_file():
+        return {}
+    return json.loads(f.read_text(encoding="utf-8"))
 
 
 @dataclass(frozen=True, kw_only=True)
 class Efficiency:
     """Fractions of peak and overlap factors; SI units where a unit applies."""
 
-    # gemm_eff_max, gemm_eff_half_dim, attn_eff, membound_eff: one joint fit (``python -m trainplan.validate
-    # --fit``: scipy least squares on log errors, each table weighted equally, within validate.FIT_BOUNDS) to the
-    # 27 in-MAPE throughput rows of Narayanan 2021 T1, Korthikanti 2022 T3/5 and torchtitan docs/performance.md
-    # 64×A100 (validate.FIT_TABLES), rounded; fit 0.792 / 8.7 / 0.435 / 0.554 (half_dim is
-    # weakly identified: the objective is flat between ~1 and ~40). Held out: torchtitan's 500 W
-    # H100 rows (their residual bias is reported, docs/timing-model.md §7).
-    # Best BF16 GEMM fraction of peak; agrees with ≈795/989 TFLOP/s on H100 SXM (stas00/ml-engineering).
-    gemm_eff_max: float = 0.79  # [F]
+    # The class defaults are the A100 generation's fit (``python -m trainplan.validate --fit``: scipy least squares
+    # on log errors, each table weighted equally, within validate.FIT_BOUNDS, on the 26 in-scope throughput rows of
+    # Narayanan 2021 T1, Korthikanti 2022 T3/5 and torchtitan docs/performance.md 64×A100), rounded. Each GPU
+    # generation has its own fit in trainplan/data/efficiency_fits.json (values, standard errors, the tables it was
+    # fitted on, leave-one-table-out errors); ``Efficiency.for_gpu(gpu)`` returns it, and that is what the planner
+    # uses. half_dim is weakly identified on A100 (the objective is flat between ~1 and ~40).
+    gemm_eff_max: float = 0.789  # [F]
     # Shape-aware GEMM efficiency = gemm_eff_max · d/(d + half) with d the smallest GEMM dimension; it bites
     # on the head-dim (96–160) batched GEMMs of materialised attention.
-    gemm_eff_half_dim: float = 9.0  # [F]
+    gemm_eff_half_dim: float = 1.0  # [F]
     # Flash attention fwd+bwd fraction of peak; inside FA2's 34% (H100) – 73% (A100) (Dao 2023 §4.1).
-    attn_eff: float = 0.44  # [F]
+    attn_eff: float = 0.433  # [F]
     # Fraction of HBM bandwidth reached by elementwise/norm/loss kernels (eager ops: small, many, strided).
-    membound_eff: float = 0.55  # [F]
+    membound_eff: float = 0.569  # [F]
+    # GPU time lost per kernel (launch gap, ramp-up and the last partial wave) [I: ~3 µs; the open tables, all
+    # ≥ 1.7B parameters, cannot identify it: the H100 fit moves by < 0.1% between 0 and 8 µs]. Multiplied by the
+    # kernels one block launches per pass, which the kernel class sets (timing.KERNELS_PER_BLOCK: eager 40 ≫
+    # compiled 15 > fused 10): it is what makes small models launch-bound, and most so in eager PyTorch.
+    kernel_overhead_s: float = 3e-6
     # Fraction of nccl-tests bus bandwidth reached inside a training step (message sizes, contention) [I].
     comm_bw_eff: float = 0.80
     # Fraction of a strategy's communication that can hide behind compute (FSDP prefetch; DDP buckets) [I].
     fsdp_overlap: float = 0.90
     ddp_overlap: float = 0.90
     tp_overlap: float = 0.0  # TP/SP collectives sit on the critical path (no async TP)
+    # With ``Layout.tp_overlap`` (torchtitan async TP, Megatron --tp-comm-overlap): the fraction of each TP
+    # collective that the decomposed AG→GEMM / GEMM→RS pipeline hides behind its GEMM, capped by that GEMM's
+    # time (timing.tp_comm_mb_s). Fitted on the vanilla/async pairs of torchtitan_asynctp_H100_202506 [F].
+    tp_async_overlap: float = 0.7
     cp_overlap: float = 0.90  # ring attention overlaps the K/V pass with the block compute
     pp_p2p_overlap: float = 0.50  # Megatron overlaps part of the stage-to-stage sends [I]
     # CUDA context + NCCL buffers + cuBLAS workspaces per GPU [I: ~1 GiB context, 1–2 GiB NCCL].
@@ -54,12 +76,12 @@ class Efficiency:
     source: str = "defaults"
 
     FITTABLE: ClassVar[tuple[str, ...]] = (
-        "gemm_eff_max", "gemm_eff_half_dim", "attn_eff", "membound_eff", "comm_bw_eff",
+        "gemm_eff_max", "gemm_eff_half_dim", "attn_eff", "membound_eff", "kernel_overhead_s", "comm_bw_eff",
         "fsdp_overlap", "ddp_overlap", "runtime_overhead_bytes", "alloc_frag_frac",
     )
     _FRACTIONS: ClassVar[tuple[str, ...]] = (
         "gemm_eff_max", "attn_eff", "membound_eff", "comm_bw_eff", "fsdp_overlap", "ddp_overlap",
-        "tp_overlap", "cp_overlap", "pp_p2p_overlap", "alloc_frag_frac",
+        "tp_overlap", "tp_async_overlap", "cp_overlap", "pp_p2p_overlap", "alloc_frag_frac",
     )
 
     def __post_init__(self) -> None:
@@ -77,11 +99,21 @@ class Efficiency:
                     raise ConfigError("efficiency." + f.name, v, "must be a fraction in (0, 1]"
                                       if not ("overlap" in f.name or f.name == "alloc_frag_frac")
                                       else "must be a fraction in [0, 1]")
-            elif f.name == "runtime_overhead_bytes":
+            elif f.name in ("runtime_overhead_bytes", "kernel_overhead_s"):
                 if v < 0:
-                    raise ConfigError("efficiency." + f.name, v, "must be >= 0 bytes")
+                    raise ConfigError("efficiency." + f.name, v, "must be >= 0")
             elif not v > 0:
                 raise ConfigError("efficiency." + f.name, v, "must be a positive number")
+
+    @classmethod
+    def for_gpu(cls, gpu: Any, **overrides: Any) -> Efficiency:
+        """The Efficiency fitted on the published runs of ``gpu``'s generation (``GPUSpec.generation``), with
+        ``overrides`` on top. The fitted values, their standard errors and the rows they were fitted on are in
+        ``trainplan/data/efficiency_fits.json`` (``python -m trainplan.validate --fit`` writes it)."""
+        gen = getattr(gpu, "generation", gpu)
+        fit = generation_fits().get(str(gen))
+        base = cls() if fit is None else cls(**fit["values"], source=f"fit:{gen}")
+        return base.replace(**overrides) if overrides else base
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

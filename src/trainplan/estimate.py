@@ -61,7 +61,7 @@ class Estimate:
 def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,
              eff: Efficiency | None = None, max_mem_frac: float = DEFAULT_MAX_MEM_FRAC) -> Estimate:
     """Memory and time of one layout; structural problems or OOM give ``feasible=False`` with the reason."""
-    eff = eff or Efficiency()
+    eff = eff or Efficiency.for_gpu(cluster.gpu)
     hbm = float(cluster.gpu.hbm_bytes)
     f_tok = flops.train_flops_per_token(model, training)
     problems = layout_problems(model, cluster, training, layout)

@@ -31,6 +31,7 @@ from trainplan.specs import (
     resolve_gpu,
     resolve_model,
 )
+from trainplan.validate import error_pool, family_class, predictive_error_draws
 
 DATA_DIRS = (Path(__file__).resolve().parent / "data", Path(__file__).resolve().parents[2] / "data")
 H100_FILE = "torchtitan_h100_202412.csv"  # pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md
@@ -180,7 +181,8 @@ def predict_production(candidates: pd.DataFrame, model: ModelSpec, cluster: Clus
     base = {k: v for k, v in (calibration.get("efficiency") or {}).items() if v is not None}
     eff = Efficiency.from_dict(base)
     samples = [eff.replace(**s) for s in calibration.get("efficiency_samples") or []] or [eff]
-    rel = np.asarray(calibration.get("loo_relative_errors") or [0.0], dtype=float)
+    rel_all = np.asarray(calibration.get("loo_relative_errors") or [0.0], dtype=float)
+    by_family = calibration.get("heldout_errors_by_family") or {}
     mem_rel = np.asarray(calibration.get("memory_relative_errors") or [0.0], dtype=float)
     rng = np.random.default_rng(seed)
     ql, qh = quantiles
@@ -195,7 +197,11 @@ def predict_production(candidates: pd.DataFrame, model: ModelSpec, cluster: Clus
         tps = np.array([float(s["tokens_per_s_per_gpu"]) for s in st])
         mfu = np.array([float(s["mfu"]) for s in st])
         k = rng.integers(0, len(tps), size=2000)
-        err = rng.choice(rel, size=2000)  # measured = predicted / (1 + relative error)
+        # Held-out errors of this layout's family class on the same GPU generation when calibration has them
+        # (validate.error_pool); GPU-proxy calibration and the A100 set give one pool for every layout.
+        rel = error_pool(by_family, family_class(layout)) if by_family and not calibration.get("gpu") else rel_all
+        # measured = predicted / (1 + relative error); e from the small-sample predictive distribution of the pool
+        err = predictive_error_draws(rel, 2000, rng) if by_family and not calibration.get("gpu") else rng.choice(rel, size=2000)
         t_s, m_s = tps[k] / (1.0 + err), mfu[k] / (1.0 + err)
         p50 = step_time_fn(model, cluster, training, layout, eff)
         if memory_fn is not None:
@@ -204,6 +210,7 @@ def predict_production(candidates: pd.DataFrame, model: ModelSpec, cluster: Clus
             mem = float(r["mem_total_gib"]) * 1024**3
         mem_s = mem / (1.0 + rng.choice(mem_rel, size=2000))
         row = {"rank": r.get("rank", len(rows) + 1), "layout": layout.describe(), "family": layout.family,
+               "interval_family": family_class(layout), "interval_errors_n": len(rel),
                "calibration_source": calibration.get("source", "defaults")}
         for name, s, point in (("tokens_per_s_per_gpu", t_s, float(p50["tokens_per_s_per_gpu"])),
                                ("tokens_per_s", t_s * cluster.n_gpus, float(p50["tokens_per_s_per_gpu"]) * cluster.n_gpus),
@@ -226,6 +233,32 @@ def _memo_row(r: dict[str, Any], hbm_bytes: float) -> dict[str, Any]:
     return out
 
 
+def _comparable(rows: list[dict[str, Any]], candidates: pd.DataFrame, model: ModelSpec, cluster: ClusterSpec,
+                training: TrainingSpec) -> list[dict[str, Any]]:
+    """Closest open published runs (validate.comparable_runs) for the chosen layout and the best feasible layout
+    of another family class: the public evidence next to each prediction."""
+    from trainplan.validate import comparable_runs, validate_all
+
+    if not rows:
+        return []
+    pub = validate_all()
+    out = []
+    picks = [("chosen", rows[0]["layout"], rows[0]["interval_family"], rows[0]["mfu_p50"])]
+    if "feasible" in candidates.columns and len(candidates):
+        feas = candidates[candidates["feasible"].astype(bool)].sort_values("rank")
+        for _, r in feas.iterrows():
+            lay = Layout.from_dict({k: (None if k == "shard_group" and (pd.isna(r[k]) or not r[k]) else
+                                        (r[k].item() if hasattr(r[k], "item") else r[k]))
+                                    for k in Layout.__dataclass_fields__ if k in r.index})
+            if family_class(lay) != picks[0][2]:
+                picks.append(("runner-up family", lay.describe(), family_class(lay), float(r["mfu"])))
+                break
+    for role, layout, fam, mfu in picks:
+        out.append({"role": role, "layout": layout, "family": fam, "predicted_mfu": float(mfu),
+                    "runs": comparable_runs(model, cluster.gpu.generation, training.kernels, fam, rows=pub)})
+    return out
+
+
 def stage_predict_production(candidates: pd.DataFrame, calibration: dict[str, Any], scaling: dict[str, Any],
                              model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                              cfg: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -242,6 +275,8 @@ def stage_predict_production(candidates: pd.DataFrame, calibration: dict[str, An
         "interval": {"quantiles": list(calib.get("interval", (0.1, 0.9))),
                      "throughput_errors_n": len(calibration.get("loo_relative_errors") or []),
                      "memory_errors_n": len(calibration.get("memory_relative_errors") or [])},
+        "comparable_runs": _comparable(rows, candidates, model, cluster, training),
+        "heldout_coverage": calibration.get("heldout_coverage"),
         "extrapolation": list(scaling.get("curves") or []),
         "scaling_evidence": scaling.get("evidence"),
     }

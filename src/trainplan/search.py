@@ -37,9 +37,14 @@ from trainplan.specs import (
 __all__ = ["row_layout", "search", "enumerate_layouts", "family_verdicts", "technique_verdicts", "structural_reasons", "OPTION_KEYS"]
 
 OPTION_KEYS = ("tp", "pp", "cp", "vpp", "micro_batch", "sp", "pp_schedule", "cp_kind", "sharding", "recompute",
-               "offload", "shard_group", "max_mem_frac")
+               "offload", "shard_group", "max_mem_frac", "tp_overlap")
 _NAMED = {"pp_schedule": PP_SCHEDULES, "cp_kind": CP_KINDS, "sharding": SHARDINGS, "recompute": RECOMPUTES,
           "offload": OFFLOADS}
+
+
+# torchtitan's async TP runs only under torch.compile (its SymmetricMemory fused ops are Inductor passes);
+# Megatron's --tp-comm-overlap needs Transformer Engine: neither exists for eager PyTorch.
+ASYNC_TP_NEEDS = "TP comm overlap needs kernels=compiled (torchtitan async TP) or fused (Megatron/TE)"
 
 
 def _divisors(n: int) -> list[int]:
@@ -58,7 +63,7 @@ def _divisors(n: int) -> list[int]:
 # The config schema's names (config/config.schema.yaml `search:`) → search option names.
 CONFIG_ALIASES = {"shardings": "sharding", "recomputes": "recompute", "offloads": "offload",
                   "micro_batches": "micro_batch", "max_hbm_frac": "max_mem_frac", "pp_schedules": "pp_schedule",
-                  "cp_kinds": "cp_kind", "shard_groups": "shard_group"}
+                  "cp_kinds": "cp_kind", "shard_groups": "shard_group", "tp_overlaps": "tp_overlap"}
 _MAX_KEYS = {"max_tp": "tp", "max_pp": "pp", "max_cp": "cp"}
 _IGNORED = ("top_k",)  # used by the CLI and the workflow, not by the enumeration
 
@@ -83,6 +88,7 @@ def _opts(cluster: ClusterSpec, options: dict[str, Any] | None) -> dict[str, Any
     out: dict[str, Any] = {
         "tp": [d for d in _divisors(cluster.gpus_per_node)], "pp": [d for d in _divisors(n) if d <= 16],
         "cp": [d for d in _divisors(n) if d <= 16], "vpp": [2, 4], "micro_batch": [1, 2, 4, 8], "sp": [False, True],
+        "tp_overlap": [False, True],
         "pp_schedule": list(PP_SCHEDULES), "cp_kind": list(CP_KINDS), "sharding": list(SHARDINGS),
         "recompute": list(RECOMPUTES), "offload": list(OFFLOADS), "shard_group": None,
         "max_mem_frac": DEFAULT_MAX_MEM_FRAC,
@@ -101,9 +107,9 @@ def _opts(cluster: ClusterSpec, options: dict[str, Any] | None) -> dict[str, Any
         for x in vals:
             if k in _NAMED and x not in _NAMED[k]:
                 raise ConfigError("search." + k, x, "must be one of " + ", ".join(_NAMED[k]))
-            if k == "sp" and not isinstance(x, bool):
-                raise ConfigError("search.sp", x, "must be true or false")
-            if k not in _NAMED and k != "sp" and (isinstance(x, bool) or not isinstance(x, int) or x < 1):
+            if k in ("sp", "tp_overlap") and not isinstance(x, bool):
+                raise ConfigError("search." + k, x, "must be true or false")
+            if k not in _NAMED and k not in ("sp", "tp_overlap") and (isinstance(x, bool) or not isinstance(x, int) or x < 1):
                 raise ConfigError("search." + k, x, "must be a list of positive integers")
         out[k] = vals
     for k, cap in caps.items():
@@ -115,7 +121,7 @@ def enumerate_layouts(cluster: ClusterSpec, options: dict[str, Any] | None = Non
     """Every layout whose degrees multiply to the GPU count (and that ``Layout()`` would accept)."""
     o = _opts(cluster, options)
     n = cluster.n_gpus
-    par: list[tuple] = []  # dp, tp, pp, cp, sp, sched, vpp, cp_kind
+    par: list[tuple] = []  # dp, tp, pp, cp, sp, sched, vpp, cp_kind, tp_overlap
     for tp, pp, cp in itertools.product(o["tp"], o["pp"], o["cp"]):
         if n % (tp * pp * cp):
             continue
@@ -126,7 +132,8 @@ def enumerate_layouts(cluster: ClusterSpec, options: dict[str, Any] | None = Non
         kinds = ["ring"] if cp == 1 else o["cp_kind"]
         if pp == 1 and "1f1b" not in o["pp_schedule"] and "interleaved" in o["pp_schedule"]:
             scheds = [("1f1b", 1)]
-        par += [(dp, tp, pp, cp, s, sc, v, k) for s in sps for sc, v in scheds for k in kinds]
+        tpo = [False] if tp == 1 else o["tp_overlap"]
+        par += [(dp, tp, pp, cp, s, sc, v, k, a) for s in sps for sc, v in scheds for k in kinds for a in tpo]
     if not par:
         raise ConfigError("search", {k: o[k] for k in ("tp", "pp", "cp")},
                           f"no tp·pp·cp combination divides the {n} GPUs")
@@ -146,7 +153,7 @@ def enumerate_layouts(cluster: ClusterSpec, options: dict[str, Any] | None = Non
     cols = {
         "dp": P[ip, 0].astype(int), "tp": P[ip, 1].astype(int), "pp": P[ip, 2].astype(int),
         "cp": P[ip, 3].astype(int), "sp": P[ip, 4].astype(bool), "pp_schedule": P[ip, 5].astype(str),
-        "vpp": P[ip, 6].astype(int), "cp_kind": P[ip, 7].astype(str), "sharding": S[is_, 0].astype(str),
+        "vpp": P[ip, 6].astype(int), "cp_kind": P[ip, 7].astype(str), "tp_overlap": P[ip, 8].astype(bool), "sharding": S[is_, 0].astype(str),
         "shard_group": S[is_, 1].astype(int), "recompute": R[ir, 0].astype(str), "offload": R[ir, 1].astype(str),
         "micro_batch": R[ir, 2].astype(int),
     }
@@ -176,6 +183,7 @@ def structural_reasons(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         ((L.cp > 1) & (L.cp_kind == "ulysses") & (model.heads % (L.cp * L.tp) != 0),
          "ulysses cp·tp does not divide heads=" + str(model.heads)),
         (L.sp & (s % L.tp != 0), "seq_len not divisible by tp={tp}"),
+        (np.full(n, training.kernels == "eager") & L.tp_overlap.astype(bool), ASYNC_TP_NEEDS),
         ((L.sharding == "hsdp") & ((dpcp % g != 0) | (g == dpcp)), "hsdp shard_group must divide dp·cp and be smaller"),
         ((L.offload == "cpu") & (L.sharding == "none"), "optimizer offload needs a ZeRO/FSDP sharding"),
     ]
@@ -220,6 +228,7 @@ def _family(df: pd.DataFrame) -> np.ndarray:
 # Techniques that modify a family: each gets a verdict "with vs without" (technique_verdicts).
 TECHNIQUES: dict[str, Any] = {
     "sequence parallelism (SP)": lambda d: d["sp"].astype(bool),
+    "TP comm overlap (async TP)": lambda d: d["tp_overlap"].astype(bool),
     "context parallelism (CP)": lambda d: d["cp"] > 1,
     "optimizer offload to CPU": lambda d: d["offload"] != "none",
     "selective recompute": lambda d: d["recompute"] == "selective",
@@ -232,7 +241,7 @@ TECHNIQUES: dict[str, Any] = {
 def _complexity(df: pd.DataFrame) -> pd.Series:
     """Simplicity tie-break: count of non-default techniques in use (fewer is simpler)."""
     return ((df["tp"] > 1).astype(int) + (df["pp"] > 1) + (df["cp"] > 1) + df["sp"].astype(int)
-            + (df["vpp"] > 1) + (df["offload"] != "none") + (df["recompute"] != "none") + (df["sharding"] == "hsdp"))
+            + (df["vpp"] > 1) + df["tp_overlap"].astype(int) + (df["offload"] != "none") + (df["recompute"] != "none") + (df["sharding"] == "hsdp"))
 
 
 def row_layout(row: Any) -> Layout:
@@ -257,7 +266,7 @@ def _pareto(tput: np.ndarray, head: np.ndarray) -> np.ndarray:
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: Efficiency | None = None,
            options: dict[str, Any] | None = None) -> pd.DataFrame:
     """Every enumerated layout with memory, time, feasibility and rank (analytic/candidates.csv)."""
-    eff = eff or Efficiency()
+    eff = eff or Efficiency.for_gpu(cluster.gpu)
     o = _opts(cluster, options)
     L = enumerate_layouts(cluster, options)
     df = pd.DataFrame({k: getattr(L, k) for k in LayoutTable.FIELDS})
@@ -308,7 +317,8 @@ def _describe(df: pd.DataFrame) -> list[str]:
         x = f"dp{r['dp']}·tp{r['tp']}{'(sp)' if r['sp'] else ''}·pp{r['pp']}"
         if r["pp"] > 1:
             x += f"({r['pp_schedule']}{'' if r['vpp'] == 1 else ',v' + str(r['vpp'])})"
-        return x + f"·cp{r['cp']}" + (f"({r['cp_kind']})" if r["cp"] > 1 else "")
+        return (x + f"·cp{r['cp']}" + (f"({r['cp_kind']})" if r["cp"] > 1 else "")
+                + (" async-tp" if r["tp_overlap"] else ""))
 
     def shard(r: dict) -> str:
         return " " + r["sharding"] + (f"/{r['shard_group']}" if r["sharding"] == "hsdp" else "")
@@ -316,7 +326,7 @@ def _describe(df: pd.DataFrame) -> list[str]:
     def rest(r: dict) -> str:
         return f" rc={r['recompute']} mb={r['micro_batch']}" + (" offload" if r["offload"] != "none" else "")
 
-    a = _per_unique(df, ["dp", "tp", "sp", "pp", "pp_schedule", "vpp", "cp", "cp_kind"], par)
+    a = _per_unique(df, ["dp", "tp", "sp", "pp", "pp_schedule", "vpp", "cp", "cp_kind", "tp_overlap"], par)
     b = _per_unique(df, ["sharding", "shard_group"], shard)
     c = _per_unique(df, ["recompute", "micro_batch", "offload"], rest)
     return [x + y + z for x, y, z in zip(a, b, c, strict=True)]

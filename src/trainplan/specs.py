@@ -442,6 +442,9 @@ def resolve_model(ref: str | dict | ModelSpec) -> ModelSpec:
 
 
 # ----------------------------------------------------------------------------------------------- gpu
+GENERATIONS = ("a100", "h100")
+
+
 @dataclass(frozen=True, kw_only=True)
 class GPUSpec:
     name: str
@@ -449,9 +452,13 @@ class GPUSpec:
     hbm_bytes: int  # usable by the framework
     hbm_bw_Bps: float
     source: str = ""
+    # Compute generation: selects the Efficiency fitted on that generation's published runs (efficiency.py).
+    # H200 has H100 compute (NVIDIA spec), so it shares the H100 fit; its larger HBM enters through hbm_*.
+    generation: str = "h100"
 
     def __post_init__(self) -> None:
         _positive_num(self, "peak_bf16_flops", "hbm_bytes", "hbm_bw_Bps")
+        _one_of(self, "generation", GENERATIONS)
 
 
 # Sources: ../data/SOURCES.md (NVIDIA spec sheets; usable HBM from MLPerf v4.0 eos system file).
@@ -465,7 +472,7 @@ GPUS: dict[str, GPUSpec] = {
         GPUSpec(name="h200-141gb", peak_bf16_flops=989e12, hbm_bytes=143771 * 1024**2, hbm_bw_Bps=4.8e12,
                 source="NVIDIA H200 datasheet (H100 compute; 141 GB HBM3e, 4.8 TB/s)"),
         GPUSpec(name="a100-80gb", peak_bf16_flops=312e12, hbm_bytes=81251 * 1024**2, hbm_bw_Bps=2.039e12,
-                source="NVIDIA A100 datasheet (312 TFLOP/s BF16, 2.0 TB/s)"),
+                source="NVIDIA A100 datasheet (312 TFLOP/s BF16, 2.0 TB/s)", generation="a100"),
     ]
 }
 
@@ -576,6 +583,7 @@ RECOMPUTES = ("none", "selective", "full")
 OFFLOADS = ("none", "cpu")
 PP_SCHEDULES = ("1f1b", "interleaved")
 CP_KINDS = ("ring", "ulysses")
+TP_OVERLAPS = (False, True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -595,6 +603,9 @@ class Layout:
     pp_schedule: str = "1f1b"
     vpp: int = 1  # virtual stages per rank for the interleaved schedule
     cp_kind: str = "ring"
+    # TP communication overlapped with the neighbouring GEMMs: torchtitan async TP (SymmetricMemory, needs
+    # torch.compile) or Megatron --tp-comm-overlap (Transformer Engine userbuffers); only with tp > 1.
+    tp_overlap: bool = False
     sharding: str = "zero3"
     shard_group: int | None = None  # hsdp only: ranks per shard group (default: GPUs per node)
     recompute: str = "none"
@@ -614,6 +625,10 @@ class Layout:
             raise ConfigError("vpp", self.vpp, "must be 1 unless pp_schedule='interleaved'")
         if self.sp and self.tp == 1:
             raise ConfigError("sp", self.sp, "sequence parallelism needs tp > 1")
+        if not isinstance(self.tp_overlap, bool):
+            raise ConfigError("tp_overlap", self.tp_overlap, "must be true or false")
+        if self.tp_overlap and self.tp == 1:
+            raise ConfigError("tp_overlap", self.tp_overlap, "TP communication overlap needs tp > 1")
 
     @property
     def world_size(self) -> int:
@@ -630,6 +645,7 @@ class Layout:
         if self.pp > 1:
             s += f"({self.pp_schedule}{'' if self.vpp == 1 else f',v{self.vpp}'})"
         s += f"·cp{self.cp}" + (f"({self.cp_kind})" if self.cp > 1 else "")
+        s += " async-tp" * bool(self.tp_overlap)
         s += f" {self.sharding}"
         if self.sharding == "hsdp":
             s += f"/{self.shard_group}"
@@ -745,6 +761,8 @@ def layout_problems(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         why.append(f"ulysses cp·tp = {L.cp * L.tp} does not divide heads={model.heads}")
     if L.sp and training.seq_len % L.tp:
         why.append(f"seq_len={training.seq_len} not divisible by tp={L.tp} (sequence parallelism)")
+    if L.tp_overlap and training.kernels == "eager":
+        why.append("TP comm overlap needs kernels=compiled (torchtitan async TP) or fused (Megatron/TE)")
     if L.sharding == "hsdp":
         g = L.shard_group or cluster.gpus_per_node
         if (L.dp * L.cp) % g or g == L.dp * L.cp:

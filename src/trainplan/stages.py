@@ -47,7 +47,8 @@ def _specs(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if "layout" in cfg:
         out["layout"] = Layout.from_dict(cfg["layout"]) if cfg["layout"] else None
     if "efficiency" in cfg:
-        out["efficiency"] = build_efficiency(cfg["efficiency"] or {})
+        gpu = out["cluster"].gpu if "cluster" in out else None
+        out["efficiency"] = build_efficiency(cfg["efficiency"] or {}, gpu)
     return out
 
 
@@ -120,6 +121,14 @@ def verify_result(path: str | Path) -> None:
         now = _csv_rows(p)
         if now != rows:
             what = f"{'unparseable' if now is None else f'{now} rows'} but {rule} wrote {rows}"
+    elif p.suffix == ".json":
+        import json
+
+        text = p.read_text(encoding="utf-8", errors="replace")
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as e:
+            what = f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno} of {len(text)} characters)"
     _remove_result(p)
     raise CorruptResultError(f"{p}: {what} (sha256 differs from {sc_path.name}): cut, emptied or edited after "
                              f"{rule} wrote it; removed with its sidecar, so the next run rebuilds it")

@@ -46,6 +46,14 @@ ATTN_BWD_FACTOR = 2.5
 # gradient: about twice the forward traffic (docs/timing-model.md §2) [I].
 MEMBOUND_BWD_FACTOR = 2.0
 
+# Kernels one transformer block launches per forward pass, by kernel class [I, counted in the block code]:
+# eager torchtitan/HF Llama: 7 GEMMs + RMSNorm (6 ops) ×2 + complex RoPE (~8) + repeat_kv copies (~4) + SDPA + SiLU·mul
+# (2) + residual adds (2) + views/casts (~6) ≈ 40; torch.compile fuses the pointwise chains (≈ 7 GEMMs + SDPA + ~7
+# Triton kernels = 15); Megatron/TE: fused QKV and gate/up GEMMs, fused norm, RoPE, bias-act, bias-dropout-add
+# (≈ 4 GEMMs + attention + ~5 fused kernels = 10). Backward launches about twice as many.
+KERNELS_PER_BLOCK = {"eager": 40.0, "compiled": 15.0, "fused": 10.0}
+KERNEL_BWD_FACTOR = 2.0
+
 TIMING_KEYS = ("compute_s", "tp_comm_s", "cp_comm_s", "fsdp_comm_s", "dp_comm_s", "pp_p2p_s",
                "comm_exposed_s", "bubble_s", "optimizer_s", "offload_s", "step_time_s", "tokens_per_s",
                "tokens_per_s_per_gpu", "mfu", "hfu")
@@ -160,14 +168,20 @@ def logits_s(model: ModelSpec, tokens: Array, tp: Array, peak: float, hbm_Bps: f
 
 
 def tp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, tokens: Array, layout: LayoutLike, layers: Array,
-                 eff: Efficiency, act_bytes: float) -> Array:
+                 eff: Efficiency, act_bytes: float, gemm_fwd_s: Array = 0.0) -> Array:
     """TP/SP: 2 all-reduces (or AG+RS pairs) per block forward, 2 backward, 2 more if fully recomputed
-    (Narayanan 2021 §3.2; Korthikanti 2022 §4.2.2); on the critical path (1 − tp_overlap)."""
+    (Narayanan 2021 §3.2; Korthikanti 2022 §4.2.2); on the critical path (1 − tp_overlap). With
+    ``layout.tp_overlap`` (async TP / --tp-comm-overlap) each pass hides ``tp_async_overlap`` of its collectives
+    behind that pass's GEMMs, never more than the GEMM time (forward g, backward 2g: dgrad + wgrad)."""
     tp = np.asarray(layout.tp)
     bw, lat = comm.group_link(cluster, tp, 1)
-    one = comm.all_reduce_s(tokens * model.hidden * act_bytes, tp, bw, lat, eff)
-    n = 4 + np.where(layout.recompute == "full", 2, 0)
-    return layers * n * one * (1.0 - eff.tp_overlap)
+    one = comm.all_reduce_s(tokens * model.hidden * act_bytes, tp, bw, lat, eff) * (1.0 - eff.tp_overlap)
+    pass_comm = 2.0 * one
+    on = np.asarray(layout.tp_overlap, dtype=bool) & (tp > 1)
+    a = eff.tp_async_overlap
+    fwd = pass_comm - np.where(on, np.minimum(a * pass_comm, gemm_fwd_s), 0.0)
+    bwd = pass_comm - np.where(on, np.minimum(a * pass_comm, 2.0 * gemm_fwd_s), 0.0)
+    return layers * (fwd + bwd + np.where(layout.recompute == "full", fwd, 0.0))
 
 
 def cp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, tokens: Array, layout: LayoutLike, layers: Array,
@@ -204,11 +218,14 @@ def fsdp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
 
 
 def dp_comm_step_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayoutLike,
-                   bwd_mb: Array, eff: Efficiency, m: Array = 1) -> Array:
+                   bwd_mb: Array, eff: Efficiency, m: Array = 1, fwd_mb: Array = 0.0) -> Array:
     """DDP all-reduce (or ZeRO-1 reduce-scatter + param all-gather) once per step; buckets overlap the
     last micro-batch's backward except the last bucket (Li 2020, PyTorch DDP §3.2.3). ZeRO-2 keeps only a
     gradient shard, so it must reduce-scatter after *every* micro-batch's backward (Rajbhandari 2019 §5.2;
-    DeepSpeed stage 2, FSDP2 reshard_after_forward=False): m reductions, each overlapping one backward."""
+    DeepSpeed stage 2, FSDP2 reshard_after_forward=False): m reductions, each overlapping one backward.
+    ZeRO-1/2 gather the updated parameters once per step; gathered per layer and prefetched (FSDP2
+    reshard_after_forward=False, Megatron --overlap-param-gather), all but the first layer's gather hide behind
+    the first micro-batch's forward ``fwd_mb`` (fsdp_overlap)."""
     tp, pp = np.asarray(layout.tp), np.asarray(layout.pp)
     n = layout.dp * layout.cp
     bw, lat = comm.group_link(cluster, n, tp)
@@ -220,7 +237,8 @@ def dp_comm_step_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     frac_last = np.minimum(1.0, DDP_BUCKET_BYTES / np.maximum(grad_bytes, 1.0))
     exposed = reduce * frac_last + np.maximum(0.0, reduce * (1 - frac_last) - eff.ddp_overlap * bwd_mb)
     exposed = exposed * np.where(layout.sharding == "zero2", m, 1)
-    exposed = exposed + np.where(layout.sharding == "none", 0.0, ag)
+    ag_exposed = ag / np.maximum(1.0, model.layers / pp) + np.maximum(0.0, ag - eff.fsdp_overlap * fwd_mb)
+    exposed = exposed + np.where(layout.sharding == "none", 0.0, ag_exposed)
     return np.where(np.isin(layout.sharding, ("none", "zero1", "zero2")), exposed, 0.0)
 
 
@@ -305,7 +323,7 @@ def _trainable_frac(model: ModelSpec, training: TrainingSpec) -> float:
 def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayoutLike,
               eff: Efficiency | None = None) -> dict[str, Array]:
     """Seconds per optimizer step and its breakdown, tokens/s, MFU and HFU (keys: TIMING_KEYS)."""
-    eff = eff or Efficiency()
+    eff = eff or Efficiency.for_gpu(cluster.gpu)
     gpu = cluster.gpu
     peak, hbm = gpu.peak_bf16_flops, gpu.hbm_bw_Bps
     act = 2.0 if training.precision == "bf16" else 4.0
@@ -326,8 +344,9 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     else:
         a = attn_fwd_s(model, tokens, s, tp, peak, eff)
         a_bwd = a * ATTN_BWD_FACTOR
-    fwd = g + a + e
-    bwd = g * (1.0 + wgrad) + a_bwd + MEMBOUND_BWD_FACTOR * e
+    k0 = KERNELS_PER_BLOCK[kernels] * eff.kernel_overhead_s
+    fwd = g + a + e + k0
+    bwd = g * (1.0 + wgrad) + a_bwd + MEMBOUND_BWD_FACTOR * e + KERNEL_BWD_FACTOR * k0
     redo = np.where(rc == "full", fwd, np.where(rc == "selective", selective_redo_s(g, a, e, kernels), 0.0))
     shard = np.asarray(shard_degree(layout, cluster))
     copy = fsdp_copy_mb_s(model, training, layout, hbm, eff)
@@ -335,12 +354,12 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     compute_mb = (layers * (fwd + bwd + redo) + logits_s(model, tokens, tp, peak, hbm, eff, wgrad, kernels) + copy
                   + dequant)
 
-    tp_mb = tp_comm_mb_s(model, cluster, tokens, layout, layers, eff, act)
+    tp_mb = tp_comm_mb_s(model, cluster, tokens, layout, layers, eff, act, g)
     cp_mb = cp_comm_mb_s(model, cluster, tokens, layout, layers, a + a_bwd, eff, act)
     rs_copy = fsdp_copy_mb_s(model, training, layout, hbm, eff, stream=1)
     fsdp_mb = fsdp_comm_mb_s(model, cluster, training, layout, shard, compute_mb, eff, rs_copy)
     p2p_mb = pp_p2p_mb_s(model, cluster, tokens, layout, eff, act)
-    dp = dp_comm_step_s(model, cluster, training, layout, layers * bwd, eff, m)
+    dp = dp_comm_step_s(model, cluster, training, layout, layers * bwd, eff, m, layers * fwd)
 
     per_mb = compute_mb + tp_mb + cp_mb
     bubble = bubble_s(pp, vpp, m, per_mb)
