@@ -22,7 +22,12 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent / "slurm"))
 from workflow_copy import ROOT, copy_workflow, snakemake  # noqa: E402
 
-from trainplan.slurm_resources import CPUS_PER_RANK, STARTUP_MIN, proxy_job_resources  # noqa: E402
+from trainplan.slurm_resources import (  # noqa: E402
+    CPUS_PER_RANK,
+    STARTUP_MIN,
+    proxy_job_resources,
+    restore_allocation_env,
+)
 
 BASE = {"family": "scaleout", "model": "debug", "layout": {"dp": 2, "sharding": "zero3"}, "seq_len": 64,
         "global_batch": 4, "steps": 4, "warmup": 1}
@@ -78,6 +83,21 @@ def test_proxy_resources_follow_the_run_spec():
     assert cpu["gres"] == "" and cpu["cpus_per_task"] == 2 and cpu["runtime"] == 2 + STARTUP_MIN
     with pytest.raises(ValueError, match="device"):
         proxy_job_resources({**SPECS[0], "device": "tpu"})
+
+
+def test_the_allocation_env_the_jobstep_strips_is_restored_from_scontrol(tmp_path, monkeypatch):
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "scontrol").write_text('#!/bin/sh\n[ "$*" = "show job -o 42" ] && '
+                                   'echo "JobId=42 JobName=x NumNodes=2 NumCPUs=2 NodeList=tpn[1-2] BatchHost=tpn1"\n')
+    (bin_ / "scontrol").chmod(stat.S_IRWXU)
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
+    env = {"SLURM_JOB_ID": "42"}  # what the jobstep plugin leaves
+    assert restore_allocation_env(env) == {"SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "tpn[1-2]"}
+    assert env["SLURM_JOB_NUM_NODES"] == "2"
+    assert restore_allocation_env({"PATH": "x"}) == {}  # not in a Slurm job: nothing to do
+    full = {"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "n1"}
+    assert restore_allocation_env(full) == {} and full["SLURM_JOB_NUM_NODES"] == "1"  # already set: kept
 
 
 def test_the_profile_holds_no_proxy_resources():
