@@ -49,3 +49,17 @@ def test_summary_folds_the_proxies_into_one_line(bench):
     assert proxies["wall_s"] == pytest.approx(15.69 + 20.99) and proxies["max_rss_mb"] == 1079.77
     assert s["total_wall_s"] == pytest.approx(2.04 + 102.30 + 12.0 + 15.69 + 20.99) and s["n_files"] == 5
     assert benchmark_summary([]) == {"rows": [], "total_wall_s": 0, "n_files": 0}
+
+
+def test_the_memo_template_shows_the_table_once_the_context_has_it(bench):
+    """report/templates/memo.html.j2: Appendix D appears only with a `benchmarks` context key."""
+    from pathlib import Path
+
+    from trainplan import memo
+
+    ctx = memo.build_context(Path(__file__).parent / "fixtures" / "results_min", config={"study": {"name": "x"}},
+                             study_hash="5f" * 32, git_commit="c" * 40)
+    assert "sec-benchmarks" not in memo.render_html(ctx)
+    html = memo.render_html({**ctx, "benchmarks": benchmark_summary(benchmark_rows(bench))})
+    table = html[html.index('id="sec-benchmarks"'):]
+    assert "calibrate</td><td>102.3" in table and "proxy_run x2 (slowest: width-h64, 21.0 s)" in table, table

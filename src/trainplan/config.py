@@ -204,6 +204,10 @@ def _check_finite(node: Any, path: str = "") -> None:
             for k, sub in v.items():
                 if not isinstance(k, str):
                     raise ConfigError(f"{where}.{k}" if where else str(k), sub, "keys must be strings")
+                if not k.isprintable():  # a key with a newline would break the one-line error
+                    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in k)
+                    raise ConfigError(f"{where}.{shown}" if where else shown, _short(sub), "unknown key (control "
+                                      "characters in a key)")
                 stack.append((sub, f"{where}.{k}" if where else k))
         elif isinstance(v, list):
             stack.extend((sub, f"{where}[{i}]") for i, sub in enumerate(v))
