@@ -193,3 +193,11 @@ def test_files_without_a_sidecar_are_not_judged(tmp_path):
     stages.verify_result(src)
     stages.verify_result(tmp_path / "not-there.csv")
     assert src.exists()
+
+
+def test_a_cut_json_result_is_named_as_such(study):
+    bad = study / "runs" / "depth-L1.json"
+    _cut_half(bad)
+    with pytest.raises(stages.CorruptResultError, match=r"depth-L1.json: not valid JSON \(.* characters\)"):
+        stages.verify_inputs({"records": _runs(study)})
+    assert not bad.exists() and not sidecar_path(bad).exists()

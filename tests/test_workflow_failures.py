@@ -118,3 +118,39 @@ def test_an_oom_proxy_is_a_result_and_the_study_completes(tmp_path):
                           capture_output=True, text=True, check=True).stdout
     assert re.search(rf"{re.escape(big)}\s.*\boom\b", text), text[-3000:]
     assert "1 oom" in text
+
+
+def test_corrupted_results_fail_by_name_and_the_rerun_rebuilds_them(tmp_path):
+    """records.csv cut at a row boundary, then a run JSON cut in half: each fails the rule that reads it with
+    the file's path, is removed, and the next run redoes exactly what it takes (issue 13, item 4)."""
+    wf = copy_workflow(tmp_path)
+    target = "results/calibration/scaling.json"  # aggregate + fit_scaling: the cheapest readers of the records
+    r = snakemake(wf, target, *TINY, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = wf / "results" / "proxies"
+    ids = [p["id"] for p in json.loads((res / "proxy_set.json").read_text())["proxies"]]
+    assert len(ids) >= 2, ids
+
+    csv = res / "records.csv"
+    lines = csv.read_text().splitlines(keepends=True)
+    csv.write_text("".join(lines[:2]))  # header + 1 row: a readable table, cut at a row boundary
+    r = snakemake(wf, target, *TINY, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out[-3000:]
+    assert f"results/proxies/records.csv: 1 rows but aggregate wrote {len(ids)}" in out, out[-3000:]
+    assert not csv.exists()
+
+    bad = res / "runs" / f"{ids[0]}.json"
+    text = bad.read_text()
+    bad.write_text(text[: len(text) // 2])
+    r = snakemake(wf, target, *TINY, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "Error in rule aggregate" in out, out[-3000:]
+    assert f"results/proxies/runs/{ids[0]}.json: not valid JSON" in out, out[-3000:]
+    assert not bad.exists() and not (res / "runs" / f"{ids[0]}.json.provenance.json").exists()
+
+    r = snakemake(wf, target, "-n", "--quiet", "rules", *TINY, timeout=120)
+    assert planned_jobs(r.stdout + r.stderr) == {"proxy_run": 1, "aggregate": 1, "fit_scaling": 1}, r.stdout
+    r = snakemake(wf, target, *TINY, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert list(pd.read_csv(csv)["id"]) == ids
