@@ -237,3 +237,11 @@ def test_proxy_defaults_fit_a_one_gpu_node():
     r["proxies"] = {"nproc_per_node": 2}  # set by the user: checked, not changed
     with pytest.raises(ConfigError, match="at most cluster.gpus_per_node=1"):
         load_config(r)
+
+
+def test_a_key_with_a_newline_is_named_on_one_line():
+    r = raw()
+    r["study"]["na\nme"] = 1
+    with pytest.raises(ConfigError) as e:
+        load_config(r)
+    assert "\n" not in str(e.value) and e.value.key == "study.na\\nme"
