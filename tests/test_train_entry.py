@@ -164,3 +164,30 @@ def test_bin_format_and_env_defaults_and_cost_interval(tmp_path):
     assert (a.seq_len, a.micro_batch, a.steps, a.ckpt_interval_s) == (4096, 2, 7, 5400.0)
     with pytest.raises(SystemExit):
         te.parse_args([], env={})
+
+
+@SLOW
+def test_accelerate_launch_with_the_generated_config_on_cpu(job, reference, tmp_path):
+    """`accelerate launch --config_file <generated accelerate_fsdp2.yaml>` (use_cpu, fp32 for CPU): Accelerate
+    resolves the FSDP config to DistributedType.NO on CPU — no sharding and no gradient sync (measured); the entry
+    point says so and shards with FSDP2 itself, so the losses equal the torchrun run's."""
+    import yaml
+
+    from trainplan import launch
+    from trainplan.specs import ClusterSpec, Layout, TrainingSpec
+
+    text = launch.accelerate_config(MODEL_PRESETS["debug"], ClusterSpec(nodes=1, gpus_per_node=2, gpu="h100-sxm-80gb"),
+                                    TrainingSpec(seq_len=32, global_batch=8), Layout(dp=2, sharding="zero3",
+                                                                                     micro_batch=2),
+                                    study_hash="abc123")
+    cfg = yaml.safe_load(text)
+    cfg.update(use_cpu=True, mixed_precision="no")
+    (tmp_path / "acc.yaml").write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "acc.yaml"),
+           *_cmd(job, "ck_acc", "acc.jsonl")[6:], "--steps", "4"]  # `-m trainplan.train_entry ...`, 4 steps
+    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ev = _events(job / "acc.jsonl")
+    assert "DistributedType.NO" in ev[0]["warnings"][0] and ev[0]["sharded"] is True
+    assert ev[0]["local_params_rank0"] < MODEL_PRESETS["debug"].n_params  # this rank holds a shard
+    assert _losses(job / "acc.jsonl") == {s: reference[s] for s in range(1, 5)}

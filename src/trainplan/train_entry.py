@@ -243,17 +243,41 @@ def train(a: argparse.Namespace) -> int:
     bf16 = a.dtype == "bf16" or (a.dtype == "auto" and use_cuda)
 
     model = build_hf_model(a.model_config, seed=a.seed).to(device)
-    if a.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
-        else MixedPrecisionPolicy()
-    for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, reshard_after_forward=bool(a.reshard_after_forward), mp_policy=mp)
-    fully_shard(model, mesh=mesh, reshard_after_forward=bool(a.reshard_after_forward), mp_policy=mp)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay, foreach=False)
+    accelerator = None
+    warnings: list[str] = []
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        # started by `accelerate launch --config_file accelerate_fsdp2.yaml`: Accelerate applies the config's
+        # FSDP2 plugin (per-LlamaDecoderLayer fully_shard, activation checkpointing, mixed precision, HSDP/TP/CP)
+        from accelerate import Accelerator
+        from accelerate.utils import DistributedType
+
+        accelerator = Accelerator()
+        if accelerator.distributed_type != DistributedType.FSDP and world > 1:
+            # measured (accelerate 1.16, CPU): the FSDP config resolves to DistributedType.NO on CPU — no sharding
+            # and no gradient synchronisation, every rank trains its own copy. Refuse that; shard with FSDP2 here.
+            warnings.append(f"accelerate resolved the FSDP config to {accelerator.distributed_type} on "
+                            f"{device.type} (no sharding, no gradient sync); torch FSDP2 applied directly instead")
+            accelerator = None
+    if accelerator is not None:
+        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay, foreach=False)
+        model, opt = accelerator.prepare(model, opt)
+        engine = "transformers AutoModelForCausalLM + Accelerate FSDP2 (accelerate_fsdp2.yaml) + DCP"
+    else:
+        if a.activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
+            else MixedPrecisionPolicy()
+        for layer in decoder_layers(model):
+            fully_shard(layer, mesh=mesh, reshard_after_forward=bool(a.reshard_after_forward), mp_policy=mp)
+        fully_shard(model, mesh=mesh, reshard_after_forward=bool(a.reshard_after_forward), mp_policy=mp)
+        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay, foreach=False)
+        engine = "transformers AutoModelForCausalLM + torch FSDP2 (fully_shard) + DCP"
+    # what actually got sharded: FSDP2 turns parameters into DTensors (Accelerate's FSDP on CPU does not)
+    sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())
+    local_params = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / a.warmup_steps) if a.warmup_steps > 0 else 1.0)
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(p.numel() for p in model.parameters())  # global (DTensor numel is the full size)
 
     start_step = 0
     resumed_from = latest_checkpoint(a.ckpt_dir)
@@ -299,7 +323,10 @@ def train(a: argparse.Namespace) -> int:
           "layout": {"dp": world, "tp": 1, "pp": 1, "cp": 1,
                      "sharding": "zero3" if a.reshard_after_forward else "zero2",
                      "recompute": "full" if a.activation_checkpointing else "none", "micro_batch": a.micro_batch},
-          "engine": "transformers AutoModelForCausalLM + torch FSDP2 + DCP", "torch_version": torch.__version__,
+          "engine": engine, "sharded": sharded, "local_params_rank0": local_params,
+          "wrapped_as": type(model).__name__, "warnings": warnings,
+          "accelerate_distributed_type": str(accelerator.distributed_type) if accelerator is not None else None,
+          "torch_version": torch.__version__,
           "ckpt_interval_steps": a.ckpt_interval_steps, "ckpt_interval_s": a.ckpt_interval_s})
 
     last_ckpt_t = time.time()
@@ -315,9 +342,13 @@ def train(a: argparse.Namespace) -> int:
         for m in range(a.grad_accum):
             ids = torch.from_numpy(batch_for(tokens, step=step, micro=m, grad_accum=a.grad_accum, dp=world,
                                              dp_rank=rank, micro_batch=a.micro_batch, seq_len=a.seq_len)).to(device)
-            model.set_requires_gradient_sync(m == a.grad_accum - 1)
+            if hasattr(model, "set_requires_gradient_sync"):  # an FSDP2 module
+                model.set_requires_gradient_sync(m == a.grad_accum - 1)
             out = model(input_ids=ids, labels=ids)
-            (out.loss / a.grad_accum).backward()
+            if accelerator is not None:
+                accelerator.backward(out.loss / a.grad_accum)
+            else:
+                (out.loss / a.grad_accum).backward()
             loss_sum += out.loss.detach() / a.grad_accum
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_norm) if a.max_norm > 0 else None
         opt.step()
