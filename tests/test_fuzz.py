@@ -3,7 +3,8 @@
 Every case must end in exit 0 with a sane answer (finite, non-negative memory; positive step time; MFU in
 (0, 1]) or exit 2 with one error line — never a traceback, never an exception other than ConfigError,
 and within 5 s. Derandomized (the same cases in every run) and without an example database, so CI is
-reproducible; ``TRAINPLAN_FUZZ_EXAMPLES`` scales the number of cases.
+reproducible; ``TRAINPLAN_FUZZ_EXAMPLES`` scales the number of cases, ``TRAINPLAN_FUZZ_RANDOM=1`` draws
+fresh random cases instead.
 """
 
 from __future__ import annotations
@@ -40,12 +41,13 @@ from trainplan.specs import (
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RAW = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 SCALE = float(os.environ.get("TRAINPLAN_FUZZ_EXAMPLES", "1"))
+RANDOM = os.environ.get("TRAINPLAN_FUZZ_RANDOM") == "1"  # fresh random cases (exploration), not CI's fixed set
 CASE_LIMIT_S = 5.0
 pytestmark = pytest.mark.timeout(300)
 
 
 def fuzz_settings(n: int):
-    return settings(max_examples=max(1, int(n * SCALE)), deadline=None, derandomize=True, database=None,
+    return settings(max_examples=max(1, int(n * SCALE)), deadline=None, derandomize=not RANDOM, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                            HealthCheck.filter_too_much])
 
