@@ -3,6 +3,8 @@ import sys
 
 from snakemake.utils import min_version, validate
 
+from trainplan.proxy.launch import forward_signals_to_proxies
+
 min_version("9.0")
 
 
@@ -35,6 +37,9 @@ localrules:
 
 onstart:
     print(f"trainplan study hash: {STUDY_HASH}", file=sys.stderr)
+    # SIGINT/SIGTERM also reach the local proxy launchers, which stop their ranks within seconds (Snakemake
+    # alone would wait for the running jobs); no-op for Slurm jobs, which are not children of this process
+    forward_signals_to_proxies()
 
 
 rule all:
