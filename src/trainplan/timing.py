@@ -72,15 +72,15 @@ def _gemm_s(m: Array, n: Array, k: Array, peak: float, eff: Efficiency) -> Array
 
 def layer_gemm_fwd_s(model: ModelSpec, tokens: Array, tp: Array, peak: float, eff: Efficiency) -> Array:
     """Forward GEMMs of one block after Megatron TP splitting (QKV/up column-, O/down row-parallel)."""
-    h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
+    h, f, kv, q = model.hidden, model.ffn_hidden, model.kv_dim, model.heads * model.head_dim  # q ≠ h: Gemma
     up = (2 if model.mlp == "swiglu" else 1) * f
-    return (_gemm_s(tokens, (h + 2 * kv) / tp, h, peak, eff) + _gemm_s(tokens, h, h / tp, peak, eff)
+    return (_gemm_s(tokens, (q + 2 * kv) / tp, h, peak, eff) + _gemm_s(tokens, h, q / tp, peak, eff)
             + _gemm_s(tokens, up / tp, h, peak, eff) + _gemm_s(tokens, h, f / tp, peak, eff))
 
 
 def attn_fwd_s(model: ModelSpec, tokens: Array, seq_len: int, tp: Array, peak: float, eff: Efficiency) -> Array:
     """Causal attention core forward: 2·T·s·h/t FLOPs (half of 4·T·s·h; Dao 2023) at attn_eff."""
-    return 2.0 * tokens * seq_len * model.hidden / tp / (peak * eff.attn_eff)
+    return 2.0 * tokens * seq_len * model.heads * model.head_dim / tp / (peak * eff.attn_eff)
 
 
 def norm_bytes_per_elem(model: ModelSpec, kernels: str, e: float) -> float:
@@ -137,7 +137,7 @@ def attn_math_fwd_s(model: ModelSpec, tokens: Array, seq_len: int, tp: Array, pe
     head-dim-limited GEMM efficiency, plus softmax/dropout traffic over T·(a/t)·s scores (Korthikanti 2022 §4).
     Returns (forward s, backward s)."""
     d = model.head_dim
-    g = 4.0 * tokens * seq_len * model.hidden / tp / (peak * gemm_eff(seq_len, seq_len, d, eff))
+    g = 4.0 * tokens * seq_len * model.heads * d / tp / (peak * gemm_eff(seq_len, seq_len, d, eff))
     scores = tokens * (model.heads / tp) * seq_len
     fb, bb = attn_math_bytes_per_score(act_bytes)
     bw = hbm_Bps * eff.membound_eff
