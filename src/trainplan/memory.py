@@ -263,7 +263,8 @@ def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch
     swiglu = model.mlp == "swiglu"
     tokens = s * micro_batch / cp
     rep = np.where(sp, tp, 1.0)  # divisor of the parts TP leaves replicated
-    h_loc, kv_loc, f_loc, a_loc = h / tp, kv / _kv_shards(model, tp), f / tp, a / tp
+    # h_loc is the attention width per rank (q, SDPA output, o-proj input): heads·head_dim, ≠ h for Gemma
+    h_loc, kv_loc, f_loc, a_loc = model.q_dim / tp, kv / _kv_shards(model, tp), f / tp, a / tp
     norm = _norm_bytes(model, d, norm_impl, lora) / rep
     # A linear input saved for the weight gradient: SP shard (Megatron) or the gathered sequence (DTensor).
     lin_in = np.where(sp & (sp_impl == "pytorch"), h * d, h * d / rep)
