@@ -234,3 +234,20 @@ def test_proxy_run_spec_hostile_files(tmp_path, capsys):
         assert main(["proxy", str(p), "--out", str(tmp_path / "rec.json")]) == 2, name
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "spec=" in err[0], (name, err)
+
+
+def test_alias_bomb_as_a_dict_is_refused_quickly():
+    """Snakemake loads --configfile with its own YAML loader (aliases allowed, shared nodes): the dict that
+    reaches load_config is refused by size, without walking its 9⁹ leaves."""
+    import time
+
+    raw = yaml.safe_load(ALIAS_BOMB)
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match="alias bomb"):
+        load_config(raw)
+    assert time.perf_counter() - t0 < 2
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(ConfigError, match="nested"):
+        load_config({"model": deep})

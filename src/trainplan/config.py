@@ -213,6 +213,14 @@ def _check_finite(node: Any, path: str = "") -> None:
             stack.extend((sub, f"{where}[{i}]") for i, sub in enumerate(v))
 
 
+def _check_size(raw: Any) -> None:
+    """A dict from Snakemake's own YAML loader may be an alias bomb (shared nodes) or absurdly deep."""
+    try:
+        check_depth(raw)
+    except InputFileError as e:
+        raise ConfigError("config", "{...}", str(e)) from None
+
+
 def _short(value: Any, limit: int = 200) -> Any:
     r = repr(value)
     return value if len(r) <= limit else r[:limit] + "…"
@@ -223,7 +231,7 @@ def validate_raw(raw: dict) -> dict:
     import jsonschema
 
     schema = load_schema()
-    check_depth(raw)
+    _check_size(raw)
     _check_finite(raw)
     raw = _fill_defaults(copy.deepcopy(raw), schema)
     validator = jsonschema.Draft202012Validator(schema)
@@ -407,6 +415,7 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any] | Iterable[str | Pa
     and, with ``warn=True``, on stderr.
     """
     if isinstance(path_or_dict, Mapping):
+        _check_size(path_or_dict)  # before deepcopy, which recurses
         raw: dict = copy.deepcopy(dict(path_or_dict))
     elif isinstance(path_or_dict, str | Path):
         raw = read_yaml(path_or_dict)

@@ -147,12 +147,20 @@ def read_text_checked(path: str | Path, *, max_bytes: int = MAX_INPUT_BYTES) -> 
         raise InputFileError(f"not UTF-8 text (byte {e.start})") from None
 
 
-def check_depth(obj: Any, max_depth: int = MAX_DEPTH) -> Any:
-    """``obj`` unchanged if its lists/dicts nest at most ``max_depth`` deep; InputFileError otherwise.
-    Iterative, so it is safe on any depth."""
+MAX_NODES = 200_000  # values in one document; a YAML alias bomb loaded elsewhere shares nodes 9⁹ times
+
+
+def check_depth(obj: Any, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> Any:
+    """``obj`` unchanged if its lists/dicts nest at most ``max_depth`` deep and hold at most ``max_nodes``
+    values (shared references counted each time they are reached); InputFileError otherwise. Iterative, so it
+    is safe on any depth, and it stops at the limit, so it is fast on an alias bomb."""
     stack = [(obj, 1)]
+    seen = 0
     while stack:
         node, d = stack.pop()
+        seen += 1
+        if seen > max_nodes:
+            raise InputFileError(f"more than {max_nodes} values (a YAML alias bomb?)")
         if isinstance(node, dict | list):
             if d > max_depth:
                 raise InputFileError(f"nested more than {max_depth} levels deep")
