@@ -137,7 +137,7 @@ def test_sigkill_of_the_launcher_still_takes_the_ranks_down(tmp_path):
 @pytest.mark.timeout(240)
 def test_proxy_stops_when_the_snakemake_that_started_it_dies(tmp_path):
     """SIGKILL to a process named ``snakemake`` between pytest and the launcher: the launcher sees its run is
-    gone, kills the tree, writes no record and exits 143 (the real study: tests/test_interrupts_study.py)."""
+    gone, kills the tree, writes no record and exits 143 (the real study: tests/test_chaos.py)."""
     fake = tmp_path / "bin" / "snakemake"
     fake.parent.mkdir()
     fake.write_text(f"#!{sys.executable}\nimport subprocess, sys\nsys.exit(subprocess.call(sys.argv[1:]))\n")
