@@ -245,3 +245,21 @@ def test_a_key_with_a_newline_is_named_on_one_line():
     with pytest.raises(ConfigError) as e:
         load_config(r)
     assert "\n" not in str(e.value) and e.value.key == "study.na\\nme"
+
+
+def test_zero_interruptions_is_a_finite_wall_clock():
+    """failures.interruptions: 0 (a valid value) once gave wall-clock NaN (∞/∞ in the failure loss)."""
+    import math
+
+    from trainplan.cost import stage_cost_and_risk
+
+    r = raw()
+    r["cost"]["failures"]["interruptions"] = 0
+    c = load_config(r)
+    prod = {"chosen": {"tokens_per_s_per_gpu_p10": 4000.0, "tokens_per_s_per_gpu_p50": 4500.0,
+                       "tokens_per_s_per_gpu_p90": 5000.0, "layout": {}}, "source": "defaults"}
+    doc, _ = stage_cost_and_risk(prod, n_params=c.model.n_params, n_gpus=c.cluster.n_gpus,
+                                 total_tokens=c.training.total_tokens, d2h_Bps=c.cluster.host_to_device_Bps,
+                                 cost_cfg=c.cost, targets=c.targets)
+    assert math.isfinite(doc["goodput_frac"]) and 0 < doc["goodput_frac"] <= 1
+    assert doc["expected_interruptions"] == 0 or math.isfinite(doc["expected_interruptions"])

@@ -38,7 +38,8 @@ def failure_rate_per_gpu_hour(interruptions: float, days: float, gpus: int) -> f
 
 def job_mtbf_s(rate_per_gpu_hour: Any, n_gpus: int) -> Any:
     """Mean time between interruptions of the whole job: 1/(rate·N) for independent GPU failures."""
-    return HOUR / (np.asarray(rate_per_gpu_hour) * n_gpus)
+    with np.errstate(divide="ignore"):  # rate 0 (no failures): an infinite MTBF
+        return HOUR / (np.asarray(rate_per_gpu_hour) * n_gpus)
 
 
 def checkpoint_bytes(n_params: float, bytes_per_param: Any = 16.0) -> Any:
@@ -76,7 +77,8 @@ def wall_clock_s(train_s: Any, *, startup_s: Any, eval_frac: Any, stall_s: Any, 
     + startup; each interruption (rate 1/M over the wall-clock) costs τ/2 lost + restart R, so
     wall = W' / (1 − (τ/2 + R)/M)."""
     work = np.asarray(train_s) * (1.0 + np.asarray(eval_frac) + np.asarray(stall_s) / interval_s) + startup_s
-    loss_frac = (np.asarray(interval_s) / 2.0 + restart_s) / mtbf_s
+    with np.errstate(invalid="ignore"):  # no failures (M = ∞, τ = ∞): nothing is lost, not ∞/∞ = NaN
+        loss_frac = np.where(np.isinf(mtbf_s), 0.0, (np.asarray(interval_s) / 2.0 + restart_s) / mtbf_s)
     return np.where(loss_frac < 1.0, work / np.maximum(1.0 - loss_frac, 1e-12), np.inf)
 
 
