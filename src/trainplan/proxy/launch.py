@@ -128,15 +128,30 @@ def watched_parent() -> tuple[int, int, str] | None:
     return found
 
 
+def _prctl() -> Any:
+    """libc's ``prctl`` (Linux), looked up once and before any fork: a child of a threaded process must not
+    run the dynamic loader between fork and exec. None elsewhere."""
+    global _PRCTL
+    if _PRCTL is None and sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+    return _PRCTL
+
+
+_PRCTL: Any = None
+
+
 def _set_pdeathsig(sig: int) -> None:
     """Linux: deliver ``sig`` to this process when its parent (thread) exits. No-op elsewhere."""
-    with contextlib.suppress(Exception):
-        if sys.platform.startswith("linux"):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    fn = _prctl()
+    if fn is not None:
+        with contextlib.suppress(Exception):
+            fn(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
 
 
-def _torchrun_preexec() -> None:  # runs in the child between fork and exec
-    _set_pdeathsig(signal.SIGTERM)  # torchrun's own handler then stops its workers
+def _torchrun_preexec() -> None:  # runs in the child between fork and exec: no imports, no lookups
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)  # torchrun's handler then stops its workers
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # blocked by the launcher around the fork
 
 
@@ -265,6 +280,7 @@ def launch(spec: dict[str, Any], out: str | Path, *, log=sys.stderr) -> tuple[di
                 cmd = torchrun_command(spec, str(spec_path), str(rank_dir))
                 env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
                 t0 = time.monotonic()
+                _prctl()  # resolved here, in the parent
                 # no signal between fork and ``proc = ``: the handler must always know what to kill
                 blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
                 try:
