@@ -201,3 +201,20 @@ def test_a_cut_json_result_is_named_as_such(study):
     with pytest.raises(stages.CorruptResultError, match=r"depth-L1.json: not valid JSON \(.* characters\)"):
         stages.verify_inputs({"records": _runs(study)})
     assert not bad.exists() and not sidecar_path(bad).exists()
+
+
+class _Smk:
+    """The parts of Snakemake's ``snakemake`` object a stage reads."""
+
+    def __init__(self, inp: dict, out: dict):
+        self.input, self.output, self.params, self.wildcards = inp, out, {"cfg": {}}, {}
+        self.log, self.rule, self.attempt = [], "aggregate", 1
+
+
+def test_the_snakemake_entry_point_verifies_inputs_before_the_stage_runs(study):
+    _aggregate(study)
+    runs = _runs(study)
+    (Path(runs[2])).write_text(Path(runs[2]).read_text().replace('"ok"', '"oom"', 1))  # valid JSON, edited
+    with pytest.raises(stages.CorruptResultError, match="width-h64.json: its content differs"):
+        stages.aggregate(_Smk({"records": runs}, {"records": str(study / "records2.csv")}))
+    assert not Path(runs[2]).exists() and not (study / "records2.csv").exists()
