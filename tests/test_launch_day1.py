@@ -81,6 +81,11 @@ def test_torchtitan_launch_line_parses_in_torchtitans_config_manager(tmp_path):
     model = resolve_model("llama2-7b")
     out = _write(tmp_path, Layout(dp=1, tp=2, sp=True, sharding="zero3", micro_batch=1), model=model)
     assert json.loads((out / "manifest.json").read_text())["trainer"]["chosen"] == "torchtitan"
+    # the study's cost.json and summary.json beside launch/ (results/cost, results/analytic): read at run time
+    (tmp_path / "cost").mkdir()
+    (tmp_path / "cost" / "cost.json").write_text(json.dumps({"checkpoint_interval_h": 0.5}))
+    (tmp_path / "analytic").mkdir()
+    (tmp_path / "analytic" / "summary.json").write_text(json.dumps({"estimate": {"step_time_s": 6.0}}))
     rec = tmp_path / "argv"
     env = _env(tmp_path, out, TRAINPLAN_MODE="train")
     _fake_bin(tmp_path / "bin", "torchrun", f'printf "%s\\0" "$@" > {rec}; echo "PYTHONPATH=$PYTHONPATH" >> '
@@ -98,6 +103,7 @@ def test_torchtitan_launch_line_parses_in_torchtitans_config_manager(tmp_path):
         sys.path.remove(str(out))
         sys.modules.pop("trainplan_torchtitan", None)
     assert cfg.training.steps == 20 and cfg.parallelism.tensor_parallel_degree == 2
-    assert cfg.comm.init_timeout_seconds == 1800 and cfg.checkpoint.interval == 500
+    assert cfg.comm.init_timeout_seconds == 1800
+    assert cfg.checkpoint.interval == 300 and "checkpoint every 1800 s" in r.stdout  # 0.5 h / 6 s per step
     # the fake trainer wrote no checkpoint and was not told to stop: no requeue, exit 0
     assert r.returncode == 0 and not (tmp_path / "scontrol.log").exists()

@@ -3,15 +3,23 @@
 From a :class:`~trainplan.specs.Layout` (plus model, cluster and training specs) this writes, under one
 output directory:
 
+* ``sbatch_{nodes}x{gpus}.sh`` -- the Slurm batch script. It runs **one** existing trainer, the one
+  :func:`trainplan.trainers.choose_trainer` picks (torchtitan for pp/tp/cp/compiled layouts, else Accelerate +
+  Transformers through :mod:`trainplan.train_entry`); ``#SBATCH --requeue`` and ``--signal=B:USR1@lead``: told to
+  stop, it has the trainer checkpoint and requeues itself; ``TRAINPLAN_MODE=day1-throughput|day1-checkpoint``
+  are the memo's day-1 checks; one ``srun`` task per node, rendezvous on the first host, NCCL settings each with a
+  comment, placeholders marked ``PLACEHOLDER``;
+* ``trainplan_torchtitan.py`` -- a torchtitan 0.3 job (``config_registry`` module; torchtitan's Llama 3 decoder
+  at the model's shapes, the layout's parallelism, DCP checkpoints at the Young/Daly interval), when the model
+  is one torchtitan's llama3 can build (the manifest says why not otherwise);
 * ``accelerate_fsdp2.yaml`` -- an Accelerate (1.x) config: FSDP2, reshard-after-forward, auto-wrap of the
   decoder layer class, activation checkpointing, bf16, ``SHARDED_STATE_DICT`` (DCP), and HSDP/TP/CP through
   Accelerate's ``parallelism_config`` where it can express them (what it cannot is said in a comment);
-* ``torchrun.sh`` -- the per-node ``torchrun`` command with a c10d rendezvous;
-* ``sbatch_{nodes}x{gpus}.sh`` -- a Slurm batch script (one ``srun`` task per node, rendezvous on the first
-  host, NCCL settings each with a comment, placeholders marked ``PLACEHOLDER``);
-* ``deepspeed_zero.json`` -- only when the layout is DeepSpeed-expressible (pure DP + ZeRO 0-3, optional
-  optimizer offload);
-* ``manifest.json`` -- the list of artifacts with a ``short`` flag (short ones are inlined in the memo).
+* ``model_config.json`` -- the model as a transformers ``LlamaConfig`` (the entry point's random init);
+* ``torchrun.sh`` -- the per-node ``torchrun`` command of the entry point with a c10d rendezvous;
+* ``deepspeed_zero.json`` -- reference only, when the layout is DeepSpeed-expressible (pure DP + ZeRO 0-3);
+* ``manifest.json`` -- the artifacts with a ``short`` flag (short ones are inlined in the memo), ``trainer``
+  (chosen, why, the launch lines, checkpoint interval) and ``day1`` (the day-1 checks as commands).
 
 Every file's header carries the study hash. Config values reach shell text only through ``shlex.quote``;
 comment text is stripped of line breaks so a value cannot escape its comment.

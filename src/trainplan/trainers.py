@@ -243,3 +243,41 @@ def settings_summary(settings: Mapping[str, Any]) -> str:
     p = settings["parallelism"]
     return (f"dp_replicate={p['data_parallel_replicate_degree']} dp_shard={p['data_parallel_shard_degree']} "
             f"tp={p['tensor_parallel_degree']} pp={p['pipeline_parallel_degree']} cp={p['context_parallel_degree']}")
+
+
+def interval_from_results(cost_json: str, summary_json: str | None = None) -> tuple[int, int]:
+    """(checkpoint interval s, in steps of the summary's predicted step time) from the study's result files."""
+    from trainplan.train_entry import checkpoint_interval_s_from_cost
+
+    s = checkpoint_interval_s_from_cost(cost_json)
+    step = None
+    if summary_json:
+        try:
+            from pathlib import Path
+
+            step = float(json.loads(Path(summary_json).read_text(encoding="utf-8"))["estimate"]["step_time_s"])
+        except (OSError, KeyError, TypeError, ValueError):
+            step = None
+    return int(round(s)), checkpoint_interval_steps(s, step)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainplan.trainers COST_JSON [SUMMARY_JSON]``: print "interval_s interval_steps" (the sbatch
+    script reads the study's cost.json at run time when the artifacts were written without it)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        print("usage: python -m trainplan.trainers COST_JSON [SUMMARY_JSON]", file=sys.stderr)
+        return 2
+    try:
+        s, n = interval_from_results(args[0], args[1] if len(args) > 1 else None)
+    except (OSError, ValueError) as e:
+        print(f"trainplan.trainers: {e}", file=sys.stderr)
+        return 2
+    print(s, n)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
