@@ -22,11 +22,12 @@ from trainplan.validate import (
     validate_all,
 )
 
-# In-sample MAPE per table (each generation's own fit). Reached: Megatron 2021 T1 4.0%, Korthikanti 3.7%,
-# torchtitan A100 2.5%; torchtitan H100 6.0%, torchtitan async TP 4.9%, Megatron 2024 6.5%, Llama 3 405B 1.8%.
+# In-sample MAPE per table (each generation's own fit; bf16 and FP8 rows). Reached: Megatron 2021 T1 4.0%,
+# Korthikanti 3.7%, torchtitan A100 2.5%; torchtitan H100 8.1%, async TP 8.7%, Megatron 2024 6.8%, Llama 3 405B
+# 2.5%; NeMo 24.07 FP8 (held out of every fit) 13.7%.
 MAPE_TOL_PCT = {"megatron2021_t1": 5.0, "korthikanti2022_t3_5": 5.0, "torchtitan_a100": 5.0,
-                "torchtitan_h100": 8.0, "torchtitan_asynctp_h100": 8.0, "megatron2024_h100": 8.0,
-                "llama3_405b_h100": 5.0}
+                "torchtitan_h100": 10.0, "torchtitan_asynctp_h100": 10.0, "megatron2024_h100": 8.0,
+                "llama3_405b_h100": 5.0, "nemo2407_h100": 16.0}
 # Memory vs torchtitan's peak reserved GiB (the two eager seq-8192 FSDP rows in scope): reached 6.3%.
 TORCHTITAN_H100_MEM_MAPE_TOL_PCT = 10.0
 
@@ -83,9 +84,9 @@ def test_h100_peak_outside_the_stated_bracket_is_refused():
         validate_all(h100_peak_flops=700e12)
 
 
-def test_unmodelled_rows_are_shown_but_excluded(rows):
-    fp8 = rows[rows["note"].str.contains("float8|Float8", regex=True)]
-    assert len(fp8) > 0 and not fp8["in_mape"].any()
+def test_fp8_rows_are_modelled_not_excluded(rows):
+    fp8 = rows[rows["precision"].astype(str).str.startswith("fp8") & (rows["metric"] != "memory_gib")]
+    assert len(fp8) >= 20 and fp8["in_mape"].all()
 
 
 def test_compile_speedup_matches_torchtitan(rows):
@@ -126,13 +127,13 @@ def test_shipped_fits_are_the_documented_fit():
 
 
 # Leave one table out per generation (the fit without the table predicts it), shipped in efficiency_fits.json.
-# Reached: A100 Megatron 4.2%, Korthikanti 5.3%, torchtitan A100 10.5%; H100 torchtitan 8.2%, async TP 15.2%,
-# Megatron 2024 8.1%, Llama 3 405B 2.6%. The issue's target is 10% per table: met on five of seven.
+# Reached: A100 Megatron 4.2%, Korthikanti 5.3%, torchtitan A100 10.5%; H100 torchtitan 9.2%, async TP 6.8%,
+# Megatron 2024 7.9%, Llama 3 405B 2.5%. The issue's target is 10% per table: met on every H100 table.
 HELDOUT_MAPE_TOL_PCT = {"megatron2021_t1": 7.0, "korthikanti2022_t3_5": 8.0, "torchtitan_a100": 13.0,
-                        "torchtitan_h100": 11.0, "torchtitan_asynctp_h100": 18.0, "megatron2024_h100": 10.0,
+                        "torchtitan_h100": 10.0, "torchtitan_asynctp_h100": 10.0, "megatron2024_h100": 10.0,
                         "llama3_405b_h100": 5.0}
-HELDOUT_WORST_ROW_TOL_PCT = 35.0  # reached 32.6% (torchtitan async-TP 8B, when its table is held out)
-FAMILY_BIAS_TOL_PCT = 12.0  # H100 held-out bias per family class
+HELDOUT_WORST_ROW_TOL_PCT = 21.0  # reached 18.8% on H100 (405B CP8 at 262k tokens), 19.5% on A100 (issue: 20%)
+FAMILY_BIAS_TOL_PCT = 7.0  # H100 held-out bias per family class: CP +6.0, FSDP/ZeRO −6.2, PP −4.3, TP +2.1 (issue: ±5)
 
 
 def _heldout_frame():
@@ -162,7 +163,7 @@ def test_interval_from_heldout_errors_covers_heldout_rows():
         cov = f["coverage"]
         assert cov["n"] >= 10 and cov["measured"] >= 0.75, (gen, cov)
         again = interval_coverage(_heldout_frame().query("generation == @gen"))
-        assert again == cov
+        assert again["measured"] == pytest.approx(cov["measured"]) and again["n"] == cov["n"]
 
 
 def test_interval_coverage_can_fail():

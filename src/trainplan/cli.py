@@ -151,14 +151,15 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         raise ConfigError("gpus", args.gpus, f"must be a multiple of --gpus-per-node={args.gpus_per_node}")
     cluster = ClusterSpec(nodes=args.gpus // gpn, gpus_per_node=gpn, gpu=gpu)
     training = TrainingSpec(seq_len=args.seq_len, global_batch=args.global_batch, finetune=args.finetune,
-                            kernels=args.kernels, attn_impl=args.attn_impl)
+                            kernels=args.kernels, attn_impl=args.attn_impl, precision=args.precision)
     mp = args.tp * args.pp * args.cp
     if args.gpus % mp:
         raise ConfigError("layout", f"tp·pp·cp = {args.tp}·{args.pp}·{args.cp} = {mp}",
                           f"must divide --gpus={args.gpus} (dp = gpus / (tp·pp·cp))")
     layout = Layout(dp=args.gpus // mp, tp=args.tp, pp=args.pp, cp=args.cp, sp=args.sp, sharding=args.sharding,
                     shard_group=args.shard_group, recompute=args.recompute, offload=args.offload,
-                    micro_batch=args.micro_batch, pp_schedule=args.pp_schedule, vpp=args.vpp, cp_kind=args.cp_kind)
+                    micro_batch=args.micro_batch, pp_schedule=args.pp_schedule, vpp=args.vpp, cp_kind=args.cp_kind,
+                    tp_overlap=args.tp_overlap)
     check_layout(model, cluster, training, layout)
     return model, cluster, training, layout
 
@@ -187,8 +188,22 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- plan
-def _cmd_plan(args: argparse.Namespace) -> int:
+def _console() -> Any:
+    """A rich Console whose broken pipe (``trainplan plan | head -1``) ends like estimate's: quietly, exit 0
+    (rich's own default exits 1)."""
     from rich.console import Console
+
+    con = Console(width=None if sys.stdout.isatty() else 200)
+
+    def broken_pipe() -> None:
+        con.quiet = True
+        raise BrokenPipeError
+
+    con.on_broken_pipe = broken_pipe
+    return con
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from trainplan.config import load_config
@@ -203,7 +218,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     df = search(cfg.model, cfg.cluster, cfg.training, eff, cfg.search)
     if args.csv:
         _write_csv_arg("csv", df, args.csv)
-    con = Console(width=None if sys.stdout.isatty() else 200)
+    con = _console()
     feas = df[df["feasible"]]
     t = Table(title=f"{cfg.model.name} on {cfg.cluster.n_gpus}× {cfg.cluster.gpu.name}, seq {cfg.training.seq_len}, "
                     f"global batch {cfg.training.global_batch}: {len(feas)} feasible of {len(df)} layouts")
@@ -257,7 +272,6 @@ def _write_csv_arg(key: str, df: Any, path: str) -> None:
 
 # ------------------------------------------------------------------------------------------ validate
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from trainplan.validate import heldout_rows, mape_table, validate_all
@@ -272,7 +286,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     df = validate_all(h100_peak_flops=peak)
     if args.csv:
         _write_csv_arg("csv", df, args.csv)
-    con = Console(width=None if sys.stdout.isatty() else 200)
+    con = _console()
     for table, g in df.groupby("table", sort=False):
         t = Table(title=table)
         for c in ("row", "metric", "published", "predicted", "err %", "in MAPE", "note"):
@@ -293,14 +307,13 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _print_heldout(rows: Any, csv: str | None) -> int:
     """Leave one table out per GPU generation: each table predicted by its generation's Efficiency refitted on
     the generation's other tables; then the bias per family class and the interval's empirical coverage."""
-    from rich.console import Console
     from rich.table import Table
 
     from trainplan.validate import family_bias, interval_coverage
 
     if csv:
         _write_csv_arg("csv", rows, csv)
-    con = Console(width=None if sys.stdout.isatty() else 200)
+    con = _console()
     t = Table(title="Held-out error per published table (its generation's Efficiency refitted without it)")
     for c in ("held out", "gen", "metric", "fitted on", "rows", "MAPE %", "bias %", "worst %"):
         t.add_column(c, justify="right" if c in ("rows", "MAPE %", "bias %", "worst %") else "left")
@@ -350,6 +363,9 @@ def _parser() -> argparse.ArgumentParser:
     es.add_argument("--pp", type=int, default=1)
     es.add_argument("--cp", type=int, default=1)
     es.add_argument("--sp", action="store_true", help="sequence parallelism (needs --tp > 1)")
+    es.add_argument("--tp-overlap", action="store_true",
+                    help="overlap TP communication with GEMMs: torchtitan async TP (--kernels compiled) or Megatron "
+                         "--tp-comm-overlap (--kernels fused); needs --tp > 1")
     es.add_argument("--pp-schedule", default="1f1b", help="1f1b | interleaved")
     es.add_argument("--vpp", type=int, default=1, help="virtual stages per rank (interleaved)")
     es.add_argument("--cp-kind", default="ring", help="ring | ulysses")
@@ -358,6 +374,9 @@ def _parser() -> argparse.ArgumentParser:
     es.add_argument("--recompute", default="none", help="none | selective | full")
     es.add_argument("--offload", default="none", help="none | cpu")
     es.add_argument("--finetune", default="full", help="full | lora | qlora")
+    es.add_argument("--precision", default="bf16", choices=("bf16", "fp8-tensorwise", "fp8-rowwise", "fp32"),
+                    help="as training.precision: bf16 mixed precision (default), the block linears' GEMMs in FP8 "
+                         "(torchao tensorwise / rowwise recipes; H100/H200 only), or fp32")
     es.add_argument("--kernels", default="eager", choices=("eager", "compiled", "fused"),
                     help="elementwise kernels, as training.kernels in the study config: eager (PyTorch eager, "
                          "default), compiled (torch.compile), fused (Megatron / Transformer Engine)")

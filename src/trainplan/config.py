@@ -32,6 +32,7 @@ from trainplan.specs import (
     ModelSpec,
     TrainingSpec,
     check_layout,
+    check_precision,
     resolve_gpu,
     resolve_model,
 )
@@ -374,6 +375,7 @@ def _check_layout_flags(lay: Mapping[str, Any] | None) -> None:
 
 def _check_semantics(raw: Mapping[str, Any], model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> None:
     check_relative_dir("study.results_dir", raw["study"]["results_dir"])
+    check_precision(cluster, training)  # FP8 only on GPUs with FP8 tensor cores
     _check_proxies(raw["proxies"], cluster)
     lo, hi = raw["cost"]["price_range_usd"]
     p = raw["cost"]["price_per_gpu_hour_usd"]

@@ -53,6 +53,12 @@ class Efficiency:
     # kernels one block launches per pass, which the kernel class sets (timing.KERNELS_PER_BLOCK: eager 40 ≫
     # compiled 15 > fused 10): it is what makes small models launch-bound, and most so in eager PyTorch.
     kernel_overhead_s: float = 3e-6
+    # FP8 GEMMs of the block linears (training.precision fp8-*), as a fraction of the dense FP8 peak (2 × BF16 on
+    # Hopper), the same shape factor applied: tensorwise (cuBLAS scaled GEMM) and rowwise (CUTLASS rowwise-scaled
+    # GEMM) recipes of torchao. Fitted on torchtitan's float8 rows (H100 generation fit); NeMo's FP8 tables are
+    # held out to check them [F].
+    fp8_gemm_eff_tensorwise: float = 0.55
+    fp8_gemm_eff_rowwise: float = 0.40
     # Fraction of nccl-tests bus bandwidth reached inside a training step (message sizes, contention) [I].
     comm_bw_eff: float = 0.80
     # Fraction of a strategy's communication that can hide behind compute (FSDP prefetch; DDP buckets) [I].
@@ -82,6 +88,7 @@ class Efficiency:
     _FRACTIONS: ClassVar[tuple[str, ...]] = (
         "gemm_eff_max", "attn_eff", "membound_eff", "comm_bw_eff", "fsdp_overlap", "ddp_overlap",
         "tp_overlap", "tp_async_overlap", "cp_overlap", "pp_p2p_overlap", "alloc_frag_frac",
+        "fp8_gemm_eff_tensorwise", "fp8_gemm_eff_rowwise",
     )
 
     def __post_init__(self) -> None:

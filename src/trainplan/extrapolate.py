@@ -233,6 +233,11 @@ def _memo_row(r: dict[str, Any], hbm_bytes: float) -> dict[str, Any]:
     return out
 
 
+def _layout_dict(r: Any) -> dict[str, Any]:
+    return {k: (None if k == "shard_group" and (pd.isna(r[k]) or not r[k]) else
+                (r[k].item() if hasattr(r[k], "item") else r[k])) for k in Layout.__dataclass_fields__ if k in r.index}
+
+
 def _comparable(rows: list[dict[str, Any]], candidates: pd.DataFrame, model: ModelSpec, cluster: ClusterSpec,
                 training: TrainingSpec) -> list[dict[str, Any]]:
     """Closest open published runs (validate.comparable_runs) for the chosen layout and the best feasible layout
@@ -244,18 +249,19 @@ def _comparable(rows: list[dict[str, Any]], candidates: pd.DataFrame, model: Mod
     pub = validate_all()
     out = []
     picks = [("chosen", rows[0]["layout"], rows[0]["interval_family"], rows[0]["mfu_p50"])]
-    if "feasible" in candidates.columns and len(candidates):
-        feas = candidates[candidates["feasible"].astype(bool)].sort_values("rank")
-        for _, r in feas.iterrows():
-            lay = Layout.from_dict({k: (None if k == "shard_group" and (pd.isna(r[k]) or not r[k]) else
-                                        (r[k].item() if hasattr(r[k], "item") else r[k]))
-                                    for k in Layout.__dataclass_fields__ if k in r.index})
-            if family_class(lay) != picks[0][2]:
+    feas = candidates[candidates["feasible"].astype(bool)] if "feasible" in candidates.columns else candidates.iloc[:0]
+    feas = feas.sort_values("rank") if "rank" in feas.columns else feas
+    if len(feas):
+        chosen_lay = Layout.from_dict(_layout_dict(feas.iloc[0]))
+        for _, r in feas.iterrows():  # the runner-up family as the memo names it: another sharding × TP × PP
+            lay = Layout.from_dict(_layout_dict(r))
+            if lay.family != chosen_lay.family:
                 picks.append(("runner-up family", lay.describe(), family_class(lay), float(r["mfu"])))
                 break
     for role, layout, fam, mfu in picks:
         out.append({"role": role, "layout": layout, "family": fam, "predicted_mfu": float(mfu),
-                    "runs": comparable_runs(model, cluster.gpu.generation, training.kernels, fam, rows=pub)})
+                    "runs": comparable_runs(model, cluster.gpu.generation, training.kernels, fam, rows=pub,
+                                            peak_flops=cluster.gpu.peak_bf16_flops)})
     return out
 
 

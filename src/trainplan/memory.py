@@ -51,7 +51,10 @@ def _zero_stage(sharding: Any) -> Any:
 
 # ------------------------------------------------------------------------------ model-state bytes
 def state_bytes_per_param(precision: str, optimizer: str, convention: str = "zero") -> tuple[int, int, int]:
-    """(weights, gradients, optimizer) bytes per parameter: ZeRO 2+2+12 (Rajbhandari 2019 §3.1); FSDP2 4+4+8."""
+    """(weights, gradients, optimizer) bytes per parameter: ZeRO 2+2+12 (Rajbhandari 2019 §3.1); FSDP2 4+4+8.
+
+    FP8 recipes keep this layout: torchao casts the bf16 weights to FP8 per GEMM (transient copies), it does
+    not store FP8 weights, so the model states are those of bf16 mixed precision."""
     if precision == "fp32":
         return FP32, FP32, (8 if optimizer == "adamw" else 0)  # Adam m, v; plain SGD keeps nothing
     if convention == "fsdp2":  # fp32 sharded params (the master) + fp32 grads + fp32 m, v
@@ -62,7 +65,7 @@ def state_bytes_per_param(precision: str, optimizer: str, convention: str = "zer
 def model_state_bytes(n_params: Any, shard: Any, zero_stage: Any, precision: str = "bf16",
                       optimizer: str = "adamw", convention: str = "zero") -> dict[str, Any]:
     """Model states per rank: ZeRO-1 shards the optimizer, ZeRO-2 + grads, ZeRO-3 + params (Rajbhandari 2019 Fig. 1)."""
-    _check("precision", precision, ("bf16", "fp32"))
+    _check("precision", precision, ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp32"))
     _check("optimizer", optimizer, ("adamw", "sgd"))
     _check("convention", convention, CONVENTIONS)
     w, g, o = state_bytes_per_param(precision, optimizer, convention)
@@ -194,7 +197,7 @@ def frozen_base_bytes(model: ModelSpec, training: TrainingSpec, tp: Any = 1, pp:
                       stage: str = "first") -> Any:
     """Frozen base of LoRA (bf16) or QLoRA (NF4 matmuls at 4.127 bit, Dettmers 2023 §2; rest bf16)."""
     p = stage_params(model, tp, pp, stage)
-    half = 2 if training.precision == "bf16" else FP32
+    half = 2 if training.half else FP32
     mat = NF4_BYTES_PER_PARAM if training.finetune == "qlora" else half
     return _out(p["matmul"] * mat + p["other"] * half)
 
@@ -385,7 +388,7 @@ def activation_kwargs(training: TrainingSpec, layout: Any, dtype_bytes: int | No
     """Keyword arguments of :func:`saved_activation_bytes_per_layer` that a training setup and layout imply."""
     lora = training.finetune != "full"
     return dict(tp=layout.tp, sp=layout.sp, cp=layout.cp,
-                dtype_bytes=dtype_bytes or (2 if training.precision == "bf16" else FP32),
+                dtype_bytes=dtype_bytes or (2 if training.half else FP32),
                 attn_impl=training.attn_impl, norm_impl=norm_impl, sac_policy=resolve_sac_policy(training),
                 sp_impl=resolve_sp_impl(training), lora_rank=training.lora_rank if lora else 0,
                 lora_targets=tuple(training.lora_targets) if lora else ())
@@ -423,7 +426,7 @@ def buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, dtype_by
     recv of one stage-boundary activation. [I: sizes to be calibrated]
     """
     L = layout
-    d = dtype_bytes or (2 if training.precision == "bf16" else FP32)
+    d = dtype_bytes or (2 if training.half else FP32)
     tp = np.asarray(L.tp, dtype=float)
     cp = np.asarray(L.cp, dtype=float)
     z = _zero_stage(L.sharding)
@@ -476,7 +479,7 @@ def stage_breakdown(model: ModelSpec, cluster: Any, training: TrainingSpec, layo
     L = layout
     out = dict(model_states(model, training, L, cluster, stage))
     out["activations"] = activation_bytes(model, training, L, stage)
-    d = 2 if training.precision == "bf16" else FP32
+    d = 2 if training.half else FP32
     last = np.asarray(L.pp) == 1 if stage == "first" else True
     lg = np.asarray(logits_bytes(model, training.seq_len, L.micro_batch, L.tp, L.cp, d)) + np.asarray(
         head_saved_bytes(model, training.seq_len, L.micro_batch, L.tp, L.sp, L.cp, d,

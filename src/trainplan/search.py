@@ -184,7 +184,7 @@ def structural_reasons(model: ModelSpec, cluster: ClusterSpec, training: Trainin
          "ulysses cp·tp does not divide heads=" + str(model.heads)),
         (L.sp & (s % L.tp != 0), "seq_len not divisible by tp={tp}"),
         (np.full(n, training.kernels == "eager") & L.tp_overlap.astype(bool), ASYNC_TP_NEEDS),
-        ((L.sharding == "hsdp") & ((dpcp % g != 0) | (g == dpcp)), "hsdp shard_group must divide dp·cp and be smaller"),
+        ((L.sharding == "hsdp") & (dpcp % g != 0), "hsdp shard_group must divide dp·cp"),
         ((L.offload == "cpu") & (L.sharding == "none"), "optimizer offload needs a ZeRO/FSDP sharding"),
     ]
     out = np.full(n, "", dtype=object)
@@ -382,7 +382,40 @@ def _extra_cause(r: pd.Series, o: pd.Series) -> str:
     return max(extra, key=lambda k: extra[k])
 
 
-def technique_verdicts(df: pd.DataFrame) -> pd.DataFrame:
+FP8_RISK = ("risk for a fine-tune: loss divergence from the bf16 run (FP8's 3-bit mantissa on small updates); "
+            "day-1 check: the first 200 steps' loss within 1% of a bf16 run from the same checkpoint and data")
+
+
+def fp8_technique_rows(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,
+                       eff: Efficiency) -> list[dict[str, Any]]:
+    """The FP8 rows of the technique table for the chosen layout: each torchao recipe against bf16 on the same
+    layout (speed-up; memory unchanged: torchao keeps the bf16 mixed-precision states and casts per GEMM), with the
+    risk for a fine-tune. Empty on GPUs without FP8 tensor cores. The recommendation stays on the configured
+    precision: FP8 is used only when ``training.precision`` opts in."""
+    from dataclasses import replace as _replace
+
+    if not cluster.gpu.fp8:
+        return []
+    base = _replace(training, precision="bf16")
+    b = timing.step_time(model, cluster, base, layout, eff)["tokens_per_s_per_gpu"]
+    mem = float(memory.memory_breakdown(model, cluster, base, layout, eff)["total"]) / 2**30
+    rows = []
+    for recipe in ("fp8-tensorwise", "fp8-rowwise"):
+        f = timing.step_time(model, cluster, _replace(training, precision=recipe), layout, eff)["tokens_per_s_per_gpu"]
+        delta = f / b - 1.0
+        verdict = f"buys {delta:+.1%}" if delta > TIE_FRAC else ("ties" if delta >= -TIE_FRAC else f"costs {-delta:.1%}")
+        used = training.precision == recipe
+        note = ("opted in by training.precision; " if used else "not used: bf16 unless the study opts in; ") + FP8_RISK
+        rows.append({"technique": f"FP8 matmuls ({recipe.split('-')[1]}, torchao Float8)", "used_by_best": used,
+                     "best_with": layout.describe() + f" {recipe}", "tokens_per_s_per_gpu_with": f,
+                     "best_without": layout.describe() + " bf16", "tokens_per_s_per_gpu_without": b,
+                     "delta_frac": delta, "verdict": verdict, "note": note,
+                     "line": f"{verdict} ({f:.0f} vs {b:.0f} tokens/s/GPU, memory {mem:.1f} GiB either way); {note}",
+                     "mem_total_gib": mem, "fp8": True})
+    return rows
+
+
+def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = None) -> pd.DataFrame:
     """One row per technique (SP, CP, offload, recompute, ...): best feasible layout with it vs without it.
 
     Families are coarse (data-parallel sharding × TP × PP); this says what each modifier buys or costs.
@@ -428,6 +461,7 @@ def technique_verdicts(df: pd.DataFrame) -> pd.DataFrame:
             row["line"] = (f"costs {-delta:.1%} at best ({r['tokens_per_s_per_gpu']:.0f} vs "
                            f"{o['tokens_per_s_per_gpu']:.0f} tokens/s/GPU), {row['note']}")
         rows.append(row)
-    return pd.DataFrame(rows, columns=["technique", "used_by_best", "best_with", "tokens_per_s_per_gpu_with",
-                                       "best_without", "tokens_per_s_per_gpu_without", "delta_frac", "verdict",
-                                       "note", "line"])
+    return pd.DataFrame(rows + list(extra or []),
+                        columns=["technique", "used_by_best", "best_with", "tokens_per_s_per_gpu_with",
+                                 "best_without", "tokens_per_s_per_gpu_without", "delta_frac", "verdict",
+                                 "note", "line"])

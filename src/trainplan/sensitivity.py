@@ -86,6 +86,7 @@ SEARCH_ASSUMPTIONS = {
     "inter_busbw_GBps": "GB/s",  # config cluster value, × (0.5, 1.2): 200G … 480G-class rails [assumption]
     "comm_bw_eff": "fraction",  # validate.FIT_BOUNDS physical range of the NCCL efficiency
     "runtime_overhead_GiB": "GiB",  # CUDA context + NCCL + allocator slack [assumption: 1–8 GiB]
+    "fp8_gemm_eff": "fraction of FP8 peak",  # only with training.precision fp8-*: fitted value ± 2 s.e.
 }
 UNITS = {"efficiency_x": "× throughput", "price_per_gpu_hour_usd": "$/GPU-h", "failure_rate_x": "× failure rate",
          "dataset_tokens": "tokens", "checkpoint_write_GBps": "GB/s", **SEARCH_ASSUMPTIONS}
@@ -96,13 +97,17 @@ def search_ranker(model: Any, cluster: Any, training: Any, eff: Any, options: di
     """``rank(a)``: re-run the layout search under assumptions ``a``; (best layout, its tokens/s/GPU). Cached."""
     from trainplan.search import search
 
-    cache: dict[tuple[float, float, float], tuple[str, float]] = {}
+    cache: dict[tuple[float, ...], tuple[str, float]] = {}
+    fp8_field = f"fp8_gemm_eff_{training.fp8}" if getattr(training, "fp8", None) else None
 
     def rank(a: dict[str, Any]) -> tuple[str, float]:
-        key = (float(a["inter_busbw_GBps"]), float(a["comm_bw_eff"]), float(a["runtime_overhead_GiB"]))
+        key = (float(a["inter_busbw_GBps"]), float(a["comm_bw_eff"]), float(a["runtime_overhead_GiB"]),
+               float(a.get("fp8_gemm_eff", 0.0)))
         if key not in cache:
             c = replace(cluster, inter_busbw_Bps=key[0] * 1e9)
             e = eff.replace(comm_bw_eff=key[1], runtime_overhead_bytes=key[2] * 2**30)
+            if fp8_field and "fp8_gemm_eff" in a:
+                e = e.replace(**{fp8_field: key[3]})
             df = search(model, c, training, e, options)
             best = df[df["rank"] == 1]
             cache[key] = (("no feasible layout", 1e-9) if not len(best) else
@@ -123,6 +128,14 @@ def stage_sensitivity(chosen: dict[str, Any], *, model: Any, cluster: Any, train
         inter_busbw_GBps=(inter_busbw_GBps, 0.5 * inter_busbw_GBps, 1.2 * inter_busbw_GBps))
     base |= {"comm_bw_eff": eff.comm_bw_eff, "runtime_overhead_GiB": eff.runtime_overhead_bytes / 2**30}
     ranges |= {"comm_bw_eff": (0.3, 1.0), "runtime_overhead_GiB": (1.0, 8.0)}
+    if getattr(training, "fp8", None):  # the FP8 speed-up's uncertainty: its GEMM efficiency ± 2 standard errors
+        from trainplan.efficiency import generation_fits
+
+        field = f"fp8_gemm_eff_{training.fp8}"
+        v = float(getattr(eff, field))
+        se = (generation_fits().get(cluster.gpu.generation) or {}).get("stderr", {}).get(field) or 0.1 * v
+        base["fp8_gemm_eff"] = v
+        ranges["fp8_gemm_eff"] = (max(0.05, v - 2 * se), min(0.95, v + 2 * se))
     evaluate = cost_evaluator(rank, n_gpus=cluster.n_gpus, n_params=float(model.n_params),
                               d2h_Bps=cluster.host_to_device_Bps, inputs=inputs)
     t = tornado(base, ranges, evaluate)

@@ -455,6 +455,8 @@ class GPUSpec:
     # Compute generation: selects the Efficiency fitted on that generation's published runs (efficiency.py).
     # H200 has H100 compute (NVIDIA spec), so it shares the H100 fit; its larger HBM enters through hbm_*.
     generation: str = "h100"
+    # FP8 tensor cores (Hopper: dense FP8 = 2 × dense BF16, NVIDIA H100 datasheet 1,979 vs 989 TFLOP/s).
+    fp8: bool = True
 
     def __post_init__(self) -> None:
         _positive_num(self, "peak_bf16_flops", "hbm_bytes", "hbm_bw_Bps")
@@ -472,7 +474,8 @@ GPUS: dict[str, GPUSpec] = {
         GPUSpec(name="h200-141gb", peak_bf16_flops=989e12, hbm_bytes=143771 * 1024**2, hbm_bw_Bps=4.8e12,
                 source="NVIDIA H200 datasheet (H100 compute; 141 GB HBM3e, 4.8 TB/s)"),
         GPUSpec(name="a100-80gb", peak_bf16_flops=312e12, hbm_bytes=81251 * 1024**2, hbm_bw_Bps=2.039e12,
-                source="NVIDIA A100 datasheet (312 TFLOP/s BF16, 2.0 TB/s)", generation="a100"),
+                source="NVIDIA A100 datasheet (312 TFLOP/s BF16, 2.0 TB/s; no FP8 tensor cores)", generation="a100",
+                fp8=False),
     ]
 }
 
@@ -515,7 +518,12 @@ class ClusterSpec:
 
 # ------------------------------------------------------------------------------------------ training
 FINETUNE_KINDS = ("full", "lora", "qlora")
-PRECISIONS = ("bf16", "fp32")
+# fp8-*: bf16 mixed precision with the block linears' GEMMs in FP8 (torchao Float8Linear recipes "tensorwise" /
+# "rowwise", as torchtitan's float8 converter applies them; Transformer Engine's per-tensor delayed scaling is
+# tensorwise). Attention, norms, embeddings and the output projection stay bf16; weights and optimizer states
+# keep the bf16 mixed-precision layout.
+PRECISIONS = ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp32")
+FP8_RECIPES = {"fp8-tensorwise": "tensorwise", "fp8-rowwise": "rowwise"}
 OPTIMIZERS = ("adamw", "sgd")
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 # How the block's elementwise ops run (timing.py, docs/timing-model.md): "eager" = PyTorch eager ops
@@ -567,6 +575,16 @@ class TrainingSpec:
         bad = [t for t in self.lora_targets if t not in LORA_TARGETS]
         if bad or not self.lora_targets:
             raise ConfigError("lora_targets", list(self.lora_targets), "a non-empty subset of " + ", ".join(LORA_TARGETS))
+
+    @property
+    def fp8(self) -> str | None:
+        """The FP8 recipe (tensorwise | rowwise), or None for bf16/fp32 GEMMs."""
+        return FP8_RECIPES.get(self.precision)
+
+    @property
+    def half(self) -> bool:
+        """bf16 activations and the mixed-precision state layout (bf16 and both FP8 recipes)."""
+        return self.precision != "fp32"
 
     @property
     def tokens_per_step(self) -> int:
@@ -765,15 +783,25 @@ def layout_problems(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         why.append("TP comm overlap needs kernels=compiled (torchtitan async TP) or fused (Megatron/TE)")
     if L.sharding == "hsdp":
         g = L.shard_group or cluster.gpus_per_node
-        if (L.dp * L.cp) % g or g == L.dp * L.cp:
-            why.append(f"hsdp shard_group={g} must divide dp·cp={L.dp * L.cp} and be smaller than it")
+        # g == dp·cp is one shard group and no replica: FSDP itself (a one-node HSDP run), so it is valid
+        if (L.dp * L.cp) % g:
+            why.append(f"hsdp shard_group={g} must divide dp·cp={L.dp * L.cp}")
     if L.offload == "cpu" and L.sharding in ("none",):
         why.append("optimizer offload needs a ZeRO/FSDP sharding")
     return why
 
 
+def check_precision(cluster: ClusterSpec, training: TrainingSpec) -> None:
+    """FP8 GEMMs need FP8 tensor cores: refuse an fp8-* precision on a GPU without them (A100)."""
+    if training.fp8 and not cluster.gpu.fp8:
+        fp8_gpus = ", ".join(n for n, g in GPUS.items() if g.fp8)
+        raise ConfigError("training.precision", training.precision,
+                          f"{cluster.gpu.name} has no FP8 tensor cores; use bf16, or a GPU with them ({fp8_gpus})")
+
+
 def check_layout(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout) -> None:
     """Raise ConfigError naming the offending key if the layout is structurally impossible."""
+    check_precision(cluster, training)
     why = layout_problems(model, cluster, training, layout)
     if why:
         first = why[0]

@@ -221,7 +221,7 @@ def run_analytic_model(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     """candidates.csv, families.csv, techniques.csv, summary.json from ``trainplan.search``."""
     from trainplan.estimate import estimate
     from trainplan.flops import train_flops_per_token
-    from trainplan.search import family_verdicts, search, technique_verdicts
+    from trainplan.search import family_verdicts, fp8_technique_rows, search, technique_verdicts
 
     s = _specs(cfg)
     options = dict(cfg["search"])
@@ -246,7 +246,8 @@ def run_analytic_model(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     write_csv(df, out["candidates"])
     write_csv(fam, out["families"])
     if "techniques" in out:
-        write_csv(technique_verdicts(df), out["techniques"])
+        extra = fp8_technique_rows(s["model"], s["cluster"], s["training"], layout, s["efficiency"]) if len(best) else []
+        write_csv(technique_verdicts(df, extra), out["techniques"])
     write_json(out["summary"], summary)
     _sidecars("analytic_model", out, cfg, inp)
 

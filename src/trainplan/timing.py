@@ -27,6 +27,7 @@ from trainplan.specs import (
     LayoutTable,
     ModelSpec,
     TrainingSpec,
+    check_precision,
     grad_accum,
     shard_degree,
 )
@@ -53,6 +54,7 @@ MEMBOUND_BWD_FACTOR = 2.0
 # (≈ 4 GEMMs + attention + ~5 fused kernels = 10). Backward launches about twice as many.
 KERNELS_PER_BLOCK = {"eager": 40.0, "compiled": 15.0, "fused": 10.0}
 KERNEL_BWD_FACTOR = 2.0
+FP8_PEAK_FACTOR = 2.0  # dense FP8 / dense BF16 on Hopper (NVIDIA H100 datasheet: 1,979 / 989 TFLOP/s)
 
 TIMING_KEYS = ("compute_s", "tp_comm_s", "cp_comm_s", "fsdp_comm_s", "dp_comm_s", "pp_p2p_s",
                "comm_exposed_s", "bubble_s", "optimizer_s", "offload_s", "step_time_s", "tokens_per_s",
@@ -76,6 +78,44 @@ def layer_gemm_fwd_s(model: ModelSpec, tokens: Array, tp: Array, peak: float, ef
     up = (2 if model.mlp == "swiglu" else 1) * f
     return (_gemm_s(tokens, (q + 2 * kv) / tp, h, peak, eff) + _gemm_s(tokens, h, q / tp, peak, eff)
             + _gemm_s(tokens, up / tp, h, peak, eff) + _gemm_s(tokens, h, f / tp, peak, eff))
+
+
+def fp8_linear_dims(model: ModelSpec, kernels: str) -> tuple[list[float], list[float]]:
+    """(input widths, output widths) of the block linears each FP8 cast acts on, before TP splitting. torchao
+    converts every nn.Linear of the block, each casting its own input: torchtitan/HF Llama have separate q, k, v
+    and gate, up projections (eager/compiled); Megatron/TE fuses QKV and gate·up into one linear each (fused)."""
+    h, f, kv, qd = model.hidden, model.ffn_hidden, model.kv_dim, model.heads * model.head_dim
+    swiglu = model.mlp == "swiglu"
+    if kernels == "fused":
+        return [h, qd, h, f], [qd + 2 * kv, h, (2 if swiglu else 1) * f, h]
+    ins = [h, h, h, qd] + ([h, h] if swiglu else [h]) + [f]
+    outs = [qd, kv, kv, h] + ([f, f] if swiglu else [f]) + [h]
+    return ins, outs
+
+
+# HBM bytes per element of FP8 casting work (dynamic scaling: an amax pass reads the bf16 tensor, the cast reads it
+# again and writes 1 byte; a transposed FP8 copy reads 1, writes 1) [derived: torchao float8 tensorwise/rowwise].
+FP8_CAST_BYTES = 5.0
+FP8_TRANSPOSE_BYTES = 2.0
+
+
+def fp8_cast_bytes_mb(model: ModelSpec, training: TrainingSpec, tokens: Array, tp: Array,
+                      weight_cast: Array) -> tuple[Array, Array]:
+    """HBM bytes of one block's FP8 casts per micro-batch, (forward, backward). Tensorwise: cast each linear
+    input (fwd) and output gradient (bwd), transposed FP8 copies of both for wgrad, and each weight (cast +
+    transposed copy) unless FSDP all-gathers it already in FP8 (``weight_cast`` = 0). Rowwise: scales per row
+    along each GEMM's reduction axis, so the backward re-quantises the saved bf16 input along the other axis and
+    the output gradient along both (no transposed copies), and FSDP all-gathers bf16 weights."""
+    ins, outs = fp8_linear_dims(model, training.kernels)
+    x_in, x_out = tokens * sum(ins) / tp, tokens * sum(outs) / tp
+    from trainplan.memory import layer_matmul_params_per_rank
+
+    w = layer_matmul_params_per_rank(model, tp) * weight_cast
+    if training.fp8 == "rowwise":
+        return (FP8_CAST_BYTES * x_in + FP8_CAST_BYTES * w,
+                2.0 * FP8_CAST_BYTES * x_out + FP8_CAST_BYTES * x_in + FP8_CAST_BYTES * w)
+    return (FP8_CAST_BYTES * x_in + (FP8_CAST_BYTES + FP8_TRANSPOSE_BYTES) * w,
+            FP8_CAST_BYTES * x_out + FP8_TRANSPOSE_BYTES * (x_in + x_out))
 
 
 def attn_fwd_s(model: ModelSpec, tokens: Array, seq_len: int, tp: Array, peak: float, eff: Efficiency) -> Array:
@@ -207,6 +247,10 @@ def fsdp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     units = model.n_params / (tp * pp) / unit
     bw, lat = comm.group_link(cluster, shard, tp)
     pbytes = PARAM_COMM_BYTES[training.finetune]
+    if training.fp8 == "tensorwise" and training.finetune == "full":
+        # torchao enable_fsdp_float8_all_gather: the block linears' weights travel in FP8 (1 byte), the rest bf16
+        mat = layer_matmul_params_per_rank(model, 1) / model.n_params_per_layer
+        pbytes = 1.0 * mat + pbytes * (1.0 - mat)
     ag = comm.all_gather_s(unit * pbytes, shard, bw, lat, eff)
     rs = comm.reduce_scatter_s(unit * GRAD_REDUCE_BYTES * _trainable_frac(model, training), shard, bw, lat, eff)
     replicas = layout.dp * layout.cp // np.maximum(shard, 1)
@@ -326,7 +370,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     eff = eff or Efficiency.for_gpu(cluster.gpu)
     gpu = cluster.gpu
     peak, hbm = gpu.peak_bf16_flops, gpu.hbm_bw_Bps
-    act = 2.0 if training.precision == "bf16" else 4.0
+    act = 2.0 if training.half else 4.0
     s = training.seq_len
     tp, pp, cp = np.asarray(layout.tp), np.asarray(layout.pp), np.asarray(layout.cp)
     sp, vpp = np.asarray(layout.sp, dtype=bool), np.asarray(layout.vpp)
@@ -337,7 +381,16 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     wgrad = 1.0 if training.finetune == "full" else 0.0
     kernels = training.kernels
 
-    g = layer_gemm_fwd_s(model, tokens, tp, peak, eff)
+    if training.fp8:  # the block linears in FP8 at 2 × the BF16 peak; attention, norms and the output stay bf16
+        check_precision(cluster, training)
+        fp8_eff = eff.replace(gemm_eff_max=getattr(eff, f"fp8_gemm_eff_{training.fp8}"))
+        g = layer_gemm_fwd_s(model, tokens, tp, FP8_PEAK_FACTOR * peak, fp8_eff)
+        fsdp_fp8_gather = (training.fp8 == "tensorwise") & np.isin(layout.sharding, ("zero3", "hsdp"))
+        cf, cb = fp8_cast_bytes_mb(model, training, tokens, tp, np.where(fsdp_fp8_gather, 0.0, 1.0))
+        cast_f, cast_b = cf / (hbm * eff.membound_eff), cb / (hbm * eff.membound_eff)
+    else:
+        g = layer_gemm_fwd_s(model, tokens, tp, peak, eff)
+        cast_f = cast_b = 0.0
     e = layer_membound_fwd_s(model, tokens, tp, sp, hbm, eff, act, kernels)
     if training.attn_impl == "math":
         a, a_bwd = attn_math_fwd_s(model, tokens, s, tp, peak, hbm, eff, act)
@@ -345,8 +398,8 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
         a = attn_fwd_s(model, tokens, s, tp, peak, eff)
         a_bwd = a * ATTN_BWD_FACTOR
     k0 = KERNELS_PER_BLOCK[kernels] * eff.kernel_overhead_s
-    fwd = g + a + e + k0
-    bwd = g * (1.0 + wgrad) + a_bwd + MEMBOUND_BWD_FACTOR * e + KERNEL_BWD_FACTOR * k0
+    fwd = g + a + e + k0 + cast_f
+    bwd = g * (1.0 + wgrad) + a_bwd + MEMBOUND_BWD_FACTOR * e + KERNEL_BWD_FACTOR * k0 + cast_b
     redo = np.where(rc == "full", fwd, np.where(rc == "selective", selective_redo_s(g, a, e, kernels), 0.0))
     shard = np.asarray(shard_degree(layout, cluster))
     copy = fsdp_copy_mb_s(model, training, layout, hbm, eff)

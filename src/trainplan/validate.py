@@ -31,14 +31,14 @@ from trainplan.specs import (
     resolve_model,
 )
 
-__all__ = ["validate_all", "family_bias", "comparable_runs", "interval_coverage", "interval_bounds", "error_pool", "predictive_error_draws", "heldout_rows", "fit_generation", "write_fits", "GEN_FIT", "mape_table", "load_table", "fit_defaults", "heldout_tables", "TABLES", "FIT_TABLES", "FIT_PARAMS"]
+__all__ = ["validate_all", "family_bias", "fp8_speedups", "comparable_runs", "interval_coverage", "interval_bounds", "error_pool", "predictive_error_draws", "heldout_rows", "fit_generation", "write_fits", "GEN_FIT", "mape_table", "load_table", "fit_defaults", "TABLES", "FIT_TABLES", "FIT_PARAMS"]
 
 TABLES = ("megatron2021_t1", "korthikanti2022_t3_5", "torchtitan_a100", "torchtitan_h100", "torchtitan_asynctp_h100",
-          "megatron2024_h100", "llama3_405b_h100")
+          "megatron2024_h100", "llama3_405b_h100", "nemo2407_h100")
 # The GPU generation each table ran on: its rows are predicted with (and fit) that generation's Efficiency.
 TABLE_GENERATION = {"megatron2021_t1": "a100", "korthikanti2022_t3_5": "a100", "torchtitan_a100": "a100",
                     "torchtitan_h100": "h100", "torchtitan_asynctp_h100": "h100", "megatron2024_h100": "h100",
-                    "llama3_405b_h100": "h100"}
+                    "llama3_405b_h100": "h100", "nemo2407_h100": "h100"}
 
 # --- clusters the sources ran on --------------------------------------------------------------------------
 # Selene (Narayanan 2021 §5.1): DGX A100 nodes, NVLink3/NVSwitch, 8 × 200 Gb/s HDR InfiniBand per node.
@@ -123,8 +123,11 @@ def _predict(table: str, label: str, metric: str, published: float, m: ModelSpec
     """One published row vs the model: ``convert(timing dict) -> value in the published metric``."""
     tim = timing.step_time(m, c, t, lay, eff)
     pred = convert(tim) if convert is not None else tim["tokens_per_s_per_gpu"]
-    return _row(table, label, metric, published, pred, in_mape, _note(m, c, t, lay, extra), lay, t.kernels, m,
-                c.n_gpus, t.seq_len, tim["mfu"])
+    row = _row(table, label, metric, published, pred, in_mape, _note(m, c, t, lay, extra), lay, t.kernels, m,
+               c.n_gpus, t.seq_len, tim["mfu"])
+    row["precision"] = t.precision
+    row["peak_tflops"] = c.gpu.peak_bf16_flops / 1e12
+    return row
 
 
 def megatron2021_t1(eff: Efficiency) -> list[dict]:
@@ -199,18 +202,19 @@ def torchtitan_h100(eff: Efficiency, h100_peak_flops: float | None = None) -> li
         c = _cluster(r.num_gpus, part, 360e9, ROCE_RAIL_BUSBW_Bps)
         gb = int(r.local_batch) * int(r.fsdp)
         compiled = r.compile == "yes"
-        t = TrainingSpec(seq_len=seq, global_batch=gb, **(TORCHTITAN_COMPILED if compiled else TORCHTITAN_EAGER))
+        t = TrainingSpec(seq_len=seq, global_batch=gb, precision="fp8-tensorwise" if r.float8 == "yes" else "bf16",
+                         **(TORCHTITAN_COMPILED if compiled else TORCHTITAN_EAGER))
         interleaved = str(r.pp_schedule).startswith("Interleaved")
         lay = Layout(dp=int(r.fsdp), tp=int(r.tp), pp=int(r.pp), cp=int(r.cp), sp=int(r.tp) > 1,
                      pp_schedule="interleaved" if interleaved else "1f1b", vpp=2 if interleaved else 1,
                      tp_overlap=r.async_tp == "yes" and int(r.tp) > 1, sharding="zero3",
                      recompute=_ac(r.activation_ckpt),
                      micro_batch=TORCHTITAN_PP_MICRO_BATCH if int(r.pp) > 1 else int(r.local_batch))
-        unmodelled = ["float8"] if r.float8 == "yes" else []
+        unmodelled: list[str] = []
         ok = not unmodelled
         extra = ("not modelled: " + ", ".join(unmodelled)) if unmodelled else ""
         # memory.py has no compile variant (Inductor saves fewer activations): compile rows' memory is shown only
-        mem_ok = ok and not compiled
+        mem_ok = ok and not compiled and r.float8 != "yes"
         label = f"T{r.table} {m.name} {lay.describe()}"
         rows.append(_predict("torchtitan_h100", label, "tokens_per_s_per_gpu", r.tps_per_gpu, m, c, t, lay, eff,
                              in_mape=ok, extra=extra))
@@ -232,15 +236,16 @@ def torchtitan_asynctp_h100(eff: Efficiency, h100_peak_flops: float | None = Non
     for r in load_table("torchtitan_asynctp_H100_202506.csv").itertuples():
         m = resolve_model(names[r.model])
         c = _cluster(r.gpus, part, 360e9, ROCE_RAIL_BUSBW_Bps)
-        t = TrainingSpec(seq_len=8192, global_batch=int(r.local_batch) * int(r.fsdp), **TORCHTITAN_COMPILED)
-        ok = r.quantization == "bf16"
+        precision = {"bf16": "bf16", "float8 tensorwise": "fp8-tensorwise", "float8 rowwise": "fp8-rowwise"}
+        t = TrainingSpec(seq_len=8192, global_batch=int(r.local_batch) * int(r.fsdp),
+                         precision=precision[r.quantization], **TORCHTITAN_COMPILED)
+        ok = True
         for col, on in (("vanilla_tp_tps_per_gpu", False), ("async_tp_tps_per_gpu", True)):
             lay = Layout(dp=int(r.fsdp), tp=int(r.tp), sp=True, tp_overlap=on, sharding="zero3",
                          recompute=_ac("full" if r.activation_ckpt == "full" else "selective"),
                          micro_batch=int(r.local_batch))
             rows.append(_predict("torchtitan_asynctp_h100", f"{m.name} {r.quantization} {lay.describe()}",
-                                 "tokens_per_s_per_gpu", getattr(r, col), m, c, t, lay, eff, in_mape=ok,
-                                 extra="" if ok else f"not modelled: {r.quantization}"))
+                                 "tokens_per_s_per_gpu", getattr(r, col), m, c, t, lay, eff, in_mape=ok))
     return rows
 
 
@@ -325,16 +330,59 @@ def torchtitan_a100(eff: Efficiency, h100_peak_flops: float | None = None,
         tp = 8 if "TP8" in r.parallelism else 1
         dp = int(r.gpus) // tp
         seq = int(r.seq_len_default_cfg)
-        t = TrainingSpec(seq_len=seq, global_batch=int(r.local_batch) * dp, **TORCHTITAN_EAGER)
-        lay = Layout(dp=dp, tp=tp, sp=tp > 1, sharding="zero3", recompute=_ac(r.activation_ckpt),
-                     micro_batch=int(r.local_batch))
         opt = str(r.optimizations)
-        ok = opt in ("nan", "None", "")
+        t = TrainingSpec(seq_len=seq, global_batch=int(r.local_batch) * dp,
+                         precision="fp8-tensorwise" if "Float8" in opt else "bf16",
+                         **(TORCHTITAN_COMPILED if "AsyncTP" in opt else TORCHTITAN_EAGER))
+        lay = Layout(dp=dp, tp=tp, sp=tp > 1, sharding="zero3", recompute=_ac(r.activation_ckpt),
+                     micro_batch=int(r.local_batch), tp_overlap="AsyncTP" in opt)
+        ok = True
         # The 405B rows ran on the same 500 W H100s as benchmarks/llama3_h100_202412: scored with that table.
         table = "torchtitan_h100" if h100 else "torchtitan_a100"
         rows.append(_predict(table, f"docs {r.model} {r.gpus}×{r.gpu} {lay.describe()}", "tokens_per_s_per_gpu",
                              r.wps_per_gpu, m, c, t, lay, (eff_h100 or eff) if h100 else eff, in_mape=ok,
-                             extra="" if ok else "not modelled: " + opt))
+                             extra="" if opt in ("nan", "None", "") else "with " + opt))
+    return rows
+
+
+# NeMo 24.07 performance summary (DGX H100, FP8 with Transformer Engine: per-tensor scaling = our tensorwise recipe;
+# attention and the output layer bf16). Held out of every fit: it checks the FP8 model. Not stated [I]: ZeRO-1
+# (distributed optimizer), TP comm overlap with TP, no activation recompute, sequence parallelism with TP; LoRA on
+# the fused QKV projection (NeMo's default target) at rank 32. Nemotron (squared-ReLU MLP) is not modelled.
+NEMO_MODELS = {"LLAMA2-7B": "llama2-7b", "LLAMA2-13B": "llama2-13b", "LLAMA2-70B": "llama2-70b",
+               "LLAMA3-8B": "llama3-8b", "LLAMA3-70B": "llama3-70b"}
+NEMO_GPT3 = {"GPT3-5B": (24, 4096, 32), "GPT3-20B": (44, 6144, 48), "GPT3-175B": (96, 12288, 96)}
+NEMO_LORA_RANK = 32
+
+
+def nemo2407_h100(eff: Efficiency) -> list[dict]:
+    """NeMo 24.07 FP8 pre-training, SFT and LoRA on H100 SXM: tokens/s/GPU, held out (never fitted on)."""
+    rows = []
+    h100 = resolve_gpu("h100-sxm-80gb")
+    for r in load_table("nemo_24.07_H100_fp8.csv").itertuples():
+        if r.model in NEMO_MODELS:
+            m = resolve_model(NEMO_MODELS[r.model])
+        elif r.model in NEMO_GPT3:
+            layers, hidden, heads = NEMO_GPT3[r.model]
+            m = ModelSpec(name=r.model.lower(), layers=layers, hidden=hidden, heads=heads, vocab=GPT_VOCAB, mlp="gelu",
+                          norm="layernorm", bias="all", pos_embedding="learned", tied_embeddings=True,
+                          max_seq_len=int(r.seq_len))
+        else:
+            continue  # Nemotron: squared-ReLU MLP, not modelled
+        tp, pp = int(r.tp), int(r.pp)
+        cp = int(r.cp) if r.cp == r.cp else 1
+        vp = int(r.vp) if r.vp == r.vp else 1
+        dp = int(r.num_gpus) // (tp * pp * cp)
+        lora = r.task == "LoRA"
+        c = _cluster(r.num_gpus, h100, 360e9, ROCE_RAIL_BUSBW_Bps)
+        t = TrainingSpec(seq_len=int(r.seq_len), global_batch=int(r.gbs), kernels="fused", attn_impl="flash",
+                         precision="fp8-tensorwise", finetune="lora" if lora else "full", lora_rank=NEMO_LORA_RANK,
+                         lora_targets=("q", "k", "v"))
+        lay = Layout(dp=dp, tp=tp, pp=pp, cp=cp, sp=tp > 1, tp_overlap=tp > 1,
+                     pp_schedule="interleaved" if vp > 1 else "1f1b", vpp=vp, sharding="zero1", recompute="none",
+                     micro_batch=int(r.mbs))
+        rows.append(_predict("nemo2407_h100", f"{r.task} {r.model} {lay.describe()}", "tokens_per_s_per_gpu",
+                             r.tokens_per_s_per_gpu, m, c, t, lay, eff))
     return rows
 
 
@@ -362,7 +410,8 @@ def validate_all(eff: Efficiency | dict[str, Efficiency] | None = None, *, h100_
            "torchtitan_h100": lambda: torchtitan_h100(h, peak),
            "torchtitan_a100": lambda: torchtitan_a100(a, peak, h),
            "torchtitan_asynctp_h100": lambda: torchtitan_asynctp_h100(h, peak),
-           "megatron2024_h100": lambda: megatron2024_h100(h), "llama3_405b_h100": lambda: llama3_405b_h100(h)}
+           "megatron2024_h100": lambda: megatron2024_h100(h), "llama3_405b_h100": lambda: llama3_405b_h100(h),
+           "nemo2407_h100": lambda: nemo2407_h100(h)}
     rows: list[dict] = []
     for name in TABLES:
         if name in tables or (name == "torchtitan_a100" and "torchtitan_h100" in tables):
@@ -396,7 +445,8 @@ GEN_FIT: dict[str, dict[str, Any]] = {
     "a100": {"tables": ("megatron2021_t1", "korthikanti2022_t3_5", "torchtitan_a100"),
              "params": ("gemm_eff_max", "gemm_eff_half_dim", "attn_eff", "membound_eff"), "fixed": {}},
     "h100": {"tables": ("torchtitan_h100", "torchtitan_asynctp_h100", "megatron2024_h100", "llama3_405b_h100"),
-             "params": ("gemm_eff_max", "attn_eff", "tp_async_overlap", TT500_PARAM),
+             "params": ("gemm_eff_max", "attn_eff", "tp_async_overlap", "fp8_gemm_eff_tensorwise",
+                        "fp8_gemm_eff_rowwise", TT500_PARAM),
              "fixed": {"gemm_eff_half_dim": 256.0, "membound_eff": Efficiency.membound_eff}},
 }
 FIT_TABLES = GEN_FIT["a100"]["tables"]
@@ -406,6 +456,7 @@ FIT_PARAMS = GEN_FIT["a100"]["params"]
 # 30–95% of HBM bandwidth [I]; the 500 W parts' peak inside the stated NVL–SXM bracket (835–989).
 FIT_BOUNDS = {"gemm_eff_max": (0.6, 0.9), "gemm_eff_half_dim": (1.0, 256.0), "kernel_overhead_s": (0.0, 50e-6), "attn_eff": (0.25, 0.75),
               "membound_eff": (0.3, 0.95), "comm_bw_eff": (0.3, 1.0), "tp_async_overlap": (0.0, 1.0),
+              "fp8_gemm_eff_tensorwise": (0.2, 0.9), "fp8_gemm_eff_rowwise": (0.1, 0.9),
               TT500_PARAM: (H100_NVL_PEAK_BF16 / 989e12, 1.0)}
 
 
@@ -521,28 +572,6 @@ def write_fits(path: Any = None) -> dict[str, Any]:
     return out
 
 
-def heldout_tables(params: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """Leave one table out, per generation: refit that generation's parameters on its other tables and predict the
-    held-out one (throughput rows only; memory has no fitted parameter). Columns: held_out, generation, metric,
-    fit_on, rows, heldout_mape_pct, heldout_bias_pct, worst_abs_pct, and the refitted values."""
-    rows = []
-    for gen, spec in GEN_FIT.items():
-        for held in spec["tables"]:
-            fit_on = tuple(t for t in spec["tables"] if t != held)
-            f = fit_generation(gen, fit_on, params or spec["params"])
-            peak = f["hardware"].get(TT500_PARAM)
-            d = validate_all({gen: f["efficiency"]}, h100_peak_flops=None if peak is None else peak * 989e12,
-                             tables=(held,))
-            d = d[d["in_mape"] & (d["metric"] != "memory_gib")]
-            for metric, g in d.groupby("metric", sort=False):
-                rows.append({"held_out": held, "generation": gen, "metric": metric, "fit_on": "+".join(fit_on),
-                             "rows": len(g), "heldout_mape_pct": float(g["err_pct"].abs().mean()),
-                             "heldout_bias_pct": float(g["err_pct"].mean()),
-                             "worst_abs_pct": float(g["err_pct"].abs().max()),
-                             **{p: float(v) for p, v in {**f["values"], **f["hardware"]}.items()}})
-    return pd.DataFrame(rows)
-
-
 def heldout_rows(params: tuple[str, ...] | None = None) -> pd.DataFrame:
     """Every scored row predicted by the fit that left its table out (leave one table out): the rows of
     ``validate_all`` plus ``held_out_fit``. The errors the production interval and its coverage check use."""
@@ -554,7 +583,11 @@ def heldout_rows(params: tuple[str, ...] | None = None) -> pd.DataFrame:
             peak = f["hardware"].get(TT500_PARAM)
             d = validate_all({gen: f["efficiency"]}, h100_peak_flops=None if peak is None else peak * 989e12,
                              tables=(held,))
-            out.append(d[d["in_mape"] & (d["metric"] != "memory_gib")].assign(held_out_fit="+".join(fit_on)))
+            d = d[d["in_mape"] & (d["metric"] != "memory_gib")]
+            # An FP8 recipe no remaining table measures has no fitted efficiency to predict with: such rows are
+            # not held-out predictions (the fp8-rowwise rows exist only in the async-TP table).
+            seen = set(validate_all({gen: f["efficiency"]}, tables=fit_on)["precision"])
+            out.append(d[d["precision"].isin(seen)].assign(held_out_fit="+".join(fit_on)))
     return pd.concat(out, ignore_index=True)
 
 
@@ -635,17 +668,20 @@ def interval_coverage(held: pd.DataFrame, quantiles: tuple[float, float] = (0.1,
 
 
 def comparable_runs(model: ModelSpec, generation: str, kernels: str, family: str, *, n: int = 3,
-                    rows: pd.DataFrame | None = None) -> list[dict[str, Any]]:
+                    rows: pd.DataFrame | None = None, peak_flops: float | None = None) -> list[dict[str, Any]]:
     """The ``n`` open published runs closest to a planned layout: same GPU generation first, then nearest model
     size (|log size ratio|), then the same family class and kernel class (each mismatch counts as a 2× size gap).
     Each with its published MFU (our FLOP convention: predicted MFU × published/predicted throughput) next to
-    what this model predicts for it."""
+    what this model predicts for it, both against ``peak_flops`` (the study GPU's BF16 peak) when given, so that a
+    power-capped part's run reads on the same scale as the plan."""
     d = validate_all() if rows is None else rows
     d = d[d["in_mape"] & (d["metric"] != "memory_gib") & (d["generation"] == generation)].copy()
     if not len(d):
         return []
     ratio = d["published"].to_numpy(float) / d["predicted"].to_numpy(float)
     ratio = np.where(d["metric"].astype(str).str.endswith("_s"), 1.0 / ratio, ratio)
+    scale = (d["peak_tflops"].to_numpy(float) * 1e12 / peak_flops) if peak_flops and "peak_tflops" in d else 1.0
+    d["pred_mfu"] = d["pred_mfu"].to_numpy(float) * scale
     d["published_mfu"] = d["pred_mfu"].to_numpy(float) * ratio
     d["distance"] = (np.abs(np.log(d["params_b"].to_numpy(float) * 1e9 / model.n_params))
                      + np.log(2.0) * ((d["family"] != family).astype(float) + (d["kernels"] != kernels).astype(float)))
@@ -654,6 +690,24 @@ def comparable_runs(model: ModelSpec, generation: str, kernels: str, family: str
              "seq_len": int(r.seq_len), "family": r.family, "kernels": r.kernels, "layout": r.layout,
              "published_mfu": float(r.published_mfu), "predicted_mfu": float(r.pred_mfu),
              "err_pct": float(r.err_pct)} for r in d.itertuples()]
+
+
+def fp8_speedups(df: pd.DataFrame) -> pd.DataFrame:
+    """FP8 ÷ bf16 throughput per published pair (same table, model, layout and kernels): published vs predicted
+    ratio — the number an FP8 decision needs. From the torchtitan tables (NeMo publishes FP8 only)."""
+    d = df[(df["metric"] != "memory_gib") & df["in_mape"]]
+    if "precision" not in d:
+        return pd.DataFrame()
+    out = []
+    for key, g in d.groupby(["table", "model", "layout", "kernels"], sort=False):
+        base = g[g["precision"] == "bf16"]
+        if len(base) != 1:
+            continue
+        for r in g[g["precision"] != "bf16"].itertuples():
+            pub, pred = r.published / base["published"].iloc[0], r.predicted / base["predicted"].iloc[0]
+            out.append({"table": key[0], "model": key[1], "layout": key[2], "recipe": r.precision,
+                        "published_ratio": pub, "predicted_ratio": pred, "err_pct": 100.0 * (pred / pub - 1.0)})
+    return pd.DataFrame(out)
 
 
 def family_bias(df: pd.DataFrame) -> pd.DataFrame:
