@@ -251,3 +251,13 @@ def test_alias_bomb_as_a_dict_is_refused_quickly():
         deep = [deep]
     with pytest.raises(ConfigError, match="nested"):
         load_config({"model": deep})
+
+
+def test_rich_tables_into_a_closed_pipe_are_quiet():
+    """`trainplan plan config.yaml | head -1` ends like estimate's: exit 0, nothing on stderr (rich exits 1)."""
+    p = subprocess.Popen([sys.executable, "-m", "trainplan.cli", "plan", str(DEFAULT)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0 and err == "", err
