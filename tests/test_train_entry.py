@@ -191,3 +191,16 @@ def test_accelerate_launch_with_the_generated_config_on_cpu(job, reference, tmp_
     assert "DistributedType.NO" in ev[0]["warnings"][0] and ev[0]["sharded"] is True
     assert ev[0]["local_params_rank0"] < MODEL_PRESETS["debug"].n_params  # this rank holds a shard
     assert _losses(job / "acc.jsonl") == {s: reference[s] for s in range(1, 5)}
+
+
+@SLOW
+def test_hsdp_shard_group_gives_the_same_losses(job, reference):
+    """--shard-group 1 on 2 ranks: HSDP (2-D mesh, replicate 2 x shard 1), the same math as FSDP over 2."""
+    r = subprocess.run(_cmd(job, "ck_hsdp", "hsdp.jsonl", "--steps", "4", "--shard-group", "1"), env=_env(),
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    start = _events(job / "hsdp.jsonl")[0]
+    assert start["layout"]["sharding"] == "hsdp" and start["layout"]["shard_group"] == 1
+    assert start["local_params_rank0"] == MODEL_PRESETS["debug"].n_params  # shard groups of one rank: replicas
+    got = _losses(job / "hsdp.jsonl")
+    assert got == pytest.approx({s: reference[s] for s in range(1, 5)}, rel=1e-6)

@@ -353,6 +353,7 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         time_limit=f"{minutes // 60:d}:{minutes % 60:02d}:00", collective_timeout_s=int(collective_timeout_s),
         seq_len=training.seq_len, micro_batch=layout.micro_batch, grad_accum=grad_accum(training, layout),
         reshard_after_forward=int(layout.sharding in ("zero3", "hsdp")),
+        shard_group=int((layout.shard_group or cluster.gpus_per_node) if layout.sharding == "hsdp" else 0),
         activation_checkpointing=int(layout.recompute != "none"),
         peak_tflops=f"{cluster.gpu.peak_bf16_flops / 1e12:g}",
         steps=total_steps(training),

@@ -60,6 +60,7 @@ OPTIONS: dict[str, tuple[Any, Any]] = {
     "seed": (int, 0), "ckpt_dir": (str, None), "ckpt_interval_steps": (int, 0), "ckpt_interval_s": (float, 0.0),
     "cost_json": (str, None), "stop_file": (str, None), "step_log": (str, None), "device": (str, "auto"),
     "dtype": (str, "auto"), "reshard_after_forward": (int, 1), "activation_checkpointing": (int, 0),
+    "shard_group": (int, 0),
     "peak_tflops": (float, 0.0), "collective_timeout_s": (int, 1800), "max_steps_this_run": (int, 0),
     "sleep_per_step_s": (float, 0.0),
 }
@@ -239,7 +240,10 @@ def train(a: argparse.Namespace) -> int:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=a.collective_timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh(device.type, (world,))
+    g = a.shard_group if 0 < a.shard_group < world and world % a.shard_group == 0 else world
+    # HSDP (the layout's shard_group): shard inside groups of g ranks, replicate across them (2-D mesh)
+    mesh = init_device_mesh(device.type, (world // g, g), mesh_dim_names=("replicate", "shard")) if g < world \
+        else init_device_mesh(device.type, (world,))
     bf16 = a.dtype == "bf16" or (a.dtype == "auto" and use_cuda)
 
     model = build_hf_model(a.model_config, seed=a.seed).to(device)
@@ -321,7 +325,8 @@ def train(a: argparse.Namespace) -> int:
           "n_params": n_params, "seq_len": a.seq_len, "micro_batch": a.micro_batch, "grad_accum": a.grad_accum,
           "global_batch": a.micro_batch * a.grad_accum * world,
           "layout": {"dp": world, "tp": 1, "pp": 1, "cp": 1,
-                     "sharding": "zero3" if a.reshard_after_forward else "zero2",
+                     "sharding": "hsdp" if g < world else ("zero3" if a.reshard_after_forward else "zero2"),
+                     "shard_group": g if g < world else None,
                      "recompute": "full" if a.activation_checkpointing else "none", "micro_batch": a.micro_batch},
           "engine": engine, "sharded": sharded, "local_params_rank0": local_params,
           "wrapped_as": type(model).__name__, "warnings": warnings,
