@@ -8,10 +8,15 @@ on one physical host.
 slurm.conf lives in a temp dir (``SLURM_CONF``) and, because ``srun`` inside batch jobs only finds the
 default path, is also copied to /etc/slurm/slurm.conf when none exists there — and removed afterwards (a
 leftover slurm.conf makes every later ``snakemake`` call stall). Daemons are stopped by the PIDs started here.
+
+Ports, /etc/slurm/slurm.conf and munged are per machine, so two clusters at once (two pytest processes)
+would take each other's jobs: ``local_slurm`` holds an exclusive lock (``LOCK``) for its whole lifetime,
+and a second one waits for the first to finish.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import socket
@@ -49,6 +54,8 @@ JobAcctGatherType=jobacct_gather/none
 {node_lines}
 PartitionName={partition} Nodes={node_list} Default=YES MaxTime=60 State=UP
 """
+LOCK = Path("/tmp/trainplan-local-slurm.lock")
+LOCK_WAIT_S = 1800
 EMULATED_PREFIX = "tpn"  # emulated node names tpn1..tpnK
 EMULATED_PORT0 = 16830
 
@@ -74,7 +81,32 @@ def available() -> str | None:
 
 
 @contextmanager
+def _machine_lock(timeout_s: float = LOCK_WAIT_S):
+    """One local cluster per machine at a time (see the module docstring)."""
+    with open(LOCK, "a") as f:
+        deadline = time.time() + timeout_s
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.time() > deadline:
+                    raise TimeoutError(f"another local Slurm test cluster held {LOCK} for {timeout_s:.0f} s") from None
+                time.sleep(2)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextmanager
 def local_slurm(tmp: Path, nodes: int = 1):
+    with _machine_lock(), _local_slurm(tmp, nodes) as env:
+        yield env
+
+
+@contextmanager
+def _local_slurm(tmp: Path, nodes: int = 1):
     d = tmp / "slurm"
     host = socket.gethostname()
     mem = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 * 0.8)
