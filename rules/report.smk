@@ -71,6 +71,8 @@ rule launch_artifacts:
     """
     input:
         summary=f"{R}/analytic/summary.json",
+        cost=f"{R}/cost/cost.json",
+        production=f"{R}/prediction/production.json",
     output:
         manifest=f"{R}/launch/manifest.json",
     log:
@@ -78,8 +80,8 @@ rule launch_artifacts:
     conda:
         "../envs/trainplan.yaml"
     params:
-        # the whole resolved config, not the launch slice: every file's header prints the study hash
+        # the whole resolved config (RULE_SECTIONS: "*"): every file's header prints the study hash
         # (provenance.study_hash), the same value as the memo footer, so any config change rewrites them
-        cfg=cfg("memo"),
+        cfg=cfg("launch_artifacts"),
     script:
         "../workflow/scripts/launch_artifacts.py"

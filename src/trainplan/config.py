@@ -55,7 +55,7 @@ RULE_SECTIONS: dict[str, tuple[str, ...]] = {
     "cost_and_risk": ("model", "cluster", "training", "layout", "search", "cost", "targets"),
     "figures": ("study", "targets"),
     "memo": ("*",),  # the memo attaches the whole resolved config, so it depends on all of it
-    "launch_artifacts": ("model", "cluster", "training", "launch"),
+    "launch_artifacts": ("*",),  # every launch file prints the study hash: the hash of the whole config
 }
 
 GB, US = 1e9, 1e-6

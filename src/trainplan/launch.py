@@ -153,8 +153,14 @@ def _accelerate_parts(cluster: ClusterSpec, training: TrainingSpec, layout: Layo
     if L.offload == "cpu":
         notes.append("FSDP2 CPUOffloadPolicy offloads parameters and gradients as well as the optimizer step "
                      "(more PCIe traffic than the optimizer-only offload the planner costed)")
-    if training.precision != "bf16":
+    if training.precision == "fp32":
         notes.append(f"training.precision={training.precision}: mixed_precision is 'no'")
+    elif training.fp8 == "tensorwise":
+        notes.append("training.precision=fp8-tensorwise: mixed_precision fp8 with fp8_config backend AO (torchao "
+                     "Float8Linear, its default recipe is tensorwise dynamic scaling)")
+    elif training.fp8 == "rowwise":
+        notes.append("training.precision=fp8-rowwise: Accelerate's config file cannot select torchao's rowwise "
+                     "recipe (AO backend = tensorwise); the torchtitan job carries it (float8 converter, rowwise)")
     par: dict[str, Any] = {}
     replicas = L.dp
     shard = L.dp
@@ -200,13 +206,17 @@ def accelerate_config(model: ModelSpec, cluster: ClusterSpec, training: Training
         "fsdp_config": fsdp,
         "machine_rank": 0,  # overridden per node by --machine_rank in the sbatch script
         "main_training_function": "main",
-        "mixed_precision": "bf16" if training.precision == "bf16" else "no",
+        "mixed_precision": "fp8" if training.fp8 == "tensorwise" else ("bf16" if training.half else "no"),
         "num_machines": cluster.nodes,
         "num_processes": cluster.n_gpus,
         "rdzv_backend": "c10d",
         "same_network": True,
         "use_cpu": False,
     }
+    if training.fp8 == "tensorwise":
+        cfg["fp8_config"] = {"backend": "AO"}  # torchao Float8 (ACCELERATE_FP8_BACKEND=AO)
+    if training.kernels == "compiled":  # torch.compile through Accelerate (dynamo_config → TorchDynamoPlugin)
+        cfg["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
     if par:
         cfg["parallelism_config"] = par
     ga = grad_accum(training, layout)
@@ -255,7 +265,7 @@ def deepspeed_config(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
         "steps_per_print": 10,
         "wall_clock_breakdown": False,
     }
-    if training.precision == "bf16":
+    if training.half:
         cfg["bf16"] = {"enabled": True}
     return cfg
 

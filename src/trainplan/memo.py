@@ -288,6 +288,7 @@ def build_context(results_dir: str | Path, *, config: dict, study_hash: str, git
         "cost": cost, "targets": (cost or {}).get("targets") or None,
         "sensitivity": _records(res.csv("cost/sensitivity.csv")) or None,
         "validation": _validation(rec), "launch": _launch(res), "figures": _figures(fig_dir, res),
+        "manifest": res.json("launch/manifest.json"),
         "config_rows": _flatten(config),
         "inter_busbw_GBps": (config.get("cluster") or {}).get("inter_busbw_GBps") if config else None,
         "assumptions": [(k, v) for s in ("model", "cluster", "training", "cost", "targets")
@@ -326,12 +327,14 @@ def render_html(context: dict[str, Any]) -> str:
 
 
 def render_memo(results_dir: str | Path, out_pdf: str | Path, *, config: dict, study_hash: str, git_commit: str,
-                figures_dir: str | Path | None = None) -> Path:
-    """Render the design memo PDF from a results tree; attach the resolved config and provenance table."""
+                figures_dir: str | Path | None = None, benchmarks: dict | None = None) -> Path:
+    """Render the design memo PDF from a results tree; attach the resolved config and provenance table.
+    ``benchmarks``: ``benchmarks_report.benchmark_summary`` of the rules' benchmark files (Appendix D)."""
     from weasyprint import CSS, HTML, Attachment
 
     ctx = build_context(results_dir, config=config, study_hash=study_hash, git_commit=git_commit,
                         figures_dir=figures_dir)
+    ctx["benchmarks"] = benchmarks
     html = render_html(ctx)
     when = source_date()
     att = [("config.resolved.json", json.dumps(config, indent=2, sort_keys=True, default=str),

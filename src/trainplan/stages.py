@@ -435,13 +435,17 @@ def run_figures(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
 
 def run_memo(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     """design_memo.pdf via ``trainplan.memo.render_memo``."""
+    from trainplan.benchmarks_report import benchmark_rows, benchmark_summary
     from trainplan.memo import render_memo
-    from trainplan.provenance import config_hash, git_state
+    from trainplan.provenance import git_state, study_hash
 
     results = Path(inp["cost"]).parent.parent
     os.environ.setdefault("SOURCE_DATE_EPOCH", str(cfg["memo"]["source_date_epoch"]))
-    render_memo(results, out["pdf"], config=dict(cfg), study_hash=config_hash(cfg),
-                git_commit=str(git_state()["commit"]), figures_dir=inp["figures"])
+    bench = inp.get("benchmarks")
+    files = [bench] if isinstance(bench, str) else list(bench or [])
+    render_memo(results, out["pdf"], config=dict(cfg), study_hash=study_hash(cfg),
+                git_commit=str(git_state()["commit"]), figures_dir=inp["figures"],
+                benchmarks=benchmark_summary(benchmark_rows(files)) if files else None)
     _sidecars("memo", out, cfg, inp)
 
 
@@ -449,7 +453,7 @@ def run_memo(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
 def run_launch_artifacts(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     """accelerate/torchrun/sbatch/DeepSpeed files + manifest.json for the chosen layout (``trainplan.launch``)."""
     from trainplan.launch import write_artifacts
-    from trainplan.provenance import config_hash
+    from trainplan.provenance import study_hash
     from trainplan.specs import Layout
 
     s = _specs(cfg)
@@ -457,8 +461,17 @@ def run_launch_artifacts(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     if layout is None:
         raise RuntimeError("launch_artifacts: no feasible layout in analytic/summary.json (see families.csv)")
     outdir = Path(out["manifest"]).parent
+    # cost.json's Young/Daly interval and the chosen layout's predicted step time set the checkpoint interval; its
+    # p10 tokens/s/GPU is the day-1 throughput threshold (optional inputs: a bare launch run works without them)
+    cost = read_json(inp["cost"]) if inp.get("cost") else {}
+    chosen = (read_json(inp["production"]) if inp.get("production") else {}).get("chosen") or {}
+    tps = chosen.get("tokens_per_s_per_gpu_p50")
+    ckpt_h = cost.get("checkpoint_interval_h")
     write_artifacts(s["model"], s["cluster"], s["training"], Layout.from_dict(layout), outdir,
-                    study_hash=config_hash(cfg), options=cfg["launch"])
+                    study_hash=study_hash(cfg), options=cfg["launch"],
+                    checkpoint_interval_s=float(ckpt_h) * 3600.0 if ckpt_h else None,
+                    step_time_s=s["training"].tokens_per_step / (float(tps) * s["cluster"].n_gpus) if tps else None,
+                    min_tokens_per_s_per_gpu=chosen.get("tokens_per_s_per_gpu_p10"))
     for f in sorted(outdir.iterdir()):
         if f.is_file() and not f.name.endswith(".provenance.json") and not f.name.startswith("."):
             write_sidecar(f, rule="launch_artifacts", config_slice=cfg, inputs=_files(inp))

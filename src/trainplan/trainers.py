@@ -80,8 +80,15 @@ def choose_trainer(model: ModelSpec, training: TrainingSpec, layout: Layout) -> 
     """('torchtitan' | 'accelerate', why): which trainer the sbatch script runs for this layout."""
     L = layout
     needs = [n for n, on in (("pp", L.pp > 1), ("tp", L.tp > 1), ("cp", L.cp > 1), ("async TP", L.tp_overlap),
-                             ("compiled kernels", training.kernels == "compiled")) if on]
+                             ("compiled kernels", training.kernels == "compiled"),
+                             ("FP8 rowwise", training.fp8 == "rowwise")) if on]
     titan_no = torchtitan_model_problems(model, training)
+    structural = [n for n in needs if n not in ("compiled kernels", "FP8 rowwise")]
+    if training.fp8 == "tensorwise" and not structural:
+        return "accelerate", ("FP8 tensorwise: torchtitan 0.3's float8 converter has rowwise recipes only, so "
+                              "Accelerate runs it (mixed_precision fp8, backend AO = torchao Float8 tensorwise)"
+                              + ("; torch.compile through Accelerate's dynamo settings"
+                                 if training.kernels == "compiled" else ""))
     if needs and not titan_no:
         return "torchtitan", (f"the layout uses {', '.join(needs)}, which torchtitan {TORCHTITAN_VERSION} runs "
                               "natively (Accelerate 1.x has no PP; its TP needs a transformers tp_plan)")
@@ -138,7 +145,7 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
     train: dict[str, Any] = {"local_batch_size": local, "global_batch_size": training.global_batch,
                              "seq_len": training.seq_len, "steps": int(steps or total_steps(training)),
                              "enable_cpu_offload": L.offload == "cpu",
-                             "mixed_precision_param": "bfloat16" if training.precision == "bf16" else "float32",
+                             "mixed_precision_param": "bfloat16" if training.half else "float32",
                              "disable_cuda_graphs": True}
     if L.offload == "cpu":
         notes.append("offload=cpu: torchtitan enable_cpu_offload is FSDP2's CPUOffloadPolicy (parameters, "
@@ -152,8 +159,16 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
         compile_["enable"] = True
     ckpt = {"enable": True, "interval": int(ckpt_interval_steps), "async_mode": "async",
             "last_save_model_only": False, "folder": "checkpoint"}
+    # FP8: torchtitan 0.3's Float8LinearConverter offers the rowwise recipes only (recipe_name rowwise |
+    # rowwise_with_gw_hp); the output projection stays bf16 (filter_fqns), as the planner models it.
+    float8 = None
+    if training.fp8 == "rowwise":
+        float8 = {"recipe_name": "rowwise", "filter_fqns": ["lm_head", "output"]}
+    elif training.fp8 == "tensorwise":
+        notes.append("precision=fp8-tensorwise: torchtitan 0.3's float8 converter has only rowwise recipes; "
+                     "this job runs bf16 (use the Accelerate launch, fp8_config backend AO = torchao tensorwise)")
     return {"parallelism": par, "training": train, "activation_checkpoint": ac, "compile": compile_,
-            "checkpoint": ckpt}, notes
+            "checkpoint": ckpt, "float8": float8}, notes
 
 
 def torchtitan_job_module(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, *,
@@ -179,6 +194,7 @@ def torchtitan_job_module(model: ModelSpec, cluster: ClusterSpec, training: Trai
 import os
 
 from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+from torchtitan.components.quantization import Float8LinearConverter
 from torchtitan.components.validate import Validator
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
@@ -212,7 +228,11 @@ def llama_model(attn_backend: str = "flex") -> Llama3Model.Config:
 def {TORCHTITAN_CONFIG_FN}():
     cfg = llama3_8b()  # torchtitan's production recipe (AdamW, warmup/decay, chunked loss, metrics) ...
     base = model_registry("8B")
-    cfg.model_spec = ModelSpec(name="llama3", flavor={json.dumps("trainplan-" + model.name)}, model=llama_model(),
+    model_cfg = llama_model()
+    if SETTINGS.get("float8"):  # torchao Float8 on the block linears (torchtitan's converter)
+        conv = Float8LinearConverter.Config(model_compile_enabled=SETTINGS["compile"]["enable"], **SETTINGS["float8"])
+        model_cfg = conv.build().convert(model_cfg)
+    cfg.model_spec = ModelSpec(name="llama3", flavor={json.dumps("trainplan-" + model.name)}, model=model_cfg,
                                parallelize_fn=base.parallelize_fn, pipelining_fn=base.pipelining_fn,
                                post_optimizer_build_fn=base.post_optimizer_build_fn,
                                state_dict_adapter=base.state_dict_adapter)  # ... at our model's shapes
