@@ -19,8 +19,10 @@ import pytest
 from trainplan.calibrate import OPEN_SET, stage_calibrate
 from trainplan.calibrate_gpu import (
     calibrate_gpu,
+    fit_gpu_memory,
     gpu_for_device,
     load_gpu_records,
+    memory_skip_reason,
     predict_record,
     record_specs,
     time_params,
@@ -112,6 +114,21 @@ def test_comm_bw_eff_is_fitted_only_with_a_scaleout_ladder_of_several_gpu_counts
     ladder = pd.DataFrame({"family": ["scaleout", "scaleout"], "world_size": [1, 4]})
     assert time_params(pd.concat([rec, ladder]))[-1] == "comm_bw_eff"
     assert "comm_bw_eff" not in time_params(pd.concat([rec, ladder.assign(world_size=1)]))
+
+
+def test_three_records_with_reserved_bytes_skip_the_memory_fit_with_a_reason_instead_of_crashing():
+    # 2 memory parameters: leave-one-out needs 4 records; with 3 the LOO residuals were empty and the
+    # relative errors raised "operands could not be broadcast together with shapes (0,) (3,)"
+    rec = synthetic_gpu_records()
+    three, four = rec.iloc[[0, 4, 5]].reset_index(drop=True), rec.iloc[[0, 4, 5, 6]].reset_index(drop=True)
+    assert fit_gpu_memory(three, TRUE) is None
+    assert "3 CUDA records with max reserved bytes (need 4" in memory_skip_reason(three)
+    doc, why = calibrate_gpu(three, Efficiency(), {"bootstrap": 10, "seed": 0})
+    assert why == "" and doc["memory"] is None and doc["memory_params"] == []
+    assert any("3 CUDA records with max reserved bytes" in n for n in doc["notes"])
+    mem = fit_gpu_memory(four, TRUE)
+    assert mem is not None and len(mem["reserved_rel_errors"]) == 4
+    assert abs(mem["alloc_frag_frac"] - TRUE.alloc_frag_frac) < 0.01
 
 
 def test_stage_picks_gpu_proxies_and_the_production_interval_covers_the_truth():

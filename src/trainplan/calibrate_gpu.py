@@ -262,15 +262,37 @@ def _reserved_model(dynamic: Any, intercept_bytes: float, alloc_frag_frac: float
     return intercept_bytes + (1.0 + alloc_frag_frac) * dynamic
 
 
+# two parameters (intercept, alloc_frag_frac); leave-one-out needs n > p + 1 (calibrate.fit_curve), so with
+# fewer records the fit would carry no held-out error and calibration.json no memory interval evidence
+MIN_MEMORY_RECORDS = 4
+
+
+def _reserved_records(records: pd.DataFrame) -> pd.DataFrame:
+    if "cuda_max_reserved_bytes" not in records.columns:
+        return records.iloc[0:0]
+    return records[pd.to_numeric(records["cuda_max_reserved_bytes"], errors="coerce").fillna(0) > 0]
+
+
+def memory_skip_reason(records: pd.DataFrame) -> str:
+    """Why :func:`fit_gpu_memory` returns None for these records ('' when it fits)."""
+    n = len(_reserved_records(records))
+    if n < MIN_MEMORY_RECORDS:
+        return (f"memory overhead not fitted: {n} CUDA records with max reserved bytes (need {MIN_MEMORY_RECORDS} "
+                "or more: 2 parameters and a leave-one-out error)")
+    return ("memory overhead not fitted: the records' predicted dynamic bytes are all equal, so fragmentation "
+            "cannot be told from the intercept")
+
+
 def fit_gpu_memory(records: pd.DataFrame, eff: Any) -> dict[str, Any] | None:
     """alloc_frag_frac (and the allocator-visible intercept) from max reserved vs predicted bytes; the
-    runtime overhead outside the allocator from nvidia-smi's peak minus reserved, when sampled."""
+    runtime overhead outside the allocator from nvidia-smi's peak minus reserved, when sampled.
+
+    None (reason: :func:`memory_skip_reason`) with fewer than ``MIN_MEMORY_RECORDS`` records with max
+    reserved bytes, or when their predicted dynamic bytes do not vary."""
     from trainplan.memory import memory_breakdown
 
-    if "cuda_max_reserved_bytes" not in records.columns:
-        return None
-    rec = records[pd.to_numeric(records["cuda_max_reserved_bytes"], errors="coerce").fillna(0) > 0]
-    if len(rec) < 3:
+    rec = _reserved_records(records)
+    if len(rec) < MIN_MEMORY_RECORDS:
         return None
     states, dyn = [], []
     for _, r in rec.iterrows():
@@ -286,7 +308,8 @@ def fit_gpu_memory(records: pd.DataFrame, eff: Any) -> dict[str, Any] | None:
                     bounds=([-np.inf, 0.0], [np.inf, 1.0]))
     out: dict[str, Any] = {"fit": fit.to_dict(), "alloc_frag_frac": float(fit.params[1]),
                            "intercept_bytes": float(fit.params[0]),
-                           "reserved_rel_errors": (-fit.loo_residuals / reserved).tolist()}
+                           "reserved_rel_errors": (-fit.loo_residuals / reserved).tolist()
+                           if len(fit.loo_residuals) == len(reserved) else []}
     if "device_used_peak_bytes" in rec.columns:
         used = pd.to_numeric(rec["device_used_peak_bytes"], errors="coerce").to_numpy(float)
         ws = pd.to_numeric(rec.get("world_size", pd.Series(1, index=rec.index)), errors="coerce").to_numpy(float)
@@ -341,7 +364,7 @@ def calibrate_gpu(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any]) -> tupl
             notes.append("runtime_overhead_bytes not fitted: CUDA context and NCCL buffers sit outside the caching "
                          "allocator (not in max_reserved); needs nvidia-smi samples of 1-GPU runs")
     else:
-        notes.append("memory overhead not fitted: fewer than 3 CUDA records with max reserved bytes")
+        notes.append(memory_skip_reason(gpu))
     label = source_label(gpu)
     gpus = {gpu_for_device(n)[0] for n in gpu.get("gpu_name", pd.Series(dtype=str)).dropna()}
     if gpus - {"h100-sxm-80gb"}:
