@@ -3,7 +3,7 @@ import json
 from pathlib import Path
 
 import trainplan
-from trainplan.config import config_slice, load_config
+from trainplan.config import config_slice, load_config, schema_path
 from trainplan.provenance import study_hash
 from trainplan.slurm_resources import proxy_job_resources
 from trainplan.specs import ConfigError
@@ -14,7 +14,8 @@ try:
     )  # defaults filled, specs resolved, pinned layout checked
 except ConfigError as e:
     raise WorkflowError(f"Bad config: {e}") from None
-validate(config, "../config/config.schema.yaml", set_default=True)
+# the schema is package data (src/trainplan/config.schema.yaml; in the wheel), the one load_config uses
+validate(config, str(schema_path()), set_default=True)
 config.clear()
 config.update(STUDY.raw)
 

@@ -206,15 +206,14 @@ def _console() -> Any:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from trainplan.config import load_config
-    from trainplan.efficiency import Efficiency
+    from trainplan.config import default_config_path, load_config
     from trainplan.search import family_verdicts, search, technique_verdicts
 
     if not 1 <= args.top <= 100_000:
         raise ConfigError("top", args.top, "must be an integer in 1..100000")
     _check_out_path("csv", args.csv)
-    cfg = load_config(args.config)
-    eff = cfg.efficiency if isinstance(cfg.efficiency, Efficiency) else Efficiency.from_dict(cfg.efficiency)
+    cfg = load_config(args.config if args.config is not None else default_config_path())
+    eff = cfg.efficiency  # the generation's fitted Efficiency with the config's overrides (config.build_efficiency)
     df = search(cfg.model, cfg.cluster, cfg.training, eff, cfg.search)
     if args.csv:
         _write_csv_arg("csv", df, args.csv)
@@ -344,7 +343,8 @@ def _parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     pl = sub.add_parser("plan", help="rank every layout for a study config", formatter_class=raw,
                         epilog="example:\n  trainplan plan config/config.yaml --top 10 --csv candidates.csv")
-    pl.add_argument("config", help="study config YAML (config/config.yaml)")
+    pl.add_argument("config", nargs="?", default=None,
+                    help="study config YAML (default: the embedded default study, config/config.yaml of the repository)")
     pl.add_argument("--top", type=int, default=10, help="how many layouts to show (default 10)")
     pl.add_argument("--csv", help="also write every candidate to this CSV")
     es = sub.add_parser("estimate", help="memory and throughput of one layout", formatter_class=raw,

@@ -2,7 +2,7 @@
 
 ``load_config`` accepts a path, a list of paths (later files are deep-merged onto earlier ones, the way
 ``snakemake --configfile variant.yaml`` layers a variant on ``config/config.yaml``) or a dict (what the
-Snakefile passes). It validates against ``config/config.schema.yaml`` (filling its defaults), builds the
+Snakefile passes). It validates against the package's ``config.schema.yaml`` (filling its defaults), builds the
 specs, and checks a pinned layout against model and cluster. Any problem raises
 :class:`~trainplan.specs.ConfigError` naming the key, the value and what is valid — before any job runs.
 
@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from trainplan import pkgdata
 from trainplan.io import InputFileError, check_depth, read_text_checked
 from trainplan.specs import (
     ClusterSpec,
@@ -37,9 +38,16 @@ from trainplan.specs import (
     resolve_model,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_PATH = REPO_ROOT / "config" / "config.schema.yaml"
-DEFAULT_CONFIG_PATH = REPO_ROOT / "config" / "config.yaml"
+
+def schema_path() -> Path:
+    """The config schema (JSON Schema in YAML, package data) the CLI, the stages and the Snakefile use."""
+    return pkgdata.path(pkgdata.SCHEMA)
+
+
+def default_config_path() -> Path:
+    """The embedded default study (package data; ``trainplan plan`` without a config argument plans it)."""
+    return pkgdata.path(pkgdata.DEFAULT_CONFIG)
+
 
 # Which config sections each rule depends on: its ``params:`` slice and so its provenance hash.
 # Changing the price (cost) reruns cost_and_risk and what is downstream of it, nothing upstream.
@@ -72,7 +80,7 @@ class StudyConfig:
     training: TrainingSpec
     layout: Layout | None
     search: dict
-    efficiency: Any  # trainplan.efficiency.Efficiency (a dict of overrides until that module exists)
+    efficiency: Any  # trainplan.efficiency.Efficiency
     proxies: dict
     calibration: dict
     cost: dict
@@ -165,7 +173,7 @@ def read_yaml(path: str | Path) -> dict:
 
 @lru_cache(maxsize=1)
 def load_schema() -> dict:
-    return read_yaml(SCHEMA_PATH)
+    return read_yaml(schema_path())
 
 
 def _fill_defaults(node: Any, schema: Mapping[str, Any]) -> Any:

@@ -18,11 +18,14 @@ from typing import Any
 
 import pandas as pd
 
+from trainplan import pkgdata
 from trainplan.io import read_json, write_bytes
 from trainplan.reportlabels import memo_labels as report_labels  # noqa: F401 (re-exported)
 
-REPORT_DIR = Path(__file__).resolve().parents[2] / "report"
-TEMPLATES = REPORT_DIR / "templates"
+# The template and stylesheet (package data; in a checkout symlinks to report/templates/, which the memo rule
+# declares as inputs and passes in): render_memo reads the paths it is given, these by default.
+TEMPLATE = pkgdata.MEMO_TEMPLATE
+CSS_FILE = pkgdata.MEMO_CSS
 DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z, used when SOURCE_DATE_EPOCH is unset
 FAMILIES_SHOWN = 14  # rows of the alternatives table when it is truncated (plus the chosen and every OOM family)
 FAMILIES_ALL_MAX = 20  # up to this many families (the coarse sharding × TP × PP ones) the table shows them all
@@ -315,27 +318,31 @@ def memory_fallback(feasible: pd.DataFrame, chosen: dict[str, Any]) -> dict[str,
 
 
 # -------------------------------------------------------------------------------------- rendering
-def render_html(context: dict[str, Any]) -> str:
-    """The memo's HTML (StrictUndefined: a missing key is an error, not an empty string)."""
+def render_html(context: dict[str, Any], template: str | Path | None = None) -> str:
+    """The memo's HTML (StrictUndefined: a missing key is an error, not an empty string) from ``template``
+    (default: the package's memo.html.j2)."""
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+    tpl = Path(template) if template is not None else pkgdata.path(TEMPLATE)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(tpl.parent)), undefined=jinja2.StrictUndefined,
                              autoescape=jinja2.select_autoescape(["html", "j2"]), trim_blocks=True,
                              lstrip_blocks=True)
     env.filters["f"] = fmt
-    return env.get_template("memo.html.j2").render(**context)
+    return env.get_template(tpl.name).render(**context)
 
 
 def render_memo(results_dir: str | Path, out_pdf: str | Path, *, config: dict, study_hash: str, git_commit: str,
-                figures_dir: str | Path | None = None, benchmarks: dict | None = None) -> Path:
+                figures_dir: str | Path | None = None, benchmarks: dict | None = None,
+                template: str | Path | None = None, css: str | Path | None = None) -> Path:
     """Render the design memo PDF from a results tree; attach the resolved config and provenance table.
-    ``benchmarks``: ``benchmarks_report.benchmark_summary`` of the rules' benchmark files (Appendix D)."""
+    ``benchmarks``: ``benchmarks_report.benchmark_summary`` of the rules' benchmark files (Appendix D).
+    ``template``, ``css``: the memo rule's declared inputs; default the package's memo.html.j2 and memo.css."""
     from weasyprint import CSS, HTML, Attachment
 
     ctx = build_context(results_dir, config=config, study_hash=study_hash, git_commit=git_commit,
                         figures_dir=figures_dir)
     ctx["benchmarks"] = benchmarks
-    html = render_html(ctx)
+    html = render_html(ctx, template)
     when = source_date()
     att = [("config.resolved.json", json.dumps(config, indent=2, sort_keys=True, default=str),
             "the resolved study config"),
@@ -345,6 +352,7 @@ def render_memo(results_dir: str | Path, out_pdf: str | Path, *, config: dict, s
     attachments = [Attachment(string=text.encode("utf-8"), name=name, description=desc, created=when,
                               modified=when) for name, text, desc in att]
     doc = HTML(string=html, base_url=str(Path(results_dir).resolve()) + "/")
-    pdf = doc.write_pdf(stylesheets=[CSS(filename=str(TEMPLATES / "memo.css"))], attachments=attachments,
+    sheet = CSS(filename=str(css if css is not None else pkgdata.path(CSS_FILE)))
+    pdf = doc.write_pdf(stylesheets=[sheet], attachments=attachments,
                         pdf_identifier=study_hash[:32].encode() or b"trainplan", uncompressed_pdf=False)
     return write_bytes(out_pdf, pdf)

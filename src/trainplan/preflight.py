@@ -133,27 +133,19 @@ def preflight_spec(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
 
 
 # ------------------------------------------------------------------------------------- evaluation
-def _predicted_cuda(record: dict, cluster: ClusterSpec, eff: Any) -> tuple[float | None, float | None]:
+def _predicted_cuda(record: dict, cluster: ClusterSpec, eff: Any) -> tuple[float, float]:
     """(predicted peak bytes, predicted step seconds) for the slice on one node of this cluster's GPUs."""
+    from trainplan.memory import memory_breakdown
+    from trainplan.timing import step_time
+
     spec = record["spec"]
     model, layout = ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"])
     node = ClusterSpec(nodes=1, gpus_per_node=spec["nproc_per_node"], gpu=cluster.gpu,
                        intra_busbw_Bps=cluster.intra_busbw_Bps, intra_latency_s=cluster.intra_latency_s)
     training = TrainingSpec(seq_len=spec["seq_len"], global_batch=spec["global_batch"],
                             precision="bf16" if spec["dtype"] == "bf16" else "fp32")
-    peak = time_s = None
-    try:
-        from trainplan.memory import memory_breakdown
-
-        peak = float(memory_breakdown(model, node, training, layout, eff)["total"])
-    except ImportError:
-        pass
-    try:
-        from trainplan.timing import step_time
-
-        time_s = float(step_time(model, node, training, layout, eff)["step_time_s"])
-    except ImportError:
-        pass
+    peak = float(memory_breakdown(model, node, training, layout, eff)["total"])
+    time_s = float(step_time(model, node, training, layout, eff)["step_time_s"])
     return peak, time_s
 
 

@@ -11,7 +11,7 @@ This module imports neither torch nor snakemake.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -809,14 +809,3 @@ def check_layout(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         if first.startswith("dp·tp·pp·cp"):
             key = "layout"
         raise ConfigError(key, layout.describe(), "; ".join(why))
-
-
-@dataclass(frozen=True, kw_only=True)
-class Study:
-    """Everything the analytic model needs, bundled (what a config file resolves to)."""
-
-    model: ModelSpec
-    cluster: ClusterSpec
-    training: TrainingSpec
-    layout: Layout | None = None
-    extra: dict = field(default_factory=dict)

@@ -445,7 +445,8 @@ def run_memo(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     files = [bench] if isinstance(bench, str) else list(bench or [])
     render_memo(results, out["pdf"], config=dict(cfg), study_hash=study_hash(cfg),
                 git_commit=str(git_state()["commit"]), figures_dir=inp["figures"],
-                benchmarks=benchmark_summary(benchmark_rows(files)) if files else None)
+                benchmarks=benchmark_summary(benchmark_rows(files)) if files else None,
+                template=inp.get("template"), css=inp.get("css"))
     _sidecars("memo", out, cfg, inp)
 
 
