@@ -91,3 +91,47 @@ def test_select_proxies_keeps_production_widths_on_cuda():
                            {"device": "cuda", "nproc_per_node": 8, "global_batch": 8, "families": ["depth"],
                             "depth_layers": [2]})
     assert specs[0]["model"]["hidden"] == 5120 and specs[0]["model"]["layers"] == 2
+
+
+def test_run_spec_model_impl_defaults_to_trainplan_and_hf_refuses_what_it_cannot_run():
+    assert normalize_run_spec(_spec())["model_impl"] == "trainplan"
+    assert normalize_run_spec(_spec(model_impl="hf"))["model_impl"] == "hf"
+    for bad, why in [({"model_impl": "jax"}, "one of trainplan, hf"),
+                     ({"model_impl": "hf", "layout": {"tp": 2, "sharding": "none"}}, "TP proxies"),
+                     ({"model_impl": "hf", "finetune": "lora"}, "LoRA proxies"),
+                     ({"model_impl": "hf", "model": {**MODEL_PRESETS["debug"].to_dict(), "mlp": "gelu"}}, "mlp=gelu")]:
+        with pytest.raises(ConfigError, match=why) as e:
+            normalize_run_spec(_spec(**bad))
+        assert e.value.key == "model_impl"
+
+
+def test_select_proxies_with_model_impl_hf_leaves_out_tp_and_lora_runs():
+    df = pd.DataFrame([{**Layout(dp=1, tp=32).to_dict(), "family": "TP", "feasible": True, "rank": 1},
+                       {**Layout(dp=32).to_dict(), "family": "FSDP", "feasible": True, "rank": 2}])
+    cfg = {"device": "cpu", "nproc_per_node": 2, "seq_len": 64, "global_batch": 4, "model_impl": "hf",
+           "depth_layers": [1, 2], "width_hidden": [64, 128], "scaleout_world_sizes": [1, 2]}
+    train = TrainingSpec(seq_len=4096, global_batch=256)
+    specs = select_proxies(df, MODEL_PRESETS["llama2-13b"], train, cfg)
+    assert {s["family"] for s in specs} == {"depth", "width", "scaleout", "layout"}  # depth/width: best is TP → FSDP
+    assert all(s["model_impl"] == "hf" and s["layout"]["tp"] == 1 and s["finetune"] == "full" for s in specs)
+    assert {"DDP", "FSDP", "HSDP"} <= {Layout.from_dict(s["layout"]).family for s in specs}
+    assert all(normalize_run_spec(s)["model_impl"] == "hf" for s in specs)
+    default = select_proxies(df, MODEL_PRESETS["llama2-13b"], train, {k: v for k, v in cfg.items() if k != "model_impl"})
+    assert all("model_impl" not in s for s in default)  # the default RUN_SPECs (and their hashes) are unchanged
+    with pytest.raises(ConfigError, match="proxies.model_impl"):
+        select_proxies(df, ModelSpec(layers=2, hidden=64, heads=4, vocab=100, mlp="gelu"), train, cfg)
+
+
+def test_config_proxies_model_impl_defaults_to_trainplan_and_is_checked():
+    from pathlib import Path
+
+    import yaml
+
+    from trainplan.config import load_config
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())
+    assert load_config(raw).proxies["model_impl"] == "trainplan"
+    assert load_config({**raw, "proxies": {**raw["proxies"], "model_impl": "hf"}}).proxies["model_impl"] == "hf"
+    with pytest.raises(ConfigError) as e:
+        load_config({**raw, "proxies": {**raw["proxies"], "model_impl": "jax"}})
+    assert e.value.key == "proxies.model_impl"

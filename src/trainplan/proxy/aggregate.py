@@ -87,6 +87,7 @@ def _spec_columns(rec: dict[str, Any]) -> dict[str, Any]:
         "nproc_per_node": spec.get("nproc_per_node"), "nnodes": spec.get("nnodes", 1),
         "lora_rank": spec.get("lora_rank"), "lora_targets": ",".join(spec.get("lora_targets") or []),
         "compile": bool(spec.get("compile", False)), "warmup": warm, "steps": spec.get("steps"),
+        "model_impl": spec.get("model_impl", "trainplan"),
         "step_times_json": json.dumps([float(t) for t in steps[warm:]]),  # the timed steps (after warm-up)
     }
 
@@ -176,4 +177,25 @@ def aggregate(record_paths: Iterable[str | Path], expected_ids: Iterable[str] | 
     if len(df) and "loss0" in df and df["loss0"].notna().any():
         ref = df.groupby(["model", "seq_len", "global_batch", "finetune"])["loss0"].transform("median")
         df["loss0_rel_spread"] = (df["loss0"] - ref).abs() / ref
+    return df
+
+
+# The memo and figures compare ``<metric>_pred`` with ``<metric>_meas``: aggregate's column → that name.
+PARITY = {"params": ("params_predicted", "params_measured"),
+          "state_bytes": ("state_bytes_analytic", "state_bytes_measured"),
+          "state_bytes_exact": ("state_bytes_exact", "state_bytes_measured"),  # the harness's exact formula
+          "saved_act_bytes": ("act_bytes_per_layer_analytic", "act_bytes_per_layer_measured"),
+          "flops_per_step": ("flops_per_rank_step_analytic", "flops_per_rank_step_measured")}
+
+
+def parity_columns(df: Any) -> Any:
+    """Add ``<m>_pred``/``<m>_meas`` (PARITY), ``comm_bytes_meas`` (all collectives) and ``loss_step0``."""
+    for m, (pred, meas) in PARITY.items():
+        if pred in df and meas in df:
+            df[f"{m}_pred"], df[f"{m}_meas"] = df[pred], df[meas]
+    comm = [c for c in df.columns if c.startswith("comm_") and c.endswith("_bytes") and c != "comm_bytes_meas"]
+    if comm:
+        df["comm_bytes_meas"] = df[comm].fillna(0).sum(axis=1)
+    if "loss0" in df:
+        df["loss_step0"] = df["loss0"]
     return df

@@ -121,7 +121,7 @@ def train(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
             time.sleep(3600)
 
     mesh = build_mesh(layout, dev.type) if world > 1 else None
-    model = build_model(mspec, device=dev, seed=spec["seed"])
+    model = build_model(mspec, device=dev, seed=spec["seed"], impl=spec.get("model_impl", "trainplan"))
     n_module = n_params(model)
     if lora:
         from trainplan.proxy.lora import apply_lora

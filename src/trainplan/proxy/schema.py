@@ -11,8 +11,11 @@ RUN_DEFAULTS: dict[str, Any] = {
     "family": "layout", "seq_len": 128, "global_batch": 4, "steps": 20, "warmup": 3, "nproc_per_node": 1,
     "nnodes": 1, "device": "cpu", "dtype": "fp32", "finetune": "full", "lora_rank": 8, "lora_targets": ["q", "v"],
     "compile": False, "seed": 0, "timeout_s": 300, "mem_limit_bytes": None, "data": "synthetic", "lr": 3e-3,
+    "model_impl": "trainplan",
 }
 STATUSES = ("ok", "oom", "timeout", "error")
+# trainplan: the harness's own Transformer; hf: transformers' LlamaForCausalLM (proxy.model.build_model's impl)
+MODEL_IMPLS = ("trainplan", "hf")
 
 
 def _choice(spec: dict, key: str, allowed: tuple) -> None:
@@ -54,6 +57,7 @@ def normalize_run_spec(raw: dict) -> dict[str, Any]:
     _choice(spec, "dtype", ("fp32", "bf16"))
     _choice(spec, "finetune", ("full", "lora"))
     _choice(spec, "data", ("synthetic",))
+    _choice(spec, "model_impl", MODEL_IMPLS)
     for k in ("seq_len", "global_batch", "steps", "nproc_per_node", "nnodes", "lora_rank", "timeout_s"):
         _pos_int(spec, k)
     _pos_int(spec, "warmup", 0)
@@ -75,11 +79,28 @@ def normalize_run_spec(raw: dict) -> dict[str, Any]:
         raise ConfigError("layout.tp", layout.tp, "must divide heads, kv_heads and ffn_hidden")
     if spec["finetune"] == "lora" and layout.tp > 1:
         raise ConfigError("finetune", "lora", "LoRA proxies run with dp only (tp=1)")
+    if spec["model_impl"] == "hf":
+        _check_hf(spec, model, layout)
     m = spec["mem_limit_bytes"]
     if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
         raise ConfigError("mem_limit_bytes", m, "null or a positive integer (bytes per rank)")
     spec["lora_targets"] = list(spec["lora_targets"])
     return spec
+
+
+def _check_hf(spec: dict, model: ModelSpec, layout: Layout) -> None:
+    """What the Hugging Face model cannot run, refused before start (not an ``error`` record later)."""
+    if layout.tp > 1:
+        raise ConfigError("model_impl", "hf", "TP proxies run the harness's own model (transformers' "
+                          "LlamaForCausalLM has no DTensor TP plan here): model_impl trainplan, or tp=1")
+    if spec["finetune"] == "lora":
+        raise ConfigError("model_impl", "hf", "LoRA proxies run the harness's own model (its adapter wraps "
+                          "attention.wq/wv): model_impl trainplan, or finetune full")
+    from trainplan.proxy.model import hf_unsupported_reason  # imports torch: only for hf specs
+
+    why = hf_unsupported_reason(model)
+    if why:
+        raise ConfigError("model_impl", "hf", f"{model.name} is not expressible as LlamaForCausalLM: {why}")
 
 
 _NUM = {"type": ["number", "null"]}

@@ -6,6 +6,10 @@
 3. **scale-out ladder** — one model on each of ``scaleout_world_sizes`` ranks (FSDP full shard);
 4. **layout** — one run per layout family the planner considered, mapped to the proxy world size.
 
+``model_impl: hf`` runs every proxy on transformers' ``LlamaForCausalLM`` instead of the harness's model; it
+has no TP plan or LoRA adapter here, so the TP, TP+SP and LoRA runs are left out (and a model it cannot
+express, e.g. a GELU MLP, is refused naming ``proxies.model_impl``).
+
 On ``device: cpu`` every model is shrunk to a debug size (widths from ``width_hidden``, vocab 256, seq
 from ``seq_len``): CPU runs validate bytes, FLOPs, collectives and loss parity, not H100 speed. On
 ``cuda`` the depth slice keeps the production widths.
@@ -71,12 +75,25 @@ def select_proxies(candidates: pd.DataFrame, model: ModelSpec, training: Trainin
             "nnodes": 1, "device": device, "dtype": cfg.get("dtype", "fp32" if device == "cpu" else "bf16"),
             "seed": int(cfg.get("seed", 0)), "timeout_s": int(cfg.get("timeout_s", 600)), "finetune": "full",
             "mem_limit_bytes": cfg.get("mem_limit_bytes")}
+    impl = cfg.get("model_impl", "trainplan")
+    if impl not in ("trainplan", "hf"):
+        raise ConfigError("proxies.model_impl", impl, "trainplan or hf")
+    if impl == "hf":
+        from trainplan.proxy.model import hf_unsupported_reason  # imports torch: only when asked for
+
+        why = hf_unsupported_reason(model)
+        if why:
+            raise ConfigError("proxies.model_impl", impl, f"{model.name} is not expressible as LlamaForCausalLM: "
+                              f"{why}; use trainplan")
+        base["model_impl"] = "hf"
     families = cfg.get("families", ["depth", "width", "scaleout", "layout"])
     feasible = candidates[candidates["feasible"]] if "feasible" in candidates else candidates
     if "rank" in feasible:
         feasible = feasible.sort_values("rank")
     best = _proxy_layout(feasible.iloc[0].to_dict(), world) if len(feasible) else None
     best = best or Layout(dp=world, sharding="zero3")
+    if impl == "hf" and best.tp > 1:  # depth/width slices on the HF model: data-parallel only
+        best = Layout(dp=world, sharding="zero3", recompute=best.recompute)
     out: list[dict[str, Any]] = []
 
     def sized(layers: int, hidden: int | None = None) -> ModelSpec:
@@ -88,6 +105,8 @@ def select_proxies(candidates: pd.DataFrame, model: ModelSpec, training: Trainin
     def add(id_: str, family: str, m: ModelSpec, layout: Layout, nproc: int, **kw: Any) -> None:
         if gb % (layout.dp * layout.micro_batch):
             return
+        if impl == "hf" and (layout.tp > 1 or kw.get("finetune") == "lora"):
+            return  # no TP plan / LoRA adapter for the Hugging Face model (proxy.schema refuses them)
         out.append({**base, "id": id_, "family": family, "model": m.to_dict(), "layout": layout.to_dict(),
                     "nproc_per_node": nproc, **kw})
 
