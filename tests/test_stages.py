@@ -14,7 +14,8 @@ from trainplan.config import config_slice, load_config
 from trainplan.cost import CostInputs, stage_cost_and_risk
 from trainplan.efficiency import Efficiency
 from trainplan.io import read_json
-from trainplan.proxy.select import _cpu_model
+from trainplan.proxy.aggregate import parity_columns
+from trainplan.proxy.select import cpu_model
 from trainplan.sensitivity import stage_sensitivity
 from trainplan.specs import ConfigError
 
@@ -27,15 +28,15 @@ def synthetic_records(model) -> pd.DataFrame:
     """CPU records whose bytes follow the analytic parameter counts exactly (what a correct harness measures)."""
     rows = []
     for L in (1, 2, 3, 4):
-        p = _cpu_model(model, 64, L, 128).n_params
+        p = cpu_model(model, 64, L, 128).n_params
         rows.append({"id": f"depth-L{L}", "family": "depth", "device": "cpu", "status": "ok", "layers": L,
                      "hidden": 64, "world_size": 2, "params_meas": p, "state_bytes_meas": 16 * p / 2,
                      "flops_per_step_meas": 1e6 * (3 + 2 * L), "comm_bytes_meas": 4e5 * L + 1e4})
     for h in (64, 128, 192, 256):
-        p = _cpu_model(model, h, 2, 128).n_params
+        p = cpu_model(model, h, 2, 128).n_params
         rows.append({"id": f"width-h{h}", "family": "width", "device": "cpu", "status": "ok", "layers": 2,
                      "hidden": h, "world_size": 2, "params_meas": p, "state_bytes_meas": 8 * p})
-    p = _cpu_model(model, 64, 2, 128).n_params
+    p = cpu_model(model, 64, 2, 128).n_params
     for n in (1, 2):
         rows.append({"id": f"scaleout-n{n}", "family": "scaleout", "device": "cpu", "status": "ok", "layers": 2,
                      "hidden": 64, "world_size": n, "params_meas": p, "state_bytes_meas": 16 * p / n})
@@ -49,7 +50,7 @@ def test_parity_columns_name_predicted_and_measured_pairs():
     df = pd.DataFrame({"params_predicted": [10], "params_measured": [10], "flops_per_rank_step_analytic": [5.0],
                        "flops_per_rank_step_measured": [6.0], "comm_all_gather_into_tensor_bytes": [100],
                        "comm_reduce_scatter_tensor_bytes": [np.nan], "loss0": [5.5]})
-    out = stages.parity_columns(df)
+    out = parity_columns(df)
     assert (out["params_pred"].item(), out["params_meas"].item()) == (10, 10)
     assert (out["flops_per_step_pred"].item(), out["flops_per_step_meas"].item()) == (5.0, 6.0)
     assert out["comm_bytes_meas"].item() == 100 and out["loss_step0"].item() == 5.5

@@ -148,8 +148,7 @@ def load_gpu_records(directory: str | Path | None) -> tuple[pd.DataFrame, list[s
     """
     if not directory or not Path(directory).is_dir():
         return pd.DataFrame(), []
-    from trainplan.proxy.aggregate import aggregate
-    from trainplan.stages import parity_columns
+    from trainplan.proxy.aggregate import aggregate, parity_columns
 
     files = sorted(str(p) for p in Path(directory).glob("*.json")
                    if p.name != "environment.json" and not p.name.endswith((".provenance.json", ".spec.json")))

@@ -526,7 +526,9 @@ def _hf_unsupported(model: ModelSpec) -> str | None:
 
 
 # -------------------------------------------------------------------------------------------- CLI
-def _load_inputs(summary: str, config: str) -> tuple[Any, ModelSpec, ClusterSpec, TrainingSpec, Layout]:
+def load_inputs(summary: str, config: str) -> tuple[Any, ModelSpec, ClusterSpec, TrainingSpec, Layout]:
+    """(StudyConfig, model, cluster, training, chosen layout) from a config and an analytic summary.json; the
+    launch and preflight CLIs share it."""
     from trainplan.config import load_config  # the config engineer's module (contract: ARCHITECTURE.md)
     from trainplan.io import InputFileError, read_json_checked
 
@@ -593,7 +595,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "prediction/production.json beside analytic/, if present)")
     a = ap.parse_args(argv)
     try:
-        cfg, model, cluster, training, layout = _load_inputs(a.summary, a.config)
+        cfg, model, cluster, training, layout = load_inputs(a.summary, a.config)
         h = a.study_hash or study_hash_of(cfg)
         opts = {k: v for k, v in dict(getattr(cfg, "launch", None) or {}).items() if k in LAUNCH_OPTIONS}
         if a.time_limit_h is not None:

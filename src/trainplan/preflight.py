@@ -321,9 +321,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=int, default=900, help="proxy timeout (default 900)")
     a = ap.parse_args(argv)
     try:
-        from trainplan.launch import _load_inputs
+        from trainplan.launch import load_inputs
 
-        cfg, model, cluster, training, layout = _load_inputs(a.summary, a.config)
+        cfg, model, cluster, training, layout = load_inputs(a.summary, a.config)
         eff = cfg.efficiency if not isinstance(cfg.efficiency, dict) else None
         out = Path(a.out) if a.out else Path(a.summary).resolve().parent.parent / "preflight"
         res = run_preflight(model, cluster, training, layout, out, device=a.device, layers=a.layers,

@@ -291,27 +291,6 @@ def run_proxy_run(inp: Mapping, out: Mapping, cfg: Mapping, *, wildcards: Mappin
 
 
 # ----------------------------------------------------------------------------------------- aggregate
-# The memo and figures compare ``<metric>_pred`` with ``<metric>_meas``: aggregate's column → that name.
-PARITY = {"params": ("params_predicted", "params_measured"),
-          "state_bytes": ("state_bytes_analytic", "state_bytes_measured"),
-          "state_bytes_exact": ("state_bytes_exact", "state_bytes_measured"),  # the harness's exact formula
-          "saved_act_bytes": ("act_bytes_per_layer_analytic", "act_bytes_per_layer_measured"),
-          "flops_per_step": ("flops_per_rank_step_analytic", "flops_per_rank_step_measured")}
-
-
-def parity_columns(df: Any) -> Any:
-    """Add ``<m>_pred``/``<m>_meas`` (PARITY), ``comm_bytes_meas`` (all collectives) and ``loss_step0``."""
-    for m, (pred, meas) in PARITY.items():
-        if pred in df and meas in df:
-            df[f"{m}_pred"], df[f"{m}_meas"] = df[pred], df[meas]
-    comm = [c for c in df.columns if c.startswith("comm_") and c.endswith("_bytes") and c != "comm_bytes_meas"]
-    if comm:
-        df["comm_bytes_meas"] = df[comm].fillna(0).sum(axis=1)
-    if "loss0" in df:
-        df["loss_step0"] = df["loss0"]
-    return df
-
-
 def _proxy_set_path(inp: Mapping, records: list[str]) -> Path | None:
     if inp.get("proxy_set"):
         return Path(str(inp["proxy_set"]))
@@ -324,7 +303,7 @@ def run_aggregate(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     Every run named in proxy_set.json must be there and be a valid RECORD (``aggregate.check_records``). A
     missing, truncated or invalid one fails the rule with its path; the bad file and its sidecar are removed,
     so the next ``snakemake`` reruns exactly those proxies. The sidecar promises the row count and ids."""
-    from trainplan.proxy.aggregate import RecordsError, aggregate
+    from trainplan.proxy.aggregate import RecordsError, aggregate, parity_columns
 
     records = [str(p) for p in inp.get("records", [])]
     ps = _proxy_set_path(inp, records)

@@ -86,7 +86,7 @@ class SavedTensorTracker:
 
     def __init__(self, model: nn.Module, sac_save_ops: set | frozenset | None = None):
         self.model = model
-        self.sac_save_ops = sac_save_ops  # None: the harness's policy (trainplan.proxy.parallelize._SAVE_OPS)
+        self.sac_save_ops = sac_save_ops  # None: the harness's policy (trainplan.proxy.parallelize.SAVE_OPS)
         self.sac_depth = 0  # > 0 while the forward runs inside a selectively checkpointed block
         self.sac_seen = False
         self.stack: list[str] = ["loss"]  # saves outside any module: the loss
@@ -124,9 +124,9 @@ class SavedTensorTracker:
         self._ctx.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t))
         if any(_is_selective(m) for m in self.model.modules()):
             if self.sac_save_ops is None:
-                from trainplan.proxy.parallelize import _SAVE_OPS
+                from trainplan.proxy.parallelize import SAVE_OPS
 
-                self.sac_save_ops = frozenset(_SAVE_OPS)
+                self.sac_save_ops = frozenset(SAVE_OPS)
             self._ctx.enter_context(_SACOutputs(self))
         return self
 

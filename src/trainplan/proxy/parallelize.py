@@ -93,17 +93,17 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
 
 
 # ---------------------------------------------------------------------------- 2. act. checkpointing
-_SAVE_OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
+SAVE_OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
              torch.ops.aten._scaled_dot_product_flash_attention.default,
              torch.ops.aten._scaled_dot_product_efficient_attention.default}
 if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
-    _SAVE_OPS.add(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+    SAVE_OPS.add(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
 
 
 def _sac_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     from torch.utils.checkpoint import CheckpointPolicy
 
-    return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE if op in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def apply_ac(model: nn.Module, mode: str) -> None:

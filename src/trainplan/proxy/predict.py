@@ -64,7 +64,7 @@ def analytic_memory(spec: ModelSpec, layout: Layout, seq_len: int, global_batch:
     d = 2 if dtype == "bf16" else 4
     out["norm_impl"], out["attn_impl"] = norm_impl, "flash"
     # The proxies run DTensor SP (gathered linear inputs kept) and the harness's SAC policy, which saves every
-    # mm/addmm and SDPA output (trainplan.proxy.parallelize._SAVE_OPS) → sac_policy "matmul".
+    # mm/addmm and SDPA output (trainplan.proxy.parallelize.SAVE_OPS) → sac_policy "matmul".
     lora = finetune != "full"
     out["sp_impl"], out["sac_policy"] = "pytorch", "matmul"
     try:

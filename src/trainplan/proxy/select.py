@@ -28,7 +28,7 @@ CPU_VOCAB = 256
 CPU_HEAD_DIM = 16
 
 
-def _cpu_model(model: ModelSpec, hidden: int, layers: int, seq_len: int) -> ModelSpec:
+def cpu_model(model: ModelSpec, hidden: int, layers: int, seq_len: int) -> ModelSpec:
     """A debug-size model keeping the production model's kind (MLP, norm, positions, GQA group if possible)."""
     heads = max(1, hidden // CPU_HEAD_DIM)
     group = max(1, model.heads // model.kv_heads)
@@ -36,6 +36,9 @@ def _cpu_model(model: ModelSpec, hidden: int, layers: int, seq_len: int) -> Mode
     return ModelSpec(name=f"{model.name}-cpu-h{hidden}-L{layers}", layers=layers, hidden=hidden, heads=heads,
                      kv_heads=kv, vocab=CPU_VOCAB, mlp=model.mlp, norm=model.norm, pos_embedding=model.pos_embedding,
                      bias=model.bias, tied_embeddings=model.tied_embeddings, max_seq_len=max(seq_len, 128))
+
+
+_cpu_model = cpu_model  # the old private name: calibrate.py still imports it (issue 11: switch, then drop)
 
 
 def _proxy_layout(row: dict[str, Any] | Layout, world: int) -> Layout | None:
@@ -98,7 +101,7 @@ def select_proxies(candidates: pd.DataFrame, model: ModelSpec, training: Trainin
 
     def sized(layers: int, hidden: int | None = None) -> ModelSpec:
         if device == "cpu":
-            return _cpu_model(model, hidden or widths[0], layers, seq)
+            return cpu_model(model, hidden or widths[0], layers, seq)
         return model.with_layers(layers) if hidden is None else replace(model, hidden=hidden, layers=layers,
                                                                           name=f"{model.name}-h{hidden}-L{layers}")
 
