@@ -54,8 +54,9 @@ def test_no_checkout_relative_paths_in_the_package():
     offenders = [f"{p.relative_to(ROOT)}:{i}" for p in sorted(PKG.rglob("*.py"))
                  for i, line in enumerate(p.read_text().splitlines(), 1)
                  if re.search(r"parents\[2\]|REPO_ROOT", line) and not line.lstrip().startswith("#")]
-    # extrapolate.py's DATA_DIRS (its second entry: the repository's data/) is the lead's file: issue 11
-    assert set(offenders) <= {o for o in offenders if o.startswith("src/trainplan/extrapolate.py:")}, offenders
+    # known, issue 11: extrapolate.DATA_DIRS' second entry (the repository's data/; the tables it looks up are
+    # package data, found first) is left to that module's owner
+    assert all(o.startswith("src/trainplan/extrapolate.py:") for o in offenders), offenders
 
 
 def _build_wheel(tmp: Path) -> Path:
