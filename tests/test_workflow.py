@@ -100,7 +100,9 @@ def test_tiny_study_runs_end_to_end_and_reruns_only_what_changed(tmp_path):
             "cost_and_risk", "launch_artifacts", "memo"} <= set(planned_jobs(r.stdout + r.stderr))
     # --forcerun fit_scaling: exactly it and downstream
     r = snakemake(wf, *TINY, "--forcerun", "fit_scaling", "-n", "--quiet", "rules", timeout=120)
-    assert set(planned_jobs(r.stdout + r.stderr)) == {"fit_scaling", "predict_production"} | DOWNSTREAM_OF_COST
+    # (launch_artifacts reads production.json: the predicted step time and the day-1 throughput threshold)
+    assert set(planned_jobs(r.stdout + r.stderr)) == {"fit_scaling", "predict_production", "launch_artifacts"} \
+        | DOWNSTREAM_OF_COST
     # a pinned layout: analytic_model and everything downstream of it (the candidates change), launch included
     (wf / "pin_fsdp.yaml").write_text(yaml.safe_dump({"layout": PIN_FSDP}))
     r = snakemake(wf, *TINY, "pin_fsdp.yaml", "-n", "--quiet", "rules", timeout=120)
