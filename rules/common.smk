@@ -2,7 +2,7 @@
 import json
 from pathlib import Path
 
-import trainplan
+from trainplan import pkgdata
 from trainplan.config import config_slice, load_config, schema_path
 from trainplan.provenance import study_hash
 from trainplan.slurm_resources import proxy_job_resources
@@ -28,9 +28,7 @@ STUDY_HASH = study_hash(STUDY.raw)
 # Rules that run `benchmark:` (their TSVs are memo inputs: the memo reports their wall time).
 BENCHMARKED = ("analytic_model", "calibrate", "cost_and_risk", "figures")
 # The published tables calibration reads (package data, cited in its SOURCES.md): editing one reruns calibrate.
-PUBLISHED = sorted(
-    str(p) for p in (Path(trainplan.__file__).parent / "data").glob("*.csv")
-)
+PUBLISHED = sorted(str(p) for p in pkgdata.path(pkgdata.DATA).glob("*.csv"))
 # Committed GPU proxy records (scripts/device_proxies.sh): inputs of calibrate, so new records rerun it.
 GPU_RECORDS = sorted(
     str(p)

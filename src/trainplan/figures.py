@@ -24,11 +24,12 @@ import pandas as pd  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from trainplan import pkgdata  # noqa: E402
 from trainplan.io import read_json, write_bytes, write_json  # noqa: E402
 from trainplan.reportlabels import caption_path  # noqa: E402, F401 (re-exported)
 from trainplan.reportlabels import figure_labels as report_labels  # noqa: E402, F401
 
-STYLE = Path(__file__).with_name("trainplan.mplstyle")
+STYLE = pkgdata.path(pkgdata.MPL_STYLE)
 
 MEM_TERMS = ("weights", "gradients", "optimizer", "activations", "logits", "buffers", "overhead")
 TIME_TERMS = (("compute_s", "compute"), ("comm_exposed_s", "exposed comm"), ("bubble_s", "pipeline bubble"),

@@ -7,6 +7,7 @@
 | ``default_config.yaml`` | the embedded default study | symlink to ``config/config.yaml`` (the user-facing file) |
 | ``templates/memo.html.j2``, ``templates/memo.css`` | the memo's template and stylesheet | symlinks to ``report/templates/`` |
 | ``templates/*.sh.j2`` | launch script templates | the files themselves |
+| ``trainplan.mplstyle`` | the figures' matplotlib style | the file itself |
 | ``data/*.csv``, ``data/efficiency_fits.json`` | published tables, fitted efficiencies | the files themselves |
 
 The symlinks keep one file per resource (no copy that can drift) while the study's users keep editing
@@ -23,6 +24,8 @@ SCHEMA = "config.schema.yaml"
 DEFAULT_CONFIG = "default_config.yaml"
 MEMO_TEMPLATE = "templates/memo.html.j2"
 MEMO_CSS = "templates/memo.css"
+MPL_STYLE = "trainplan.mplstyle"
+DATA = "data"
 
 
 def path(name: str) -> Path:
