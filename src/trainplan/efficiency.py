@@ -53,6 +53,12 @@ class Efficiency:
     # kernels one block launches per pass, which the kernel class sets (timing.KERNELS_PER_BLOCK: eager 40 ≫
     # compiled 15 > fused 10): it is what makes small models launch-bound, and most so in eager PyTorch.
     kernel_overhead_s: float = 3e-6
+    # The framework class as an explicit factor (timing.class_efficiency): PyTorch (eager / torch.compile) GEMMs,
+    # BF16 and FP8, reach ``torch_gemm_rel`` of the fused stack's (Megatron / Transformer Engine: cuBLASLt with
+    # fused epilogues) [F on H100, where every open PyTorch row ran on torchtitan's 500 W parts, so it is fitted
+    # with their peak fixed at the middle of the stated bracket (validate.GEN_FIT); 1 on A100]. A separate factor
+    # for the fused stack's attention (cuDNN vs FA2) fitted to 1.02: not kept.
+    torch_gemm_rel: float = 1.0
     # FP8 GEMMs of the block linears (training.precision fp8-*), as a fraction of the dense FP8 peak (2 × BF16 on
     # Hopper), the same shape factor applied: tensorwise (cuBLAS scaled GEMM) and rowwise (CUTLASS rowwise-scaled
     # GEMM) recipes of torchao. Fitted on torchtitan's float8 rows (H100 generation fit); NeMo's FP8 tables are
@@ -106,6 +112,9 @@ class Efficiency:
                     raise ConfigError("efficiency." + f.name, v, "must be a fraction in (0, 1]"
                                       if not ("overlap" in f.name or f.name == "alloc_frag_frac")
                                       else "must be a fraction in [0, 1]")
+            elif f.name == "torch_gemm_rel":
+                if not 0 < v <= 1:
+                    raise ConfigError("efficiency." + f.name, v, "must be a fraction in (0, 1]")
             elif f.name in ("runtime_overhead_bytes", "kernel_overhead_s"):
                 if v < 0:
                     raise ConfigError("efficiency." + f.name, v, "must be >= 0")

@@ -228,7 +228,8 @@ def _family(df: pd.DataFrame) -> np.ndarray:
 # Techniques that modify a family: each gets a verdict "with vs without" (technique_verdicts).
 TECHNIQUES: dict[str, Any] = {
     "sequence parallelism (SP)": lambda d: d["sp"].astype(bool),
-    "TP comm overlap (async TP)": lambda d: d["tp_overlap"].astype(bool),
+    "TP comm overlap (async TP)": lambda d: (d["tp_overlap"].astype(bool) if "tp_overlap" in d
+                                            else pd.Series(False, index=d.index)),
     "context parallelism (CP)": lambda d: d["cp"] > 1,
     "optimizer offload to CPU": lambda d: d["offload"] != "none",
     "selective recompute": lambda d: d["recompute"] == "selective",
@@ -241,7 +242,7 @@ TECHNIQUES: dict[str, Any] = {
 def _complexity(df: pd.DataFrame) -> pd.Series:
     """Simplicity tie-break: count of non-default techniques in use (fewer is simpler)."""
     return ((df["tp"] > 1).astype(int) + (df["pp"] > 1) + (df["cp"] > 1) + df["sp"].astype(int)
-            + (df["vpp"] > 1) + df["tp_overlap"].astype(int) + (df["offload"] != "none") + (df["recompute"] != "none") + (df["sharding"] == "hsdp"))
+            + (df["vpp"] > 1) + (df["tp_overlap"].astype(int) if "tp_overlap" in df else 0) + (df["offload"] != "none") + (df["recompute"] != "none") + (df["sharding"] == "hsdp"))
 
 
 def row_layout(row: Any) -> Layout:

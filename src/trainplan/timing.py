@@ -61,6 +61,16 @@ TIMING_KEYS = ("compute_s", "tp_comm_s", "cp_comm_s", "fsdp_comm_s", "dp_comm_s"
                "tokens_per_s_per_gpu", "mfu", "hfu")
 
 
+def class_efficiency(eff: Efficiency, kernels: str) -> Efficiency:
+    """The Efficiency a kernel class runs at: PyTorch (eager/compiled) GEMMs, BF16 and FP8, at ``torch_gemm_rel``
+    of the fused (Megatron/TE) stack's."""
+    if kernels == "fused" or eff.torch_gemm_rel == 1:
+        return eff
+    r = eff.torch_gemm_rel
+    return eff.replace(gemm_eff_max=eff.gemm_eff_max * r, fp8_gemm_eff_tensorwise=eff.fp8_gemm_eff_tensorwise * r,
+                       fp8_gemm_eff_rowwise=eff.fp8_gemm_eff_rowwise * r)
+
+
 def gemm_eff(m: Array, n: Array, k: Array, eff: Efficiency) -> Array:
     """Shape-aware GEMM efficiency: max·d/(d+half), d = smallest dimension (wave quantisation, [I])."""
     d = np.minimum(np.minimum(m, n), k)
@@ -370,6 +380,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     eff = eff or Efficiency.for_gpu(cluster.gpu)
     gpu = cluster.gpu
     peak, hbm = gpu.peak_bf16_flops, gpu.hbm_bw_Bps
+    eff = class_efficiency(eff, training.kernels)
     act = 2.0 if training.half else 4.0
     s = training.seq_len
     tp, pp, cp = np.asarray(layout.tp), np.asarray(layout.pp), np.asarray(layout.cp)

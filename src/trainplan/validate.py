@@ -436,18 +436,24 @@ def mape_table(df: pd.DataFrame) -> pd.DataFrame:
 # Every fitted number has a physical meaning; none is per row. The H100 fit adds the sustained peak of
 # torchtitan's 500 W parts (a hardware fact the source leaves open) and the async-TP overlap fraction.
 MAMF_FRAC = {"a100": 267.9 / 312.0, "h100": 792.1 / 989.0}
-# H100 holds two values fixed rather than fitted, because its four tables cannot identify them (with them free the
-# fit runs both to a bound and the leave-one-table-out error of torchtitan_h100 doubles, 8.6% → 16.5%):
-# gemm_eff_half_dim = 256 [I] (one 128×256 wgmma tile: below it per dimension the tensor cores idle), and
-# membound_eff = the A100 fit's value, Efficiency's class default (a fraction of each GPU's own HBM bandwidth, taken
-# as generation-independent).
+# H100 holds three values fixed rather than fitted, because its four tables cannot identify them:
+# * gemm_eff_half_dim = 256 [I] (one 128×256 wgmma tile: below it per dimension the tensor cores idle) and
+#   membound_eff = the A100 fit's value, Efficiency's class default (a fraction of each GPU's own HBM bandwidth, taken
+#   as generation-independent): with both free the fit runs each to a bound and the leave-one-table-out error of
+#   torchtitan_h100 doubles (8.6% → 16.5%);
+# * the sustained peak of torchtitan's 500 W parts = 912 TFLOP/s, the middle of the bracket the TorchTitan paper
+#   states (H100 NVL 835 – SXM 989) [I]: every open PyTorch H100 row ran on those parts, so their peak and the
+#   PyTorch-vs-fused GEMM factor (torch_gemm_rel, fitted) are confounded; left free, the peak runs to the 835 bound
+#   and PyTorch FSDP on a 700 W H100 SXM comes out ~8% faster (docs/timing-model.md §7).
+TT500_MIDPOINT = (H100_NVL_PEAK_BF16 + 989e12) / 2 / 989e12
 GEN_FIT: dict[str, dict[str, Any]] = {
     "a100": {"tables": ("megatron2021_t1", "korthikanti2022_t3_5", "torchtitan_a100"),
              "params": ("gemm_eff_max", "gemm_eff_half_dim", "attn_eff", "membound_eff"), "fixed": {}},
     "h100": {"tables": ("torchtitan_h100", "torchtitan_asynctp_h100", "megatron2024_h100", "llama3_405b_h100"),
              "params": ("gemm_eff_max", "attn_eff", "tp_async_overlap", "fp8_gemm_eff_tensorwise",
-                        "fp8_gemm_eff_rowwise", TT500_PARAM),
-             "fixed": {"gemm_eff_half_dim": 256.0, "membound_eff": Efficiency.membound_eff}},
+                        "fp8_gemm_eff_rowwise", "torch_gemm_rel"),
+             "fixed": {"gemm_eff_half_dim": 256.0, "membound_eff": Efficiency.membound_eff,
+                       TT500_PARAM: TT500_MIDPOINT}},
 }
 FIT_TABLES = GEN_FIT["a100"]["tables"]
 FIT_PARAMS = GEN_FIT["a100"]["params"]
@@ -457,6 +463,7 @@ FIT_PARAMS = GEN_FIT["a100"]["params"]
 FIT_BOUNDS = {"gemm_eff_max": (0.6, 0.9), "gemm_eff_half_dim": (1.0, 256.0), "kernel_overhead_s": (0.0, 50e-6), "attn_eff": (0.25, 0.75),
               "membound_eff": (0.3, 0.95), "comm_bw_eff": (0.3, 1.0), "tp_async_overlap": (0.0, 1.0),
               "fp8_gemm_eff_tensorwise": (0.2, 0.9), "fp8_gemm_eff_rowwise": (0.1, 0.9),
+              "torch_gemm_rel": (0.6, 1.0),
               TT500_PARAM: (H100_NVL_PEAK_BF16 / 989e12, 1.0)}
 
 
@@ -471,7 +478,8 @@ def _bounds(gen: str, p: str) -> tuple[float, float]:
 
 def _split(gen: str, x: dict[str, float], eff0: Efficiency) -> tuple[dict[str, Efficiency], float | None]:
     eff = eff0.replace(**{p: v for p, v in x.items() if p != TT500_PARAM})
-    peak = x[TT500_PARAM] * H100_96GB_500W.peak_bf16_flops if TT500_PARAM in x else None
+    frac = x.get(TT500_PARAM, GEN_FIT[gen]["fixed"].get(TT500_PARAM))
+    peak = frac * H100_96GB_500W.peak_bf16_flops if frac is not None else None
     return {gen: eff}, peak
 
 
@@ -499,7 +507,7 @@ def fit_generation(gen: str, tables: tuple[str, ...] | None = None, params: tupl
 
     tables = tuple(tables or GEN_FIT[gen]["tables"])
     params = tuple(params or GEN_FIT[gen]["params"])
-    eff0 = eff0 or Efficiency(**GEN_FIT[gen]["fixed"])
+    eff0 = eff0 or Efficiency(**{k: v for k, v in GEN_FIT[gen]["fixed"].items() if k != TT500_PARAM})
     for p in params:
         if p not in FIT_BOUNDS:
             raise ConfigError("params", p, "fittable here: " + ", ".join(FIT_BOUNDS))
@@ -523,10 +531,11 @@ def fit_generation(gen: str, tables: tuple[str, ...] | None = None, params: tupl
         se = np.full(k, np.nan)
     x = dict(zip(params, map(float, res.x * sc), strict=True))
     eff = eff0.replace(**{p: v for p, v in x.items() if p != TT500_PARAM}, source=f"fit:{gen}")
-    values = {**{p: float(getattr(eff0, p)) for p in GEN_FIT[gen]["fixed"]}, **x}
+    fixed = GEN_FIT[gen]["fixed"]
+    values = {**{p: float(getattr(eff0, p)) for p in fixed if p != TT500_PARAM}, **x}
+    hw = {p: float(v) for p, v in {**fixed, **x}.items() if p == TT500_PARAM}
     return {"efficiency": eff, "values": {p: v for p, v in values.items() if p != TT500_PARAM},
-            "fixed": dict(GEN_FIT[gen]["fixed"]),
-            "hardware": {p: v for p, v in x.items() if p == TT500_PARAM},
+            "fixed": dict(fixed), "hardware": hw,
             "stderr": dict(zip(params, map(float, se), strict=True)), "fitted_on": list(tables), "n": n,
             "rmse_log": float(np.sqrt(np.mean(res.fun ** 2)))}
 
