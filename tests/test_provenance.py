@@ -80,5 +80,6 @@ def test_one_study_hash_for_the_memo_the_launch_files_and_the_cli():
     cfg = load_config([conf / "config.yaml", conf / "tiny.yaml"])
     h = study_hash(cfg)
     assert h == study_hash(cfg.raw) == study_hash_of(cfg) == config_hash(config_slice(cfg.raw, "memo"))
-    assert h != config_hash(config_slice(cfg.raw, "launch_artifacts"))  # a slice hash is a different number
+    assert h == config_hash(config_slice(cfg.raw, "launch_artifacts"))  # launch files print the study hash
+    assert h != config_hash(config_slice(cfg.raw, "analytic_model"))  # a slice hash is a different number
     assert study_hash(load_config([conf / "config.yaml", conf / "lora.yaml"])) != h

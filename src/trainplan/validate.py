@@ -581,12 +581,14 @@ def write_fits(path: Any = None) -> dict[str, Any]:
     return out
 
 
-def heldout_rows(params: tuple[str, ...] | None = None) -> pd.DataFrame:
+def heldout_rows(params: tuple[str, ...] | None = None, only: tuple[str, ...] | None = None) -> pd.DataFrame:
     """Every scored row predicted by the fit that left its table out (leave one table out): the rows of
     ``validate_all`` plus ``held_out_fit``. The errors the production interval and its coverage check use."""
     out = []
     for gen, spec in GEN_FIT.items():
         for held in spec["tables"]:
+            if only is not None and held not in only:
+                continue
             fit_on = tuple(t for t in spec["tables"] if t != held)
             f = fit_generation(gen, fit_on, params or spec["params"])
             peak = f["hardware"].get(TT500_PARAM)
