@@ -37,7 +37,7 @@ CORE_MAX = 2  # layers 0..2 import neither torch nor snakemake, not even inside 
 # calibrate → calibrate_gpu / extrapolate (lazy) → calibrate (module level). No new member may join.
 KNOWN_LAZY_CYCLE = {"trainplan.calibrate", "trainplan.calibrate_gpu", "trainplan.extrapolate"}
 # Private names still imported across modules: (importer, module, name). calibrate.py is owned elsewhere.
-KNOWN_PRIVATE = {("trainplan.calibrate", "trainplan.proxy.select", "_cpu_model")}
+KNOWN_PRIVATE: set[tuple[str, str, str]] = set()
 
 
 def _modules() -> dict[str, Path]:

@@ -35,7 +35,6 @@ from scipy.optimize import least_squares
 from trainplan.efficiency import generation_fits
 from trainplan.specs import ConfigError
 
-SOURCES = ("gpu-proxies", "published-h100", "defaults")
 Model = Callable[..., Any]  # fn(x, *params) -> y (numpy broadcasting)
 
 
@@ -686,7 +685,7 @@ def stage_fit_scaling(records: pd.DataFrame, model: Any, n_gpus: int, cfg: dict[
     depth, width or world size — for the *proxy's* model family (CPU debug widths), with the analytic value
     at that point beside it. Step times are never fitted here: a CPU timing is not H100 evidence.
     """
-    from trainplan.proxy.select import _cpu_model
+    from trainplan.proxy.select import cpu_model
 
     rec = cpu_only(records) if len(records) else records
     q = tuple(cfg.get("interval", (0.1, 0.9)))
@@ -710,7 +709,7 @@ def stage_fit_scaling(records: pd.DataFrame, model: Any, n_gpus: int, cfg: dict[
             first = rec[rec["family"] == fam].iloc[0]
             hidden = int(d["x_target"]) if xc == "hidden" else int(first["hidden"])
             layers = int(d["x_target"]) if xc == "layers" else int(first["layers"])
-            d["analytic_target"] = float(_cpu_model(model, hidden, layers, 128).n_params)
+            d["analytic_target"] = float(cpu_model(model, hidden, layers, 128).n_params)
             d["rel_err_vs_analytic"] = d["y_target"] / d["analytic_target"] - 1.0
         fits[name] = {**d, "family": fam, "quantity": yc}
         curves += [{**r, "x_label": xl, "y_label": yl} for r in c]

@@ -38,7 +38,6 @@ def cpu_model(model: ModelSpec, hidden: int, layers: int, seq_len: int) -> Model
                      bias=model.bias, tied_embeddings=model.tied_embeddings, max_seq_len=max(seq_len, 128))
 
 
-_cpu_model = cpu_model  # the old private name: calibrate.py still imports it (issue 11: switch, then drop)
 
 
 def _proxy_layout(row: dict[str, Any] | Layout, world: int) -> Layout | None:
