@@ -118,3 +118,18 @@ def test_layout_family_names():
     assert Layout(dp=4, tp=8, sp=True, sharding="none").family == "DDP×TP"
     assert Layout(dp=2, tp=4, pp=4, sharding="hsdp", shard_group=1).family == "HSDP×TP×PP"
     assert Layout(dp=32, sharding="hsdp").family == "HSDP"
+
+
+def test_layout_from_row_is_the_one_row_mapping():
+    """A candidates.csv row, a dict with numpy scalars and CSV strings: the same Layout; empty shard_group → None."""
+    import numpy as np
+    import pandas as pd
+
+    from trainplan.specs import Layout
+
+    want = Layout(dp=4, tp=2, sp=True, sharding="hsdp", shard_group=2, micro_batch=2)
+    row = pd.Series({**want.to_dict(), "family": "HSDP×TP", "tokens_per_s": 1.0})
+    assert Layout.from_row(row) == want
+    assert Layout.from_row({**want.to_dict(), "sp": "True", "dp": np.int64(4), "micro_batch": 2.0}) == want
+    assert Layout.from_row({"dp": 8, "shard_group": float("nan")}).shard_group is None
+    assert Layout.from_row({"dp": 8, "shard_group": 0}) == Layout(dp=8)

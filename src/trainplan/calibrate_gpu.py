@@ -83,11 +83,7 @@ def _layout(row: Any) -> Layout:
     lj = _get(row, "layout_json")
     if isinstance(lj, str) and lj:
         return Layout.from_dict(json.loads(lj))
-    sp = _get(row, "sp", False)
-    return Layout(dp=int(_get(row, "dp", 1)), tp=int(_get(row, "tp", 1)), pp=int(_get(row, "pp", 1)),
-                  cp=int(_get(row, "cp", 1)), sp=str(sp).lower() in ("true", "1"),
-                  sharding=str(_get(row, "sharding", "zero3")), recompute=str(_get(row, "recompute", "none")),
-                  micro_batch=int(_get(row, "micro_batch", 1)))
+    return Layout.from_row({k: v for k, v in dict(row).items() if v is not None and v == v})
 
 
 def record_specs(row: Any) -> tuple[ModelSpec, ClusterSpec, TrainingSpec, Layout, list[str]]:

@@ -190,9 +190,7 @@ def predict_production(candidates: pd.DataFrame, model: ModelSpec, cluster: Clus
     feas = feas.sort_values("rank") if "rank" in feas.columns else feas
     rows = []
     for _, r in feas.head(top).iterrows():
-        layout = Layout.from_dict({k: (None if k == "shard_group" and (pd.isna(r[k]) or not r[k]) else
-                                       (r[k].item() if hasattr(r[k], "item") else r[k]))
-                                   for k in Layout.__dataclass_fields__ if k in r.index})
+        layout = Layout.from_row(r)
         st = [step_time_fn(model, cluster, training, layout, e) for e in samples]
         tps = np.array([float(s["tokens_per_s_per_gpu"]) for s in st])
         mfu = np.array([float(s["mfu"]) for s in st])
@@ -233,11 +231,6 @@ def _memo_row(r: dict[str, Any], hbm_bytes: float) -> dict[str, Any]:
     return out
 
 
-def _layout_dict(r: Any) -> dict[str, Any]:
-    return {k: (None if k == "shard_group" and (pd.isna(r[k]) or not r[k]) else
-                (r[k].item() if hasattr(r[k], "item") else r[k])) for k in Layout.__dataclass_fields__ if k in r.index}
-
-
 def _comparable(rows: list[dict[str, Any]], candidates: pd.DataFrame, model: ModelSpec, cluster: ClusterSpec,
                 training: TrainingSpec) -> list[dict[str, Any]]:
     """Closest open published runs (validate.comparable_runs) for the chosen layout and the best feasible layout
@@ -252,9 +245,9 @@ def _comparable(rows: list[dict[str, Any]], candidates: pd.DataFrame, model: Mod
     feas = candidates[candidates["feasible"].astype(bool)] if "feasible" in candidates.columns else candidates.iloc[:0]
     feas = feas.sort_values("rank") if "rank" in feas.columns else feas
     if len(feas):
-        chosen_lay = Layout.from_dict(_layout_dict(feas.iloc[0]))
+        chosen_lay = Layout.from_row(feas.iloc[0])
         for _, r in feas.iterrows():  # the runner-up family as the memo names it: another sharding × TP × PP
-            lay = Layout.from_dict(_layout_dict(r))
+            lay = Layout.from_row(r)
             if lay.family != chosen_lay.family:
                 picks.append(("runner-up family", lay.describe(), family_class(lay), float(r["mfu"])))
                 break

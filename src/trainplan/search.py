@@ -246,10 +246,8 @@ def _complexity(df: pd.DataFrame) -> pd.Series:
 
 
 def row_layout(row: Any) -> Layout:
-    """The :class:`Layout` of one candidates row (a Series or dict with the Layout fields)."""
-    d = {k: (row[k].item() if hasattr(row[k], "item") else row[k]) for k in LayoutTable.FIELDS}
-    d["shard_group"] = int(d["shard_group"]) or None
-    return Layout(**d)
+    """The :class:`Layout` of one candidates row (``Layout.from_row``)."""
+    return Layout.from_row(row)
 
 
 def _pareto(tput: np.ndarray, head: np.ndarray) -> np.ndarray:

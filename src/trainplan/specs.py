@@ -673,6 +673,26 @@ class Layout:
         return asdict(self)
 
     @classmethod
+    def from_row(cls, row: Any) -> Layout:
+        """The Layout of one table row (a pandas Series or a dict, e.g. a candidates.csv row): the Layout fields it
+        has, numpy scalars as Python values, "True"/"False" strings as booleans, an empty / NaN / 0 shard_group as
+        None. The one row → Layout mapping (search, stages, extrapolate and calibrate_gpu use it)."""
+        d: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in row:
+                continue
+            v = row[f.name]
+            v = v.item() if hasattr(v, "item") else v
+            if f.name == "shard_group":
+                v = None if v is None or v != v or v == 0 or v == "" else int(v)
+            elif f.type in ("bool", bool) and isinstance(v, str):
+                v = v.strip().lower() in ("true", "1")
+            elif f.type in ("int", int) and isinstance(v, float) and v.is_integer():
+                v = int(v)
+            d[f.name] = v
+        return cls.from_dict(d)
+
+    @classmethod
     def from_dict(cls, d: dict) -> Layout:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)

@@ -15,7 +15,6 @@ Every stage calls the real package function (``search.search``, ``proxy.select.s
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
 import tempfile
@@ -203,25 +202,12 @@ def _stage(run: Callable[..., None]) -> Callable[[Any], None]:
 
 
 # ------------------------------------------------------------------------------------ analytic_model
-def _layout_from_row(row: Any) -> Any:
-    """A Layout from one candidates row (numpy scalars → Python; empty shard_group → None)."""
-    from trainplan.specs import Layout, LayoutTable
-
-    d = {}
-    for k in LayoutTable.FIELDS:
-        if k in row.index:
-            v = row[k].item() if hasattr(row[k], "item") else row[k]
-            d[k] = None if k == "shard_group" and (v is None or (isinstance(v, float) and math.isnan(v)) or v == 0) else v
-    if d.get("shard_group") is not None:
-        d["shard_group"] = int(d["shard_group"])
-    return Layout.from_dict(d)
-
-
 def run_analytic_model(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     """candidates.csv, families.csv, techniques.csv, summary.json from ``trainplan.search``."""
     from trainplan.estimate import estimate
     from trainplan.flops import train_flops_per_token
     from trainplan.search import family_verdicts, fp8_technique_rows, search, technique_verdicts
+    from trainplan.specs import Layout
 
     s = _specs(cfg)
     options = dict(cfg["search"])
@@ -232,7 +218,7 @@ def run_analytic_model(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     summary: dict[str, Any] = {"status": "ok", "layout": None}
     best = df[df["rank"] == 1] if "rank" in df else df.iloc[:0]
     if len(best):
-        layout = _layout_from_row(best.iloc[0])
+        layout = Layout.from_row(best.iloc[0])
         summary["layout"] = layout.to_dict()
         summary["family"] = str(best.iloc[0].get("family", layout.family))
         summary["estimate"] = estimate(s["model"], s["cluster"], s["training"], layout, s["efficiency"]).to_json()
