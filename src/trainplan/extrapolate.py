@@ -254,7 +254,8 @@ def _comparable(rows: list[dict[str, Any]], candidates: pd.DataFrame, model: Mod
     for role, layout, fam, mfu in picks:
         out.append({"role": role, "layout": layout, "family": fam, "predicted_mfu": float(mfu),
                     "runs": comparable_runs(model, cluster.gpu.generation, training.kernels, fam, rows=pub,
-                                            peak_flops=cluster.gpu.peak_bf16_flops)})
+                                            peak_flops=cluster.gpu.peak_bf16_flops,
+                                            precision=training.precision)})
     return out
 
 

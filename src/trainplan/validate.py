@@ -679,7 +679,8 @@ def interval_coverage(held: pd.DataFrame, quantiles: tuple[float, float] = (0.1,
 
 
 def comparable_runs(model: ModelSpec, generation: str, kernels: str, family: str, *, n: int = 3,
-                    rows: pd.DataFrame | None = None, peak_flops: float | None = None) -> list[dict[str, Any]]:
+                    rows: pd.DataFrame | None = None, peak_flops: float | None = None,
+                    precision: str = "bf16") -> list[dict[str, Any]]:
     """The ``n`` open published runs closest to a planned layout: same GPU generation first, then nearest model
     size (|log size ratio|), then the same family class and kernel class (each mismatch counts as a 2× size gap).
     Each with its published MFU (our FLOP convention: predicted MFU × published/predicted throughput) next to
@@ -687,6 +688,8 @@ def comparable_runs(model: ModelSpec, generation: str, kernels: str, family: str
     power-capped part's run reads on the same scale as the plan."""
     d = validate_all() if rows is None else rows
     d = d[d["in_mape"] & (d["metric"] != "memory_gib") & (d["generation"] == generation)].copy()
+    if "precision" in d:  # an FP8 run is no evidence for a bf16 plan (its MFU is over the BF16 peak), nor v.v.
+        d = d[d["precision"] == precision]
     if not len(d):
         return []
     ratio = d["published"].to_numpy(float) / d["predicted"].to_numpy(float)
@@ -699,6 +702,7 @@ def comparable_runs(model: ModelSpec, generation: str, kernels: str, family: str
     d = d.sort_values("distance").head(n)
     return [{"table": r.table, "row": r.row, "model": r.model, "params_b": float(r.params_b), "n_gpus": int(r.n_gpus),
              "seq_len": int(r.seq_len), "family": r.family, "kernels": r.kernels, "layout": r.layout,
+             "precision": getattr(r, "precision", "bf16"),
              "published_mfu": float(r.published_mfu), "predicted_mfu": float(r.pred_mfu),
              "err_pct": float(r.err_pct)} for r in d.itertuples()]
 
