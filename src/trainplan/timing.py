@@ -118,8 +118,6 @@ def fp8_cast_bytes_mb(model: ModelSpec, training: TrainingSpec, tokens: Array, t
     the output gradient along both (no transposed copies), and FSDP all-gathers bf16 weights."""
     ins, outs = fp8_linear_dims(model, training.kernels)
     x_in, x_out = tokens * sum(ins) / tp, tokens * sum(outs) / tp
-    from trainplan.memory import layer_matmul_params_per_rank
-
     w = layer_matmul_params_per_rank(model, tp) * weight_cast
     if training.fp8 == "rowwise":
         return (FP8_CAST_BYTES * x_in + FP8_CAST_BYTES * w,

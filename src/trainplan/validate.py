@@ -491,7 +491,7 @@ def _fit_frame(gen: str, x: dict[str, float], eff0: Efficiency, tables: tuple[st
 
 def _fit_residuals(eff: Efficiency, tables: tuple[str, ...], gen: str = "a100", extra: dict | None = None) -> np.ndarray:
     """log(predicted/published) per row, each table weighted 1/sqrt(rows) so every table counts once."""
-    d = _fit_frame(gen, {**{p: getattr(eff, p) for p in ()}, **(extra or {})}, eff, tables)
+    d = _fit_frame(gen, dict(extra or {}), eff, tables)
     w = 1.0 / np.sqrt(d.groupby("table")["table"].transform("size").to_numpy())
     return np.log(d["predicted"].to_numpy() / d["published"].to_numpy()) * w
 
