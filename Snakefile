@@ -3,7 +3,7 @@ import sys
 
 from snakemake.utils import min_version, validate
 
-from trainplan.proxy.launch import forward_signals_to_proxies
+from trainplan.proxy.torchrun import forward_signals_to_proxies
 
 min_version("9.0")
 

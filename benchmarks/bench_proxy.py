@@ -21,11 +21,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from trainplan.proxy.launch import launch  # noqa: E402
+from trainplan.model.specs import resolve_model  # noqa: E402
 from trainplan.proxy.model import build_model  # noqa: E402
 from trainplan.proxy.run import synthetic_tokens  # noqa: E402
 from trainplan.proxy.schema import normalize_run_spec  # noqa: E402
-from trainplan.specs import resolve_model  # noqa: E402
+from trainplan.proxy.torchrun import launch  # noqa: E402
 
 
 def plain_tokens_per_s(model: str, seq_len: int, batch: int, steps: int, warmup: int, lr: float = 3e-3) -> float:

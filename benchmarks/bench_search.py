@@ -1,4 +1,4 @@
-"""Layouts evaluated per second by ``trainplan.search.search`` (prints numbers; asserts nothing about speed).
+"""Layouts evaluated per second by ``trainplan.search.layouts.search`` (prints numbers; asserts nothing about speed).
 
 Run: ``.venv/bin/python benchmarks/bench_search.py``. The grid is Llama-2-70B on 128 H100s with the full
 option set, which enumerates more than 100,000 layouts.
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import time
 
-from trainplan.efficiency import Efficiency
-from trainplan.search import search
-from trainplan.specs import ClusterSpec, TrainingSpec, resolve_gpu, resolve_model
+from trainplan.model.efficiency import Efficiency
+from trainplan.model.specs import ClusterSpec, TrainingSpec, resolve_gpu, resolve_model
+from trainplan.search.layouts import search
 
 
 def main() -> None:

@@ -5,8 +5,8 @@ from pathlib import Path
 from trainplan import pkgdata
 from trainplan.config import config_slice, load_config, schema_path
 from trainplan.provenance import study_hash
-from trainplan.slurm_resources import proxy_job_resources
-from trainplan.specs import ConfigError
+from trainplan.proxy.slurm_resources import proxy_job_resources
+from trainplan.model.specs import ConfigError
 
 try:
     STUDY = load_config(
@@ -54,7 +54,7 @@ def proxy_records(wildcards=None):
 
 
 def proxy_resources(wildcards):
-    """Scheduler resources of one proxy job, from its RUN_SPEC (trainplan.slurm_resources)."""
+    """Scheduler resources of one proxy job, from its RUN_SPEC (trainplan.proxy.slurm_resources)."""
     ps = checkpoints.select_proxies.get().output.proxy_set
     spec = next(
         p

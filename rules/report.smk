@@ -1,6 +1,6 @@
 # Figures, memo and launch artifacts. The figures and the memo are also in `snakemake --report report.html`
 # (captions: report/captions/*.rst; labels read from each output's caption/provenance sidecar at report time).
-from trainplan.reportlabels import figure_labels, memo_labels
+from trainplan.report.labels import figure_labels, memo_labels
 
 
 rule figures:

@@ -163,7 +163,7 @@ for s in plan:
                                stdin=subprocess.DEVNULL)
     t = time.monotonic()
     with open(out / f"{s['id']}.log", "w") as log:
-        rc = subprocess.run([sys.executable, "-m", "trainplan.proxy.cli", str(spec_path), "--out", str(rec_path)],
+        rc = subprocess.run([sys.executable, "-m", "trainplan.proxy.command", str(spec_path), "--out", str(rec_path)],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
     if smi is not None:
         smi.terminate()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainplan.benchmarks_report import benchmark_rows, benchmark_summary
+from trainplan.report.benchmarks import benchmark_rows, benchmark_summary
 
 HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
 
@@ -55,7 +55,7 @@ def test_the_memo_template_shows_the_table_once_the_context_has_it(bench):
     """report/templates/memo.html.j2: Appendix D appears only with a `benchmarks` context key."""
     from pathlib import Path
 
-    from trainplan import memo
+    from trainplan.report import memo
 
     ctx = memo.build_context(Path(__file__).parent / "fixtures" / "results_min", config={"study": {"name": "x"}},
                              study_hash="5f" * 32, git_commit="c" * 40)

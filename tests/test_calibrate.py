@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainplan.calibrate import (
+from trainplan.calibration.fit import (
     alpha_beta,
     bootstrap_params,
     calibrate,
@@ -23,7 +23,7 @@ from trainplan.calibrate import (
     predict_interval,
     saturating_eff,
 )
-from trainplan.specs import ConfigError
+from trainplan.model.specs import ConfigError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -159,7 +159,7 @@ def test_calibrate_records_its_source_and_samples():
 
 
 def test_heldout_report_one_row_per_heldout_table():
-    from trainplan.extrapolate import heldout_report, published_frame
+    from trainplan.prediction.production import heldout_report, published_frame
 
     try:
         frame = published_frame()
@@ -173,9 +173,9 @@ def test_heldout_report_one_row_per_heldout_table():
 
 
 def test_predict_production_intervals_bracket_the_point():
-    from trainplan.efficiency import Efficiency
-    from trainplan.extrapolate import predict_production
-    from trainplan.specs import ClusterSpec, Layout, TrainingSpec, resolve_gpu, resolve_model
+    from trainplan.model.efficiency import Efficiency
+    from trainplan.model.specs import ClusterSpec, Layout, TrainingSpec, resolve_gpu, resolve_model
+    from trainplan.prediction.production import predict_production
 
     model = resolve_model("llama2-13b")
     cluster = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainplan.calibrate import OPEN_SET, stage_calibrate
-from trainplan.calibrate_gpu import (
+from trainplan.calibration.fit import OPEN_SET, stage_calibrate
+from trainplan.calibration.gpu import (
     calibrate_gpu,
     fit_gpu_memory,
     gpu_for_device,
@@ -27,12 +27,12 @@ from trainplan.calibrate_gpu import (
     record_specs,
     time_params,
 )
-from trainplan.efficiency import Efficiency
-from trainplan.extrapolate import predict_production
-from trainplan.memory import memory_breakdown
+from trainplan.model.efficiency import Efficiency
+from trainplan.model.memory import memory_breakdown
+from trainplan.model.specs import ClusterSpec, Layout, TrainingSpec, resolve_gpu, resolve_model
+from trainplan.model.timing import step_time
+from trainplan.prediction.production import predict_production
 from trainplan.proxy.aggregate import record_row
-from trainplan.specs import ClusterSpec, Layout, TrainingSpec, resolve_gpu, resolve_model
-from trainplan.timing import step_time
 
 ROOT = Path(__file__).resolve().parents[1]
 TRUE = Efficiency().replace(gemm_eff_max=0.70, attn_eff=0.38, membound_eff=0.45, alloc_frag_frac=0.07)
@@ -132,7 +132,7 @@ def test_three_records_with_reserved_bytes_skip_the_memory_fit_with_a_reason_ins
 
 
 def test_stage_picks_gpu_proxies_and_the_production_interval_covers_the_truth():
-    from trainplan.validate import FIT_PARAMS
+    from trainplan.published.validate import FIT_PARAMS
 
     rec = synthetic_gpu_records()
     cpu = pd.DataFrame([{"id": "depth-L1-cpu", "family": "depth", "device": "cpu", "status": "ok",
@@ -237,9 +237,9 @@ def test_device_script_dry_run_lists_the_runs_and_runs_nothing(tmp_path):
 
 
 def test_calibrate_stage_writes_the_gpu_source_and_hashes_the_committed_records(tmp_path):
-    from trainplan import stages
     from trainplan.io import read_json
     from trainplan.provenance import read_sidecar
+    from trainplan.stages import calibrate
 
     gdir = tmp_path / "gpu"
     gdir.mkdir()
@@ -252,7 +252,7 @@ def test_calibrate_stage_writes_the_gpu_source_and_hashes_the_committed_records(
 
     cfg = config_slice(load_config(ROOT / "config" / "config.yaml").raw, "calibrate")
     cfg["calibration"] = {**cfg["calibration"], "bootstrap": 20, "gpu_records_dir": str(gdir)}
-    stages.run_calibrate({"records": str(records)}, out, cfg)
+    calibrate.run({"records": str(records)}, out, cfg)
     doc = read_json(out["calibration"])
     assert doc["source"] == "gpu-proxies" and len(doc["efficiency_samples"]) == 20
     side = json.dumps(read_sidecar(out["calibration"]))

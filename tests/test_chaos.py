@@ -24,7 +24,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "slurm"))
 from workflow_copy import SNAKEMAKE, copy_workflow, snakemake  # noqa: E402
 
-from trainplan.proxy import launch as L  # noqa: E402
+from trainplan.proxy import torchrun as L  # noqa: E402
 from trainplan.proxy.aggregate import check_record  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")]

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from trainplan.config import RULE_SECTIONS, config_slice, load_config, load_schema
-from trainplan.specs import ClusterSpec, ConfigError
+from trainplan.model.specs import ClusterSpec, ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "config" / "config.yaml"
@@ -251,7 +251,7 @@ def test_zero_interruptions_is_a_finite_wall_clock():
     """failures.interruptions: 0 (a valid value) once gave wall-clock NaN (∞/∞ in the failure loss)."""
     import math
 
-    from trainplan.cost import stage_cost_and_risk
+    from trainplan.cost.budget import stage_cost_and_risk
 
     r = raw()
     r["cost"]["failures"]["interruptions"] = 0

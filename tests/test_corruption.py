@@ -15,13 +15,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from trainplan import stages
 from trainplan.config import config_slice, load_config
 from trainplan.io import write_json
 from trainplan.provenance import read_sidecar, sidecar_path, write_sidecar
 from trainplan.proxy.aggregate import RecordsError, check_record
 from trainplan.proxy.record import assemble_record
 from trainplan.proxy.schema import normalize_run_spec
+from trainplan.stages import aggregate, common, fit_scaling
 
 IDS = ["depth-L1", "depth-L2", "width-h64"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,8 +35,8 @@ def _spec(i: str) -> dict:
 
 
 def _record(spec: dict) -> dict:
+    from trainplan.model.specs import Layout, ModelSpec
     from trainplan.proxy import predict
-    from trainplan.specs import Layout, ModelSpec
 
     exact = predict.exact_state_bytes(ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"]))
     ranks = [{"rank": r, "status": "ok", "state": exact, "exact_state": exact, "footprint_bytes": 0,
@@ -63,7 +63,7 @@ def _runs(res: Path) -> list[str]:
 
 
 def _aggregate(res: Path) -> None:
-    stages.run_aggregate({"records": _runs(res)}, {"records": str(res / "records.csv")}, {})
+    aggregate.run({"records": _runs(res)}, {"records": str(res / "records.csv")}, {})
 
 
 def test_aggregate_writes_one_row_per_promised_run_and_promises_the_count(study):
@@ -72,7 +72,7 @@ def test_aggregate_writes_one_row_per_promised_run_and_promises_the_count(study)
     assert list(df["id"]) == IDS
     extra = read_sidecar(study / "records.csv")["extra"]
     assert extra["rows"] == 3 and extra["ids"] == IDS
-    stages.verify_result(study / "records.csv")  # intact: passes
+    common.verify_result(study / "records.csv")  # intact: passes
 
 
 def _cut_half(p: Path) -> None:
@@ -115,7 +115,7 @@ def test_a_bad_record_fails_aggregate_by_name_and_is_removed_with_its_sidecar(st
     corrupt, why = CORRUPTIONS[kind]
     bad = study / "runs" / "depth-L2.json"
     corrupt(bad)
-    with pytest.raises(stages.CorruptResultError) as e:
+    with pytest.raises(common.CorruptResultError) as e:
         _aggregate(study)
     msg = str(e.value)
     assert f"{bad}: " in msg and why in msg, msg
@@ -129,15 +129,15 @@ def test_a_bad_record_fails_aggregate_by_name_and_is_removed_with_its_sidecar(st
 def test_every_bad_record_is_named_at_once(study):
     _cut_half(study / "runs" / "depth-L1.json")
     (study / "runs" / "width-h64.json").write_text("{}")
-    with pytest.raises(stages.CorruptResultError) as e:
+    with pytest.raises(common.CorruptResultError) as e:
         _aggregate(study)
     assert "2 proxy record(s)" in str(e.value)
     assert "depth-L1.json" in str(e.value) and "width-h64.json" in str(e.value)
 
 
 def test_a_run_of_proxy_set_without_a_record_is_named(study):
-    with pytest.raises(stages.CorruptResultError, match=r"width-h64.json: missing \(named in proxy_set.json\)"):
-        stages.run_aggregate({"records": _runs(study)[:2]}, {"records": str(study / "records.csv")}, {})
+    with pytest.raises(common.CorruptResultError, match=r"width-h64.json: missing \(named in proxy_set.json\)"):
+        aggregate.run({"records": _runs(study)[:2]}, {"records": str(study / "records.csv")}, {})
 
 
 def test_check_record_names_the_file_instead_of_a_bare_traceback(tmp_path):
@@ -159,8 +159,8 @@ def test_records_csv_cut_at_a_row_boundary_fails_the_next_stage_with_the_count(s
     csv = study / "records.csv"
     _cut_rows(csv, 1)
     assert len(pd.read_csv(csv)) == 1  # a perfectly readable table: only the promise shows the cut
-    with pytest.raises(stages.CorruptResultError) as e:
-        stages.run_fit_scaling({"records": str(csv)}, {"scaling": str(study / "scaling.json")},
+    with pytest.raises(common.CorruptResultError) as e:
+        fit_scaling.run({"records": str(csv)}, {"scaling": str(study / "scaling.json")},
                                config_slice(load_config(TINY).raw, "fit_scaling"))
     msg = str(e.value)
     assert f"{csv}: 1 rows but aggregate wrote 3" in msg, msg
@@ -169,12 +169,12 @@ def test_records_csv_cut_at_a_row_boundary_fails_the_next_stage_with_the_count(s
 
 
 def test_every_stage_checks_its_inputs_before_it_runs(study):
-    """``stages._stage`` (every Snakemake rule) runs ``verify_inputs``: a cut file fails with its name."""
+    """``stages.common.stage`` (every Snakemake rule) runs ``verify_inputs``: a cut file fails with its name."""
     _aggregate(study)
     csv = study / "records.csv"
     csv.write_text(csv.read_text().replace("depth-L1", "depth-L9"))  # same rows, edited content
-    with pytest.raises(stages.CorruptResultError, match="content differs from what it wrote"):
-        stages.verify_inputs({"records": str(csv), "published": [str(study / "proxy_set.json")]})
+    with pytest.raises(common.CorruptResultError, match="content differs from what it wrote"):
+        common.verify_inputs({"records": str(csv), "published": [str(study / "proxy_set.json")]})
     assert not csv.exists()
 
 
@@ -182,24 +182,24 @@ def test_an_unreadable_sidecar_takes_its_file_with_it(study):
     _aggregate(study)
     csv = study / "records.csv"
     sidecar_path(csv).write_text('{"output": ')
-    with pytest.raises(stages.CorruptResultError, match="provenance sidecar .* is unreadable"):
-        stages.verify_result(csv)
+    with pytest.raises(common.CorruptResultError, match="provenance sidecar .* is unreadable"):
+        common.verify_result(csv)
     assert not csv.exists() and not sidecar_path(csv).exists()
 
 
 def test_files_without_a_sidecar_are_not_judged(tmp_path):
     src = tmp_path / "published.csv"
     src.write_text("a,b\n1,2\n")
-    stages.verify_result(src)
-    stages.verify_result(tmp_path / "not-there.csv")
+    common.verify_result(src)
+    common.verify_result(tmp_path / "not-there.csv")
     assert src.exists()
 
 
 def test_a_cut_json_result_is_named_as_such(study):
     bad = study / "runs" / "depth-L1.json"
     _cut_half(bad)
-    with pytest.raises(stages.CorruptResultError, match=r"depth-L1.json: not valid JSON \(.* characters\)"):
-        stages.verify_inputs({"records": _runs(study)})
+    with pytest.raises(common.CorruptResultError, match=r"depth-L1.json: not valid JSON \(.* characters\)"):
+        common.verify_inputs({"records": _runs(study)})
     assert not bad.exists() and not sidecar_path(bad).exists()
 
 
@@ -215,6 +215,6 @@ def test_the_snakemake_entry_point_verifies_inputs_before_the_stage_runs(study):
     _aggregate(study)
     runs = _runs(study)
     (Path(runs[2])).write_text(Path(runs[2]).read_text().replace('"ok"', '"oom"', 1))  # valid JSON, edited
-    with pytest.raises(stages.CorruptResultError, match="width-h64.json: its content differs"):
-        stages.aggregate(_Smk({"records": runs}, {"records": str(study / "records2.csv")}))
+    with pytest.raises(common.CorruptResultError, match="width-h64.json: its content differs"):
+        aggregate.main(_Smk({"records": runs}, {"records": str(study / "records2.csv")}))
     assert not Path(runs[2]).exists() and not (study / "records2.csv").exists()

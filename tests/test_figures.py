@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from trainplan import figures as F
+from trainplan.report import figures as F
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results_min"
 
@@ -132,7 +132,7 @@ def test_missing_inputs_make_no_figure(tmp_path):
 
 
 def test_report_labels_come_from_the_caption_sidecar_with_braces_escaped(tmp_path):
-    from trainplan.figures import report_labels, save_figure
+    from trainplan.report.figures import report_labels, save_figure
 
     fig = Figure()
     fig.add_subplot().plot([0, 1], [0, 1])

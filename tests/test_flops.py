@@ -6,8 +6,8 @@ from importlib import resources
 import pandas as pd
 import pytest
 
-from trainplan import flops
-from trainplan.specs import MODEL_PRESETS, ConfigError, ModelSpec
+from trainplan.model import flops
+from trainplan.model.specs import MODEL_PRESETS, ConfigError, ModelSpec
 
 A100_PEAK_BF16 = 312e12  # NVIDIA A100 datasheet; the peak both Megatron papers and torchtitan divide by
 
@@ -193,8 +193,8 @@ def test_lora_flops_drop_the_weight_gradient_gemms() -> None:
 def test_frozen_base_model_flops_drop_the_weight_gradient(finetune):
     """4·N + 12·L·h·s + 6·N_adapters agrees with the op-by-op LoRA count (which FlopCounterMode checks) to
     exactly up to the first block's skipped q/k/v input gradient and the norm weights in N; full keeps 6·N."""
-    from trainplan.flops import lora_train_step_flops, model_flops_per_token, train_flops_per_token
-    from trainplan.specs import TrainingSpec, resolve_model
+    from trainplan.model.flops import lora_train_step_flops, model_flops_per_token, train_flops_per_token
+    from trainplan.model.specs import TrainingSpec, resolve_model
 
     m = resolve_model("llama2-13b")
     t = TrainingSpec(seq_len=4096, global_batch=256, finetune=finetune, lora_rank=16, lora_targets=("q", "k", "v", "o"))

@@ -6,8 +6,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from trainplan.efficiency import Efficiency
-from trainplan.specs import (
+from trainplan.model.efficiency import Efficiency
+from trainplan.model.specs import (
     ClusterSpec,
     ConfigError,
     Layout,
@@ -16,7 +16,7 @@ from trainplan.specs import (
     resolve_gpu,
     resolve_model,
 )
-from trainplan.timing import fp8_cast_bytes_mb, step_time
+from trainplan.model.timing import fp8_cast_bytes_mb, step_time
 
 H100 = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
 A100 = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("a100-80gb"))
@@ -44,7 +44,7 @@ def test_cli_precision_flag_and_a100_refusal(capsys):
 
 
 def test_fp8_speeds_up_gemms_and_keeps_memory():
-    from trainplan import memory
+    from trainplan.model import memory
 
     eff = Efficiency.for_gpu(H100.gpu)
     b = step_time(M, H100, T, LAY, eff)
@@ -69,13 +69,13 @@ def test_rowwise_casts_more_than_tensorwise_and_fsdp_fp8_gather_skips_weight_cas
 
 @pytest.fixture(scope="module")
 def rows():
-    from trainplan.validate import validate_all
+    from trainplan.published.validate import validate_all
 
     return validate_all()
 
 
 def test_fp8_rows_are_scored_and_nemo_is_held_out(rows):
-    from trainplan.validate import GEN_FIT
+    from trainplan.published.validate import GEN_FIT
 
     fp8 = rows[rows["precision"].astype(str).str.startswith("fp8") & (rows["metric"] != "memory_gib")]
     assert {"torchtitan_h100", "torchtitan_asynctp_h100", "nemo2407_h100"} <= set(fp8["table"])
@@ -97,7 +97,7 @@ def test_nemo_fp8_held_out_mape(rows):
 
 
 def test_fp8_speedup_ratios_against_the_published_pairs(rows):
-    from trainplan.validate import fp8_speedups
+    from trainplan.published.validate import fp8_speedups
 
     r = fp8_speedups(rows)
     assert len(r) >= 6 and {"fp8-tensorwise", "fp8-rowwise"} <= set(r["recipe"])
@@ -109,7 +109,7 @@ def test_fp8_speedup_ratios_against_the_published_pairs(rows):
 
 
 def test_technique_table_gets_fp8_rows_for_the_chosen_layout_and_keeps_bf16():
-    from trainplan.search import fp8_technique_rows, technique_verdicts
+    from trainplan.search.layouts import fp8_technique_rows, technique_verdicts
 
     eff = Efficiency.for_gpu(H100.gpu)
     extra = fp8_technique_rows(M, H100, T, LAY, eff)

@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 
 from trainplan.cli import main
 from trainplan.config import load_config
-from trainplan.efficiency import Efficiency
-from trainplan.estimate import estimate
-from trainplan.specs import (
+from trainplan.model.efficiency import Efficiency
+from trainplan.model.estimate import estimate
+from trainplan.model.specs import (
     ClusterSpec,
     ConfigError,
     Layout,

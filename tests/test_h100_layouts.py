@@ -4,8 +4,8 @@ sequences beyond a preset's context window, per-generation Efficiency in the pla
 import numpy as np
 import pytest
 
-from trainplan.efficiency import Efficiency, generation_fits
-from trainplan.specs import (
+from trainplan.model.efficiency import Efficiency, generation_fits
+from trainplan.model.specs import (
     ClusterSpec,
     ConfigError,
     Layout,
@@ -14,7 +14,7 @@ from trainplan.specs import (
     resolve_gpu,
     resolve_model,
 )
-from trainplan.timing import step_time
+from trainplan.model.timing import step_time
 
 H100 = resolve_gpu("h100-sxm-80gb")
 
@@ -58,7 +58,7 @@ def test_tp_overlap_hides_tp_comm_never_more_than_it_costs():
 
 
 def test_search_offers_tp_overlap_and_the_technique_table_reports_it():
-    from trainplan.search import search, technique_verdicts
+    from trainplan.search.layouts import search, technique_verdicts
 
     m = resolve_model("llama2-13b")
     t = TrainingSpec(seq_len=4096, global_batch=64, kernels="compiled")
@@ -73,7 +73,7 @@ def test_search_offers_tp_overlap_and_the_technique_table_reports_it():
 
 def test_uneven_pipeline_stages_are_valid_and_sized_by_the_busiest_stage():
     """Llama 3 405B: 126 layers on PP16 (Dubey 2024 §3.3.2): the busiest rank holds ceil(126/16) = 8 layers."""
-    from trainplan import memory
+    from trainplan.model import memory
 
     m = resolve_model("llama3.1-405b")
     c = ClusterSpec(nodes=128, gpus_per_node=8, gpu=H100)

@@ -17,7 +17,7 @@ import yaml
 from trainplan.cli import main
 from trainplan.config import load_config, read_yaml
 from trainplan.io import InputFileError, read_json_checked, read_text_checked
-from trainplan.specs import ConfigError, model_from_hf_config
+from trainplan.model.specs import ConfigError, model_from_hf_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "config" / "config.yaml"
@@ -188,10 +188,10 @@ def test_launch_garbage_summary_files(tmp_path, capsys):
 
 def test_launch_values_never_reach_a_shell_unquoted(tmp_path):
     """A hostile train script path runs as one argument of a stub torchrun; nothing it names executes."""
-    from trainplan.launch import write_artifacts
+    from trainplan.launch.artifacts import write_artifacts
 
     c = load_config(DEFAULT)
-    from trainplan.specs import Layout
+    from trainplan.model.specs import Layout
 
     evil = f"train.py; touch {tmp_path}/PWNED1 $(touch {tmp_path}/PWNED2) `touch {tmp_path}/PWNED3`"
     write_artifacts(c.model, c.cluster, c.training, Layout(dp=32), tmp_path / "out", study_hash="abc123",
@@ -213,7 +213,7 @@ def test_launch_values_never_reach_a_shell_unquoted(tmp_path):
 
 def test_memo_templates_autoescape():
     """The memo's HTML escapes config text (a study name with markup stays text)."""
-    src = (ROOT / "src" / "trainplan" / "memo.py").read_text()
+    src = (ROOT / "src" / "trainplan" / "report" / "memo.py").read_text()
     assert "select_autoescape" in src
 
 

@@ -9,13 +9,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainplan import ingest
-from trainplan.calibrate_gpu import calibrate_gpu, load_gpu_records, predict_record
-from trainplan.efficiency import Efficiency
+from trainplan.calibration.gpu import calibrate_gpu, load_gpu_records, predict_record
+from trainplan.launch import ingest
+from trainplan.model.efficiency import Efficiency
+from trainplan.model.specs import ClusterSpec, Layout, TrainingSpec, resolve_model
+from trainplan.model.timing import step_time
 from trainplan.proxy.aggregate import record_row
 from trainplan.proxy.schema import validate_record
-from trainplan.specs import ClusterSpec, Layout, TrainingSpec, resolve_model
-from trainplan.timing import step_time
 
 MODEL = resolve_model("llama2-13b")
 H100 = "NVIDIA H100 80GB HBM3"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from trainplan.proxy import launch as L
+from trainplan.proxy import torchrun as L
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 SPEC = {"id": "hang", "model": "debug", "layout": {"dp": 2, "sharding": "zero3"}, "seq_len": 64, "global_batch": 4,
@@ -30,7 +30,7 @@ PROXY = [sys.executable, "-c", "import sys; from trainplan.cli import main; sys.
 
 
 def _workers(pid: int) -> set[int]:
-    """The ranks: ``python -u -m trainplan.proxy.launch worker …`` (torchrun's own argv names them too)."""
+    """The ranks: ``python -u -m trainplan.proxy.torchrun worker …`` (torchrun's own argv names them too)."""
     return {p for p in L.descendants(pid) if "worker" in (c := L._cmdline(p)) and "torch.distributed.run" not in c}
 
 
@@ -173,7 +173,7 @@ def test_sigterm_to_trainplan_preflight_stops_its_proxy_and_judges_nothing(tmp_p
 
 GRACEFUL_PARENT = """\
 import signal, subprocess, sys
-from trainplan.proxy.launch import forward_signals_to_proxies
+from trainplan.proxy.torchrun import forward_signals_to_proxies
 # like Snakemake's scheduler: SIGTERM means "finish the running jobs, then exit" (exit_gracefully)
 signal.signal(signal.SIGTERM, lambda *a: print("graceful: waiting for running jobs", flush=True))
 forward_signals_to_proxies()  # what the Snakefile's onstart: hook installs

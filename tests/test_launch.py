@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from trainplan import launch, trainers
-from trainplan.specs import ClusterSpec, ConfigError, Layout, TrainingSpec, resolve_model
+from trainplan.launch import artifacts as launch
+from trainplan.launch import trainers
+from trainplan.model.specs import ClusterSpec, ConfigError, Layout, TrainingSpec, resolve_model
 
 MODEL = resolve_model("llama2-13b")
 CLUSTER = ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb")

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainplan import launch, train_entry
-from trainplan.specs import MODEL_PRESETS, ClusterSpec, Layout, TrainingSpec, resolve_model
+from trainplan import train_entry
+from trainplan.launch import artifacts as launch
+from trainplan.model.specs import MODEL_PRESETS, ClusterSpec, Layout, TrainingSpec, resolve_model
 
 HASH = "abc123def456"
 

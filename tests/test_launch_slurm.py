@@ -17,8 +17,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "slurm"))
 from cluster import PARTITION, available, local_slurm  # noqa: E402
 
-from trainplan import launch, train_entry  # noqa: E402
-from trainplan.specs import MODEL_PRESETS, ClusterSpec, Layout, TrainingSpec  # noqa: E402
+from trainplan import train_entry  # noqa: E402
+from trainplan.launch import artifacts as launch
+from trainplan.model.specs import MODEL_PRESETS, ClusterSpec, Layout, TrainingSpec  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SEQ, GB, STEPS = 32, 8, 20

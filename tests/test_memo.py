@@ -1,7 +1,7 @@
 """The PDF memo: headline numbers equal the results files, captions trace to provenance, sections present,
 missing inputs say so, attachments present, and rendering twice gives identical bytes.
 
-Expected strings are formatted here with plain f-strings (not trainplan.memo.fmt), so a formatting or
+Expected strings are formatted here with plain f-strings (not trainplan.report.memo.fmt), so a formatting or
 lookup bug in the memo shows up as a mismatch.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from pypdf import PdfReader
 
-from trainplan import memo
-from trainplan.figures import make_figures, read_caption
-from trainplan.specs import Layout
+from trainplan.model.specs import Layout
+from trainplan.report import memo
+from trainplan.report.figures import make_figures, read_caption
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results_min"
 HASH, COMMIT = "5f" * 32, "c0ffee" + "0" * 34
@@ -204,7 +204,7 @@ def test_technique_table_shows_each_technique_with_and_without_from_the_results(
 def test_technique_verdicts_compare_best_with_against_best_without():
     import pandas as pd
 
-    from trainplan.search import technique_verdicts
+    from trainplan.search.layouts import technique_verdicts
 
     def row(text, tps, *, sp=False, cp=1, rc="none", mb=1, feasible=True, reason=""):
         return {"layout_text": text, "tokens_per_s": 32 * tps, "tokens_per_s_per_gpu": tps, "feasible": feasible,

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainplan import memory as M
-from trainplan.specs import (
+from trainplan.model import memory as M
+from trainplan.model.specs import (
     GB,
     MODEL_PRESETS,
     ClusterSpec,
@@ -255,7 +255,7 @@ TORCHTITAN_MEM_ROW_TOL_PCT = 10.0
 
 
 def test_torchtitan_h100_memory_rows_within_tolerance() -> None:
-    from trainplan.validate import validate_all
+    from trainplan.published.validate import validate_all
 
     df = validate_all()
     d = df[(df["table"] == "torchtitan_h100") & (df["metric"] == "memory_gib") & df["in_mape"]]

@@ -11,7 +11,13 @@ import json
 
 import pytest
 
-from trainplan.specs import ConfigError, ModelSpec, model_from_hf_config, model_from_hf_dict, resolve_model
+from trainplan.model.specs import (
+    ConfigError,
+    ModelSpec,
+    model_from_hf_config,
+    model_from_hf_dict,
+    resolve_model,
+)
 
 LLAMA = dict(model_type="llama", hidden_act="silu", rms_norm_eps=1e-5, rope_theta=10000.0)
 
@@ -146,7 +152,7 @@ def test_head_dim_is_honoured_everywhere_it_counts():
     cfg, _ = FAMILIES["gemma-7b"]
     m = model_from_hf_dict(cfg)
     assert m.head_dim == 256 and m.q_dim == 4096 and m.kv_dim == 4096 and m.hidden == 3072
-    from trainplan.flops import attn_width
+    from trainplan.model.flops import attn_width
 
     assert attn_width(m) == 16 * 256  # QKᵀ/PV width: heads · head_dim, not hidden
     # head_dim equal to hidden/heads is the default spelled out: the same spec as without it
@@ -215,7 +221,7 @@ def test_mpt_uses_alibi_positions():
 def test_memory_parameter_terms_match_the_count(name):
     """Weights/gradients/optimizer memory rest on per-rank parameter counts: at tp=1 they add up to the
     exact block count (head_dim, sandwich norms and q/k norms included)."""
-    from trainplan import memory
+    from trainplan.model import memory
 
     m = model_from_hf_dict(FAMILIES[name][0])
     per = memory.layer_matmul_params_per_rank(m, 1) + memory.layer_other_params_per_rank(m, 1)
@@ -223,7 +229,7 @@ def test_memory_parameter_terms_match_the_count(name):
 
 
 def test_lora_dims_use_the_attention_width():
-    from trainplan.flops import lora_dims
+    from trainplan.model.flops import lora_dims
 
     m = model_from_hf_dict(FAMILIES["gemma-7b"][0])
     assert lora_dims(m)["q"] == (3072, 4096) and lora_dims(m)["o"] == (4096, 3072)

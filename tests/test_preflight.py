@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
-from trainplan import preflight as pf
 from trainplan.io import read_json
-from trainplan.specs import ClusterSpec, ConfigError, Layout, ModelSpec, TrainingSpec, resolve_model
+from trainplan.launch import preflight as pf
+from trainplan.model.specs import ClusterSpec, ConfigError, Layout, ModelSpec, TrainingSpec, resolve_model
 
 MODEL = resolve_model("llama2-13b")
 CLUSTER = ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb")
@@ -263,11 +263,11 @@ def test_failing_preflight_names_the_fallback(tmp_path, monkeypatch, capsys):
 @pytest.mark.timeout(300)
 def test_default_study_recommendation_passes_its_own_preflight(tmp_path, capsys):
     """The issue's command on the default study: the analytic stage picks the layout, the CPU slice runs."""
-    from trainplan import stages
     from trainplan.config import config_slice, load_config
+    from trainplan.stages import analytic_model
 
     a = tmp_path / "analytic"
-    stages.run_analytic_model({}, {k: str(a / f"{k}.csv") for k in ("candidates", "families", "techniques")}
+    analytic_model.run({}, {k: str(a / f"{k}.csv") for k in ("candidates", "families", "techniques")}
                               | {"summary": str(a / "summary.json")},
                               config_slice(load_config("config/config.yaml").raw, "analytic_model"))
     rc = pf.main(["--summary", str(a / "summary.json"), "--config", "config/config.yaml", "--steps", "3",

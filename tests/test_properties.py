@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainplan import flops
-from trainplan import memory as M
-from trainplan.specs import MODEL_PRESETS, ClusterSpec, Layout, LayoutTable, TrainingSpec
+from trainplan.model import flops
+from trainplan.model import memory as M
+from trainplan.model.specs import MODEL_PRESETS, ClusterSpec, Layout, LayoutTable, TrainingSpec, grad_accum
 
 MODELS = [MODEL_PRESETS[k] for k in ("debug", "llama2-7b", "llama2-13b", "llama3-8b", "llama2-70b")]
 CLUSTER = ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb")
@@ -86,7 +86,7 @@ def test_recompute_never_raises_activations(model, training, layout) -> None:  #
     none, sel, full = (M.activation_bytes(model, training, replace(layout, recompute=r))
                        for r in ("none", "selective", "full"))
     assert sel <= none * (1 + 1e-12)
-    layers_in_flight = model.layers / layout.pp * M.pipeline_in_flight(layout.pp, 2**30)
+    layers_in_flight = model.layers / layout.pp * M.pipeline_in_flight(layout.pp, grad_accum(training, layout))
     if layers_in_flight >= 2:
         assert full <= none * (1 + 1e-12)
     assert flops.hardware_flops_per_token(model, training.seq_len, layout.recompute) >= \

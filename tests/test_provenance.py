@@ -74,7 +74,7 @@ def test_one_study_hash_for_the_memo_the_launch_files_and_the_cli():
     """provenance.study_hash is the one definition: the memo and launch_artifacts rules both receive the
     whole config (config_slice(raw, "memo")), hash it with config_hash, and `trainplan launch` calls it."""
     from trainplan.config import config_slice, load_config
-    from trainplan.launch import study_hash_of
+    from trainplan.launch.artifacts import study_hash_of
 
     conf = Path(__file__).resolve().parents[1] / "config"
     cfg = load_config([conf / "config.yaml", conf / "tiny.yaml"])

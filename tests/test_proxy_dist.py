@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from trainplan.proxy.launch import launch
+from trainplan.model.specs import MODEL_PRESETS
 from trainplan.proxy.schema import normalize_run_spec
-from trainplan.specs import MODEL_PRESETS
+from trainplan.proxy.torchrun import launch
 
 pytestmark = pytest.mark.slow
 SPEC = MODEL_PRESETS["debug"]
@@ -82,7 +82,7 @@ def test_saved_activations_within_2pct_of_analytic(records, name):
 @pytest.mark.parametrize("name", [*LAYOUTS, "lora"])
 def test_flops_within_1pct_of_analytic(records, name):
     """Measured FLOPs incl. what checkpointing recomputes = analytic hardware FLOPs (non-reentrant early stop)."""
-    from trainplan import flops
+    from trainplan.model import flops
 
     rec, _ = records[name]
     fl, sp = rec["flops"], rec["spec"]

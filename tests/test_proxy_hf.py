@@ -15,10 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from trainplan.model.specs import MODEL_PRESETS, ConfigError, Layout, resolve_model
 from trainplan.proxy import measure, predict
 from trainplan.proxy.model import build_hf_llama, build_model, hf_config_dict, hf_unsupported_reason, n_params
 from trainplan.proxy.parallelize import parallelize
-from trainplan.specs import MODEL_PRESETS, ConfigError, Layout, resolve_model
 
 SPEC = MODEL_PRESETS["debug"]
 S, MB = 64, 2
@@ -111,8 +111,8 @@ def test_real_2rank_fsdp_proxy_on_the_hf_model_matches_the_analytic_model_exactl
     """RUN_SPEC model_impl 'hf': a real torchrun/gloo FSDP2 proxy of transformers' LlamaForCausalLM (~40 s on
     2 cores); the record's byte and FLOP comparison columns (proxy.aggregate.record_row) are exact."""
     from trainplan.proxy.aggregate import record_row
-    from trainplan.proxy.launch import launch
     from trainplan.proxy.schema import normalize_run_spec
+    from trainplan.proxy.torchrun import launch
 
     gb = 4
     spec = normalize_run_spec({"id": "fsdp-hf", "model": "debug", "layout": {"dp": 2, "sharding": "zero3"},

@@ -4,11 +4,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainplan import flops, memory
+from trainplan.model import flops, memory
+from trainplan.model.specs import MODEL_PRESETS, Layout
 from trainplan.proxy.measure import CommCounter, SavedTensorTracker, count_flops, state_bytes
 from trainplan.proxy.model import build_model
 from trainplan.proxy.predict import exact_state_bytes
-from trainplan.specs import MODEL_PRESETS, Layout
 
 
 def _step(spec, b, s):
@@ -112,8 +112,8 @@ def test_lora_saved_activations_and_flops_match_the_analytic_terms(targets):
 
 def test_zero2_state_at_rest_is_sharded_like_fsdp2():
     """FSDP2 ZeRO-2 (reshard_after_forward=False) is sharded between steps; its peak keeps full weights."""
+    from trainplan.model.specs import MODEL_PRESETS, Layout
     from trainplan.proxy import predict
-    from trainplan.specs import MODEL_PRESETS, Layout
 
     m = MODEL_PRESETS["debug"]
     z2 = predict.analytic_memory(m, Layout(dp=2, sharding="zero2"), 64, 4, "fp32", "full", 8, ["q"])

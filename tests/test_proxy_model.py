@@ -4,11 +4,11 @@ import pandas as pd
 import pytest
 import torch
 
+from trainplan.model.specs import MODEL_PRESETS, ConfigError, Layout, ModelSpec, TrainingSpec
 from trainplan.proxy.lora import apply_lora, lora_trainable_params
 from trainplan.proxy.model import build_model, n_params
 from trainplan.proxy.schema import normalize_run_spec
 from trainplan.proxy.select import select_proxies
-from trainplan.specs import MODEL_PRESETS, ConfigError, Layout, ModelSpec, TrainingSpec
 
 
 @pytest.mark.parametrize("name", sorted(MODEL_PRESETS))

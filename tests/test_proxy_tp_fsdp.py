@@ -6,8 +6,8 @@ Four processes on two cores are oversubscribed, so this runs few steps; it check
 import pytest
 
 from trainplan.proxy.aggregate import record_row
-from trainplan.proxy.launch import launch
 from trainplan.proxy.schema import normalize_run_spec
+from trainplan.proxy.torchrun import launch
 
 pytestmark = pytest.mark.slow
 

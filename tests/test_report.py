@@ -16,8 +16,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "slurm"))
 from workflow_copy import copy_workflow, snakemake  # noqa: E402
 
-from trainplan.figures import read_caption  # noqa: E402
 from trainplan.provenance import read_sidecar  # noqa: E402
+from trainplan.report.figures import read_caption  # noqa: E402
 
 TINY = ("--cores", "2", "--configfile", "config/tiny.yaml")
 

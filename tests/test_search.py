@@ -3,10 +3,9 @@
 import numpy as np
 import pytest
 
-from trainplan.efficiency import Efficiency
-from trainplan.estimate import estimate
-from trainplan.search import enumerate_layouts, family_verdicts, row_layout, search
-from trainplan.specs import (
+from trainplan.model.efficiency import Efficiency
+from trainplan.model.estimate import estimate
+from trainplan.model.specs import (
     ClusterSpec,
     ConfigError,
     TrainingSpec,
@@ -14,6 +13,7 @@ from trainplan.specs import (
     resolve_gpu,
     resolve_model,
 )
+from trainplan.search.layouts import enumerate_layouts, family_verdicts, row_layout, search
 
 MODEL = resolve_model("llama2-13b")
 CLUSTER = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
@@ -76,8 +76,8 @@ def test_bad_option_names_key():
 
 
 def test_technique_verdicts_one_line_each_and_families_are_coarse():
-    from trainplan.search import family_verdicts, search, technique_verdicts
-    from trainplan.specs import MODEL_PRESETS, ClusterSpec, TrainingSpec, resolve_gpu
+    from trainplan.model.specs import MODEL_PRESETS, ClusterSpec, TrainingSpec, resolve_gpu
+    from trainplan.search.layouts import family_verdicts, search, technique_verdicts
 
     c = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
     df = search(MODEL_PRESETS["llama2-13b"], c, TrainingSpec(seq_len=4096, global_batch=256))
@@ -95,9 +95,9 @@ def test_zero2_reduces_every_microbatch():
     """ZeRO-2 keeps a gradient shard only, so its reduce-scatter repeats per micro-batch; ZeRO-1 once per step."""
     import dataclasses
 
-    from trainplan.efficiency import Efficiency
-    from trainplan.specs import MODEL_PRESETS, ClusterSpec, Layout, TrainingSpec, resolve_gpu
-    from trainplan.timing import step_time
+    from trainplan.model.efficiency import Efficiency
+    from trainplan.model.specs import MODEL_PRESETS, ClusterSpec, Layout, TrainingSpec, resolve_gpu
+    from trainplan.model.timing import step_time
 
     # A slow network makes the communication visible.
     c = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"), inter_busbw_Bps=1e9)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from trainplan import cost as C
-from trainplan.sensitivity import TORNADO_COLUMNS, cost_evaluator, default_ranges, tornado
-from trainplan.specs import ConfigError
+from trainplan.cost import budget as C
+from trainplan.cost.sensitivity import TORNADO_COLUMNS, cost_evaluator, default_ranges, tornado
+from trainplan.model.specs import ConfigError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,9 +14,9 @@ from cluster import PARTITION, available, local_slurm  # noqa: E402
 from workflow_copy import copy_workflow, snakemake  # noqa: E402
 
 from trainplan.config import load_config  # noqa: E402
-from trainplan.launch import bash_syntax_check, sbatch_test_only  # noqa: E402
+from trainplan.launch.artifacts import bash_syntax_check, sbatch_test_only  # noqa: E402
 from trainplan.provenance import study_hash  # noqa: E402
-from trainplan.slurm_resources import proxy_job_resources  # noqa: E402
+from trainplan.proxy.slurm_resources import proxy_job_resources  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -2,7 +2,7 @@
 
 Two slurmd daemons on this machine give two real Slurm nodes (tests/slurm/cluster.py, ``nodes=2``). The
 study's own ``proxy_run`` rule runs under ``--profile slurm``: its resources come from the RUN_SPEC
-(``nnodes: 2`` → ``--nodes=2``, trainplan.slurm_resources), the plugin writes the sbatch call, and inside
+(``nnodes: 2`` → ``--nodes=2``, trainplan.proxy.slurm_resources), the plugin writes the sbatch call, and inside
 the allocation the jobstep plugin's ``srun`` wrapper starts the job; the proxy launcher then takes its
 multi-node path (one ``srun`` task per node, c10d rendezvous at the first node's NodeAddr). No hand-written
 sbatch. The record says on which Slurm nodes the ranks ran, and its per-rank state bytes must still equal
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent / "slurm"))
 from cluster import EMULATED_PREFIX, PARTITION, available, local_slurm  # noqa: E402
 from workflow_copy import copy_workflow, snakemake  # noqa: E402
 
-from trainplan.slurm_resources import proxy_job_resources  # noqa: E402
+from trainplan.proxy.slurm_resources import proxy_job_resources  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -3,7 +3,7 @@
 `snakemake --profile slurm` runs for real (the study's Snakefile, profile and the installed
 snakemake-executor-plugin-slurm); only `sbatch` on PATH is a stand-in that records its argv and refuses the
 job, so nothing waits for a scheduler and no cluster (or root) is needed. The proxy jobs' resources come
-from their RUN_SPECs (trainplan.slurm_resources), never from the profile: a GPU proxy asks for its GPUs per
+from their RUN_SPECs (trainplan.proxy.slurm_resources), never from the profile: a GPU proxy asks for its GPUs per
 node, CPUs per task for all its ranks and a wall time from its timeout; a CPU proxy asks for no GPU.
 """
 
@@ -22,7 +22,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent / "slurm"))
 from workflow_copy import ROOT, copy_workflow, snakemake  # noqa: E402
 
-from trainplan.slurm_resources import (  # noqa: E402
+from trainplan.proxy.slurm_resources import (  # noqa: E402
     CPUS_PER_RANK,
     STARTUP_MIN,
     proxy_job_resources,

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from trainplan.specs import (
+from trainplan.model.specs import (
     MODEL_PRESETS,
     ClusterSpec,
     ConfigError,
@@ -125,7 +125,7 @@ def test_layout_from_row_is_the_one_row_mapping():
     import numpy as np
     import pandas as pd
 
-    from trainplan.specs import Layout
+    from trainplan.model.specs import Layout
 
     want = Layout(dp=4, tp=2, sp=True, sharding="hsdp", shard_group=2, micro_batch=2)
     row = pd.Series({**want.to_dict(), "family": "HSDP×TP", "tokens_per_s": 1.0})

@@ -8,16 +8,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainplan import stages
-from trainplan.calibrate import OPEN_SET, stage_calibrate, stage_fit_scaling
+from trainplan.calibration.fit import OPEN_SET, stage_calibrate, stage_fit_scaling
 from trainplan.config import config_slice, load_config
-from trainplan.cost import CostInputs, stage_cost_and_risk
-from trainplan.efficiency import Efficiency
+from trainplan.cost.budget import CostInputs, stage_cost_and_risk
+from trainplan.cost.sensitivity import stage_sensitivity
 from trainplan.io import read_json
+from trainplan.model.efficiency import Efficiency
+from trainplan.model.specs import ConfigError
 from trainplan.proxy.aggregate import parity_columns
 from trainplan.proxy.select import cpu_model
-from trainplan.sensitivity import stage_sensitivity
-from trainplan.specs import ConfigError
+from trainplan.stages import analytic_model, launch_artifacts
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [ROOT / "config" / "config.yaml", ROOT / "config" / "tiny.yaml"]
@@ -161,12 +161,12 @@ def test_analytic_then_launch_stages_write_real_outputs(tmp_path):
     c = load_config(TINY)
     out = {"candidates": tmp_path / "a/candidates.csv", "families": tmp_path / "a/families.csv",
            "summary": tmp_path / "a/summary.json"}
-    stages.run_analytic_model({}, out, config_slice(c.raw, "analytic_model"))
+    analytic_model.run({}, out, config_slice(c.raw, "analytic_model"))
     summary = read_json(out["summary"])
     assert summary["layout"] and summary["model"]["n_params"] == c.model.n_params
     assert summary["flops_per_token"] > 0 and "status" in summary and summary["status"] == "ok"
     man = tmp_path / "launch/manifest.json"
-    stages.run_launch_artifacts({"summary": out["summary"]}, {"manifest": man}, config_slice(c.raw, "launch_artifacts"))
+    launch_artifacts.run({"summary": out["summary"]}, {"manifest": man}, config_slice(c.raw, "launch_artifacts"))
     doc = read_json(man)
     assert doc["layout"] == summary["layout"]
     assert all((man.parent / a["filename"]).exists() for a in doc["artifacts"])

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from trainplan import comm, timing
-from trainplan.efficiency import Efficiency
-from trainplan.specs import (
+from trainplan.model import comm, timing
+from trainplan.model.efficiency import Efficiency
+from trainplan.model.specs import (
     ClusterSpec,
     ConfigError,
     Layout,
@@ -14,7 +14,7 @@ from trainplan.specs import (
     resolve_gpu,
     resolve_model,
 )
-from trainplan.timing import TIMING_KEYS, step_time
+from trainplan.model.timing import TIMING_KEYS, step_time
 
 MODEL = resolve_model("llama2-13b")
 CLUSTER = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
@@ -154,7 +154,7 @@ def test_table_matches_scalar_rows_for_every_kernel_kind(kernels):
 def test_qlora_pays_the_nf4_dequantisation_and_lora_does_not(recompute, passes):
     from dataclasses import replace
 
-    from trainplan.memory import NF4_BYTES_PER_PARAM, layer_matmul_params_per_rank
+    from trainplan.model.memory import NF4_BYTES_PER_PARAM, layer_matmul_params_per_rank
 
     lay = Layout(dp=16, tp=2, sp=True, sharding="zero1", recompute=recompute, micro_batch=2)
     lora = TrainingSpec(seq_len=4096, global_batch=256, finetune="lora", lora_rank=64)

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from trainplan import train_entry as te
+from trainplan.model.specs import MODEL_PRESETS
 from trainplan.proxy.model import hf_config_dict
-from trainplan.specs import MODEL_PRESETS
 
 STEPS = 20
 SLOW = pytest.mark.slow  # 2-rank jobs on 2 shared cores: 15-60 s each
@@ -173,8 +173,8 @@ def test_accelerate_launch_with_the_generated_config_on_cpu(job, reference, tmp_
     point says so and shards with FSDP2 itself, so the losses equal the torchrun run's."""
     import yaml
 
-    from trainplan import launch
-    from trainplan.specs import ClusterSpec, Layout, TrainingSpec
+    from trainplan.launch import artifacts as launch
+    from trainplan.model.specs import ClusterSpec, Layout, TrainingSpec
 
     text = launch.accelerate_config(MODEL_PRESETS["debug"], ClusterSpec(nodes=1, gpus_per_node=2, gpu="h100-sxm-80gb"),
                                     TrainingSpec(seq_len=32, global_batch=8), Layout(dp=2, sharding="zero3",

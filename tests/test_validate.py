@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from trainplan.efficiency import Efficiency, generation_fits
-from trainplan.validate import (
+from trainplan.model.efficiency import Efficiency, generation_fits
+from trainplan.published.validate import (
     GEN_FIT,
     MAMF_FRAC,
     TT500_PARAM,
@@ -80,7 +80,7 @@ def test_500w_peak_is_the_middle_of_the_stated_bracket():
 
 
 def test_h100_peak_outside_the_stated_bracket_is_refused():
-    from trainplan.specs import ConfigError
+    from trainplan.model.specs import ConfigError
 
     with pytest.raises(ConfigError, match="h100_peak_tflops.*835"):
         validate_all(h100_peak_flops=700e12)
@@ -119,7 +119,7 @@ def test_llama3_405b_uneven_stages_and_cp16_are_answered(rows):
 
 
 def test_shipped_fits_are_the_documented_fit():
-    """efficiency_fits.json must stay the fit of GEN_FIT (rerun ``python -m trainplan.validate --fit --write``)."""
+    """efficiency_fits.json must stay the fit of GEN_FIT (rerun ``python -m trainplan.published.validate --fit --write``)."""
     for gen in GEN_FIT:
         fresh = fit_generation(gen)
         shipped = generation_fits()[gen]
@@ -192,7 +192,7 @@ def test_fits_file_is_valid_json_with_every_generation():
 def test_shipped_heldout_rows_are_what_a_refit_gives():
     """Leave Llama 3 405B out of the H100 fit and predict it: the rows equal the shipped ones (one table; the full
     recompute is `trainplan validate --heldout`, ~2 min)."""
-    from trainplan.validate import heldout_rows
+    from trainplan.published.validate import heldout_rows
 
     fresh = heldout_rows(only=("llama3_405b_h100",))
     shipped = _heldout_frame().query("table == 'llama3_405b_h100'")
@@ -201,7 +201,7 @@ def test_shipped_heldout_rows_are_what_a_refit_gives():
 
 
 def test_validate_heldout_cli_prints_tables_family_bias_and_coverage(capsys, monkeypatch):
-    import trainplan.validate as V
+    import trainplan.published.validate as V
     from trainplan.cli import main
 
     rows = _heldout_frame().assign(in_mape=True, held_out_fit="(shipped)")

@@ -15,14 +15,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, NoReturn
 
-from trainplan.specs import ConfigError
+from trainplan.model.specs import ConfigError
 
 __all__ = ["main"]
 
-DELEGATED = {"proxy": ("trainplan.proxy.cli", "run one proxy training job (see `trainplan proxy --help`)"),
-             "launch": ("trainplan.launch", "write Accelerate/torchrun/sbatch launch artifacts"),
-             "preflight": ("trainplan.preflight", "one-node preflight check before the real run"),
-             "ingest": ("trainplan.ingest", "a trainer's step log -> a calibration record (and day-1 checks)")}
+DELEGATED = {"proxy": ("trainplan.proxy.command", "run one proxy training job (see `trainplan proxy --help`)"),
+             "launch": ("trainplan.launch.artifacts", "write Accelerate/torchrun/sbatch launch artifacts"),
+             "preflight": ("trainplan.launch.preflight", "one-node preflight check before the real run"),
+             "ingest": ("trainplan.launch.ingest", "a trainer's step log -> a calibration record (and day-1 checks)")}
 # --arch key → ModelSpec field. Integers, then the kinds, then booleans.
 ARCH_KEYS = {"layers": "layers", "hidden": "hidden", "heads": "heads", "kv_heads": "kv_heads", "ffn": "ffn_hidden",
              "vocab": "vocab", "head_dim": "head_dim_override", "max_seq": "max_seq_len", "norms": "norms_per_layer",
@@ -108,7 +108,7 @@ def _arch_model(make: Any) -> Any:
 
 def _build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     from trainplan.config import seq_len_notes
-    from trainplan.specs import (
+    from trainplan.model.specs import (
         ClusterSpec,
         Layout,
         ModelSpec,
@@ -165,8 +165,8 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
-    from trainplan.efficiency import Efficiency
-    from trainplan.estimate import estimate
+    from trainplan.model.efficiency import Efficiency
+    from trainplan.model.estimate import estimate
 
     model, cluster, training, layout = _build(args)
     est = estimate(model, cluster, training, layout, Efficiency.for_gpu(cluster.gpu))
@@ -207,7 +207,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from trainplan.config import default_config_path, load_config
-    from trainplan.search import family_verdicts, search, technique_verdicts
+    from trainplan.search.layouts import family_verdicts, search, technique_verdicts
 
     if not 1 <= args.top <= 100_000:
         raise ConfigError("top", args.top, "must be an integer in 1..100000")
@@ -273,7 +273,7 @@ def _write_csv_arg(key: str, df: Any, path: str) -> None:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from trainplan.validate import heldout_rows, mape_table, validate_all
+    from trainplan.published.validate import heldout_rows, mape_table, validate_all
 
     _check_out_path("csv", args.csv)
     t = args.h100_peak_tflops
@@ -308,7 +308,7 @@ def _print_heldout(rows: Any, csv: str | None) -> int:
     the generation's other tables; then the bias per family class and the interval's empirical coverage."""
     from rich.table import Table
 
-    from trainplan.validate import family_bias, interval_coverage
+    from trainplan.published.validate import family_bias, interval_coverage
 
     if csv:
         _write_csv_arg("csv", rows, csv)

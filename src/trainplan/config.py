@@ -4,7 +4,7 @@
 ``snakemake --configfile variant.yaml`` layers a variant on ``config/config.yaml``) or a dict (what the
 Snakefile passes). It validates against the package's ``config.schema.yaml`` (filling its defaults), builds the
 specs, and checks a pinned layout against model and cluster. Any problem raises
-:class:`~trainplan.specs.ConfigError` naming the key, the value and what is valid — before any job runs.
+:class:`~trainplan.model.specs.ConfigError` naming the key, the value and what is valid — before any job runs.
 
 Human units in the file (GB/s, µs, GB), SI inside (``*_Bps``, ``*_s``, ``*_bytes``).
 This module imports neither torch nor snakemake.
@@ -26,7 +26,7 @@ import yaml
 
 from trainplan import pkgdata
 from trainplan.io import InputFileError, check_depth, read_text_checked
-from trainplan.specs import (
+from trainplan.model.specs import (
     ClusterSpec,
     ConfigError,
     Layout,
@@ -80,7 +80,7 @@ class StudyConfig:
     training: TrainingSpec
     layout: Layout | None
     search: dict
-    efficiency: Any  # trainplan.efficiency.Efficiency
+    efficiency: Any  # trainplan.model.efficiency.Efficiency
     proxies: dict
     calibration: dict
     cost: dict
@@ -313,7 +313,7 @@ def _build_cluster(c: Mapping[str, Any]) -> ClusterSpec:
 def build_efficiency(overrides: Mapping[str, Any], gpu: Any = None) -> Any:
     """The Efficiency fitted on ``gpu``'s generation (``Efficiency.for_gpu``) with the config's overrides on top;
     without a GPU, the class defaults with the overrides."""
-    from trainplan.efficiency import Efficiency
+    from trainplan.model.efficiency import Efficiency
 
     def build(d: dict) -> Any:
         base = Efficiency.from_dict(d)  # checks the keys and values first

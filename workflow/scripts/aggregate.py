@@ -1,4 +1,4 @@
 # Adapter: all logic is in trainplan.stages.aggregate.
-from trainplan import stages
+from trainplan.stages import aggregate
 
-stages.aggregate(snakemake)  # noqa: F821
+aggregate.main(snakemake)  # noqa: F821

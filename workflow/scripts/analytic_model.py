@@ -1,4 +1,4 @@
 # Adapter: all logic is in trainplan.stages.analytic_model.
-from trainplan import stages
+from trainplan.stages import analytic_model
 
-stages.analytic_model(snakemake)  # noqa: F821
+analytic_model.main(snakemake)  # noqa: F821

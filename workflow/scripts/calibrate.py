@@ -1,4 +1,4 @@
 # Adapter: all logic is in trainplan.stages.calibrate.
-from trainplan import stages
+from trainplan.stages import calibrate
 
-stages.calibrate(snakemake)  # noqa: F821
+calibrate.main(snakemake)  # noqa: F821

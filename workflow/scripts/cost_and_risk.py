@@ -1,4 +1,4 @@
 # Adapter: all logic is in trainplan.stages.cost_and_risk.
-from trainplan import stages
+from trainplan.stages import cost_and_risk
 
-stages.cost_and_risk(snakemake)  # noqa: F821
+cost_and_risk.main(snakemake)  # noqa: F821

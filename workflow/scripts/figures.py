@@ -1,4 +1,4 @@
 # Adapter: all logic is in trainplan.stages.figures.
-from trainplan import stages
+from trainplan.stages import figures
 
-stages.figures(snakemake)  # noqa: F821
+figures.main(snakemake)  # noqa: F821

@@ -1,4 +1,4 @@
 # Adapter: all logic is in trainplan.stages.fit_scaling.
-from trainplan import stages
+from trainplan.stages import fit_scaling
 
-stages.fit_scaling(snakemake)  # noqa: F821
+fit_scaling.main(snakemake)  # noqa: F821

@@ -1,4 +1,4 @@
 # Adapter: all logic is in trainplan.stages.launch_artifacts.
-from trainplan import stages
+from trainplan.stages import launch_artifacts
 
-stages.launch_artifacts(snakemake)  # noqa: F821
+launch_artifacts.main(snakemake)  # noqa: F821

@@ -1,4 +1,4 @@
 # Adapter: all logic is in trainplan.stages.memo.
-from trainplan import stages
+from trainplan.stages import memo
 
-stages.memo(snakemake)  # noqa: F821
+memo.main(snakemake)  # noqa: F821

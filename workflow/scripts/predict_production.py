@@ -1,4 +1,4 @@
 # Adapter: all logic is in trainplan.stages.predict_production.
-from trainplan import stages
+from trainplan.stages import predict_production
 
-stages.predict_production(snakemake)  # noqa: F821
+predict_production.main(snakemake)  # noqa: F821

@@ -1,4 +1,4 @@
 # Adapter: all logic is in trainplan.stages.select_proxies.
-from trainplan import stages
+from trainplan.stages import select_proxies
 
-stages.select_proxies(snakemake)  # noqa: F821
+select_proxies.main(snakemake)  # noqa: F821

@@ -72,7 +72,7 @@ def record_row(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _spec_columns(rec: dict[str, Any]) -> dict[str, Any]:
-    """What rebuilding the run's specs needs (``trainplan.calibrate_gpu.record_specs``): the full model and
+    """What rebuilding the run's specs needs (``trainplan.calibration.gpu.record_specs``): the full model and
     layout as JSON, the GPU's name, launch shape, LoRA and compile flags, and the timed step times."""
     spec, model, env = rec["spec"], rec["spec"]["model"], rec.get("environment") or {}
     timing = rec.get("timing") or {}

@@ -26,9 +26,9 @@ def fakemem(model: str, *, world: int = 32, seq_len: int = 4096, micro_batch: in
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from trainplan.model.specs import ConfigError, Layout, resolve_model
     from trainplan.proxy.model import Transformer
     from trainplan.proxy.parallelize import apply_ac, apply_fsdp
-    from trainplan.specs import ConfigError, Layout, resolve_model
 
     spec = resolve_model(model)
     if world < 1:
@@ -75,9 +75,9 @@ def fakemem(model: str, *, world: int = 32, seq_len: int = 4096, micro_batch: in
 
 def _analytic(spec: Any, layout: Any, seq_len: int, dtype: str) -> dict[str, Any] | None:
     try:
-        from trainplan import memory
-        from trainplan.efficiency import Efficiency
-        from trainplan.specs import ClusterSpec, TrainingSpec
+        from trainplan.model import memory
+        from trainplan.model.efficiency import Efficiency
+        from trainplan.model.specs import ClusterSpec, TrainingSpec
     except ImportError:
         return None
     cluster = ClusterSpec(nodes=max(1, layout.dp // 8), gpus_per_node=min(8, layout.dp), gpu="h100-sxm-80gb")

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from trainplan.specs import LORA_TARGETS, ConfigError, ModelSpec
+from trainplan.model.specs import LORA_TARGETS, ConfigError, ModelSpec
 
 # LoRA target name → attribute path inside a TransformerBlock
 TARGET_PATHS = {"q": "attention.wq", "k": "attention.wk", "v": "attention.wv", "o": "attention.wo",

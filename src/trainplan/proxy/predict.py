@@ -2,7 +2,7 @@
 
 Two sources, both recorded: ``exact`` — closed forms for *this* proxy's sharding (per-rank shard sizes,
 TP replicating norm weights), derived from ``ModelSpec`` counts; and ``analytic`` — the planner's own
-terms (``trainplan.memory`` / ``trainplan.flops``), or ``None`` where a term is not available yet.
+terms (``trainplan.model.memory`` / ``trainplan.model.flops``), or ``None`` where a term is not available yet.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from trainplan.specs import ClusterSpec, Layout, ModelSpec, TrainingSpec, shard_degree
+from trainplan.model.specs import ClusterSpec, Layout, ModelSpec, TrainingSpec, shard_degree
 
 ADAM_STATES = 2  # exp_avg, exp_avg_sq (Kingma & Ba 2015); ZeRO's "12Ψ" = fp32 master + these two
 
@@ -37,18 +37,18 @@ def exact_state_bytes(spec: ModelSpec, layout: Layout, *, param_bytes: int = 4,
 def analytic_memory(spec: ModelSpec, layout: Layout, seq_len: int, global_batch: int, dtype: str,
                     finetune: str, lora_rank: int, lora_targets: list[str],
                     device: str = "cpu") -> dict[str, Any] | None:
-    """``trainplan.memory.memory_breakdown`` and the per-layer activation term, if that module exists."""
+    """``trainplan.model.memory.memory_breakdown`` and the per-layer activation term, if that module exists."""
     try:
-        from trainplan import memory
+        from trainplan.model import memory
     except ImportError:
         return None
-    out: dict[str, Any] = {"source": "trainplan.memory"}
+    out: dict[str, Any] = {"source": "trainplan.model.memory"}
     cluster = ClusterSpec(nodes=1, gpus_per_node=layout.world_size, gpu="h100-sxm-80gb")
     training = TrainingSpec(seq_len=seq_len, global_batch=global_batch, precision="bf16" if dtype == "bf16" else "fp32",
                             finetune=finetune, lora_rank=lora_rank,
                             lora_targets=tuple(lora_targets) or ("q", "k", "v", "o"))
     try:
-        from trainplan.efficiency import Efficiency
+        from trainplan.model.efficiency import Efficiency
 
         out["breakdown_bytes"] = memory.memory_breakdown(spec, cluster, training, layout, Efficiency())
         # The harness measures state between steps. FSDP2's ZeRO-2 (reshard_after_forward=False) holds the
@@ -91,15 +91,15 @@ def analytic_flops(spec: ModelSpec, seq_len: int, micro_batch: int, accum: int, 
     the last, and the attention core; selective with the harness's save-every-matmul policy: none).
     """
     try:
-        from trainplan import flops
+        from trainplan.model import flops
     except ImportError:
         return None
     if finetune != "full":
         per_mb = float(flops.lora_train_step_flops(spec, seq_len, micro_batch, lora_rank, tuple(lora_targets)))
-        source = "trainplan.flops.lora_train_step_flops"
+        source = "trainplan.model.flops.lora_train_step_flops"
     else:
         per_mb = float(flops.model_train_step_flops(spec, seq_len, micro_batch))
-        source = "trainplan.flops.model_train_step_flops"
+        source = "trainplan.model.flops.model_train_step_flops"
     tokens = seq_len * micro_batch * accum
     extra = float(flops.recompute_flops_per_token(spec, seq_len, recompute, policy="matmul",
                                                   checkpoint_impl="non_reentrant")) * tokens / tp

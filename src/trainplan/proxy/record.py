@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainplan.model.specs import Layout, ModelSpec
 from trainplan.proxy import predict
 from trainplan.proxy.schema import validate_record
-from trainplan.specs import Layout, ModelSpec
 
 STATE_TERMS = ("weights", "gradients", "optimizer")
 

@@ -1,6 +1,6 @@
 """Per-rank training entry of a proxy run: ``python -m trainplan.proxy.run SPEC.json RANK_DIR``.
 
-Started by torchrun (see :mod:`trainplan.proxy.launch`). Each rank trains the same seeded synthetic
+Started by torchrun (see :mod:`trainplan.proxy.torchrun`). Each rank trains the same seeded synthetic
 stream, measures step 0 in detail (FLOPs, saved activations, collectives, state bytes) and times the
 steps after warm-up, then writes ``RANK_DIR/rank{r}.json`` atomically. The launcher merges those into
 the RECORD. Memory limit: before allocating, the exact per-rank state bytes are checked against
@@ -27,10 +27,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainplan.io import read_json, write_json
+from trainplan.model.specs import Layout, ModelSpec, grad_accum
 from trainplan.proxy import measure, predict
 from trainplan.proxy.model import build_model, n_params
 from trainplan.proxy.schema import normalize_run_spec
-from trainplan.specs import Layout, ModelSpec, grad_accum
 
 
 class ProxyOOM(RuntimeError):
@@ -218,7 +218,7 @@ def _grad_sync(model: Any, *, last: bool) -> Any:
 
 
 def grad_accum_of(spec: dict[str, Any], layout: Layout) -> int:
-    from trainplan.specs import TrainingSpec
+    from trainplan.model.specs import TrainingSpec
 
     return int(grad_accum(TrainingSpec(seq_len=spec["seq_len"], global_batch=spec["global_batch"]), layout))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainplan.specs import ConfigError, Layout, ModelSpec, resolve_model
+from trainplan.model.specs import ConfigError, Layout, ModelSpec, resolve_model
 
 FAMILIES = ("depth", "width", "scaleout", "layout", "preflight")
 RUN_DEFAULTS: dict[str, Any] = {

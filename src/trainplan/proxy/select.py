@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from trainplan.specs import ConfigError, Layout, ModelSpec, TrainingSpec
+from trainplan.model.specs import ConfigError, Layout, ModelSpec, TrainingSpec
 
 CPU_VOCAB = 256
 CPU_HEAD_DIM = 16

@@ -1,0 +1,228 @@
+"""Rerun the study's deterministic stages with this checkout's code on another run's proxy measurements, and
+diff every result against that run: the proof that a refactor changed no result (issue 11).
+
+    .venv/bin/python scripts/diff_results.py BASE_RESULTS [--configfile config/config.yaml ...] [--keep]
+
+BASE_RESULTS is a ``results/`` tree written by ``snakemake`` at another commit (e.g. a ``git worktree`` of the
+previous commit: ``git worktree add /tmp/base HEAD~1 && (cd /tmp/base && PYTHONPATH=src snakemake --cores 2)``).
+The proxy runs are measurements (CPU timings differ run to run), so they and the benchmark TSVs are copied from
+BASE_RESULTS; every other rule is rerun here, in DAG order, through ``trainplan.stages.<rule>.run`` with the
+inputs and outputs its rule declares (``scripts/rule_io.py``). Then each file is compared with BASE_RESULTS:
+
+* bytes, after the module renames of the restructure (``RENAMES``) are applied to the base file: a result that
+  names a module (``python -m trainplan.trainers`` in sbatch, ``trainplan.memory`` in the memo) names it where it
+  now lives; nothing else may differ;
+* provenance sidecars: as JSON, with the checkout's location masked in package-data paths;
+* the PDF memo: its extracted text (pdftotext).
+
+A file that differs only by the renames changes its sha256, which the memo and the sidecars print: those hashes
+are mapped too. The commit printed is the base run's (``TRAINPLAN_GIT_COMMIT``), so the texts compare exactly.
+
+Exit status 0 when everything matches; 1 with a list of differences otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import hashlib
+import importlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rule_io import ROOT, rule_io  # noqa: E402
+
+from trainplan import pkgdata  # noqa: E402
+from trainplan.config import config_slice, load_config  # noqa: E402
+
+# old module → new module (issue 11's restructure, commit after 6cd9813)
+RENAMES = {
+    "trainplan.specs": "trainplan.model.specs", "trainplan.efficiency": "trainplan.model.efficiency",
+    "trainplan.flops": "trainplan.model.flops", "trainplan.memory": "trainplan.model.memory",
+    "trainplan.comm": "trainplan.model.comm", "trainplan.timing": "trainplan.model.timing",
+    "trainplan.estimate": "trainplan.model.estimate", "trainplan.search": "trainplan.search.layouts",
+    "trainplan.validate": "trainplan.published.validate", "trainplan.cost": "trainplan.cost.budget",
+    "trainplan.sensitivity": "trainplan.cost.sensitivity", "trainplan.calibrate": "trainplan.calibration.fit",
+    "trainplan.calibrate_gpu": "trainplan.calibration.gpu",
+    "trainplan.extrapolate": "trainplan.prediction.production", "trainplan.figures": "trainplan.report.figures",
+    "trainplan.memo": "trainplan.report.memo", "trainplan.reportlabels": "trainplan.report.labels",
+    "trainplan.benchmarks_report": "trainplan.report.benchmarks", "trainplan.launch": "trainplan.launch.artifacts",
+    "trainplan.preflight": "trainplan.launch.preflight", "trainplan.trainers": "trainplan.launch.trainers",
+    "trainplan.ingest": "trainplan.launch.ingest", "trainplan.slurm_resources": "trainplan.proxy.slurm_resources",
+    "trainplan.proxy.launch": "trainplan.proxy.torchrun", "trainplan.proxy.cli": "trainplan.proxy.command",
+}
+ORDER = ("analytic_model", "select_proxies", "aggregate", "calibrate", "fit_scaling", "predict_production",
+         "cost_and_risk", "launch_artifacts", "figures", "memo")
+MEASURED = ("proxies/runs/", "benchmarks/", "logs/")
+_DOTTED = re.compile(r"(?<![\w/.])trainplan(?:\.[A-Za-z_][A-Za-z_0-9]*)+")
+
+
+def renamed(text: str) -> str:
+    def new(m: re.Match) -> str:
+        parts = m.group(0).split(".")
+        for i in range(len(parts), 0, -1):
+            p = ".".join(parts[:i])
+            if p in RENAMES:
+                return ".".join([RENAMES[p], *parts[i:]])
+        return m.group(0)
+
+    return _DOTTED.sub(new, text)
+
+
+def _resolve(value: str, res: Path, raw: dict) -> str | list[str]:
+    if value == "<proxy_records>":
+        ids = [p["id"] for p in json.loads((res / "proxies/proxy_set.json").read_text())["proxies"]]
+        return [f"results/proxies/runs/{i}.json" for i in ids]
+    if value == "<PUBLISHED>":  # rules/common.smk: PUBLISHED
+        return sorted(str(p) for p in pkgdata.path(pkgdata.DATA).glob("*.csv"))
+    if value == "<GPU_RECORDS>":
+        d = Path(raw.get("calibration", {}).get("gpu_records_dir") or "data/calibration/gpu")
+        return sorted(str(p) for p in (d if d.is_absolute() else ROOT / d).glob("*.json"))
+    if value == "<benchmark_files>":  # rules/common.smk: benchmark_files
+        ids = [p["id"] for p in json.loads((res / "proxies/proxy_set.json").read_text())["proxies"]]
+        return [f"results/benchmarks/{r}.tsv" for r in ("analytic_model", "calibrate", "cost_and_risk", "figures")] + [
+            f"results/benchmarks/proxy_run/{i}.tsv" for i in ids]
+    return value.replace("{R}", "results")
+
+
+def run_stages(base: Path, work: Path, configs: list[str]) -> None:
+    raw = load_config(configs).raw
+    res = work / "results"
+    # the memo and sidecars print the commit: use the base run's, so the texts can be compared exactly
+    git = json.loads((base / "analytic/summary.json.provenance.json").read_text()).get("git") or {}
+    os.environ["TRAINPLAN_GIT_COMMIT"] = str(git.get("commit"))
+    os.environ["TRAINPLAN_GIT_DIRTY"] = "1" if git.get("dirty") else "0"
+    for rel in ("proxies/runs", "benchmarks"):
+        if (base / rel).exists():
+            shutil.copytree(base / rel, res / rel)
+    (work / "report").symlink_to(ROOT / "report")
+    os.chdir(work)
+    io = rule_io()
+    for rule in ORDER:
+        inp = {k: _resolve(v, res, raw) for k, v in io[rule]["input"].items()}
+        out = {k: _resolve(v, res, raw) for k, v in io[rule]["output"].items()}
+        for v in out.values():
+            Path(v).parent.mkdir(parents=True, exist_ok=True)
+        print(f"  run {rule}", flush=True)
+        importlib.import_module(f"trainplan.stages.{rule}").run(inp, out, config_slice(raw, rule))
+        if rule == "figures":  # what Snakemake leaves in a directory() output
+            (res / "figures/.snakemake_timestamp").touch()
+
+
+def _pdf_text(p: Path) -> str:
+    return subprocess.run(["pdftotext", "-layout", str(p), "-"], capture_output=True, text=True, check=True).stdout
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _renamed_hashes(base: Path, new: Path) -> dict[str, str]:
+    """sha256 of a base file → sha256 of its rerun, for every file that differs only by the module renames (the
+    memo and the sidecars print these hashes): results files, and the memo template/CSS of the two checkouts."""
+    pairs = [(p, new / p.relative_to(base)) for p in base.rglob("*") if p.is_file() and p.suffix != ".pdf"]
+    pairs += [(base.parent / "report/templates" / n, ROOT / "report/templates" / n) for n in ("memo.html.j2", "memo.css")]
+    out = {}
+    for a, b in pairs:
+        if not (a.is_file() and b.is_file()) or a.read_bytes() == b.read_bytes():
+            continue
+        try:
+            if renamed(a.read_text()) == b.read_text():
+                out[_sha(a)] = _sha(b)
+        except UnicodeDecodeError:
+            continue
+    return out
+
+
+def _rehash(text: str, hashes: dict[str, str]) -> str:
+    for old, new in hashes.items():
+        text = text.replace(old, new).replace(old[:16], new[:16])
+    return text
+
+
+def compare(base: Path, new: Path) -> list[str]:
+    problems: list[str] = []
+    hashes = _renamed_hashes(base, new)
+    n_same = n_renamed = 0
+    files = sorted(p.relative_to(base) for p in base.rglob("*") if p.is_file())
+    for rel in files:
+        s = str(rel)
+        if s.startswith(MEASURED) or rel.name == ".snakemake_timestamp":
+            continue
+        a, b = base / rel, new / rel
+        if not b.exists():
+            problems.append(f"{s}: missing in the rerun")
+            continue
+        if a.suffix == ".pdf":
+            ta, tb = _rehash(renamed(_pdf_text(a)), hashes), _pdf_text(b)
+            same = ta == tb
+            diff = (ta, tb)
+        elif s.endswith(".provenance.json"):
+            # package data is named by absolute path: the two checkouts differ in location only
+            ta = _rehash(renamed(a.read_text()), hashes).replace(str(base.parent) + "/", "<checkout>/")
+            da, db = json.loads(ta), json.loads(b.read_text().replace(str(ROOT) + "/", "<checkout>/"))
+            for d in (da, db):
+                d.pop("git", None)
+            if s.endswith(".pdf.provenance.json"):  # the PDF is compared by its text above
+                da.pop("output_sha256"), db.pop("output_sha256")
+            same = da == db
+            diff = (json.dumps(da, indent=1, sort_keys=True), json.dumps(db, indent=1, sort_keys=True))
+        else:
+            ba, bb = a.read_bytes(), b.read_bytes()
+            if ba == bb:
+                n_same += 1
+                continue
+            try:
+                ta, tb = renamed(ba.decode()), bb.decode()
+            except UnicodeDecodeError:
+                problems.append(f"{s}: binary content differs")
+                continue
+            same = ta == tb
+            n_renamed += same
+            diff = (ta, tb)
+            if same:
+                continue
+        if not same:
+            d = "".join(list(difflib.unified_diff(diff[0].splitlines(True), diff[1].splitlines(True),
+                                                  "base/" + s, "rerun/" + s, n=1))[:40])
+            problems.append(f"{s}: differs\n{d}")
+        else:
+            n_same += 1
+    print(f"compared {n_same + n_renamed + len(problems)} result files: {n_same} identical, "
+          f"{n_renamed} identical after the module renames, {len(problems)} different")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("base", type=Path, help="results/ of a snakemake run at the base commit")
+    ap.add_argument("--configfile", nargs="*", default=[str(ROOT / "config/config.yaml")])
+    ap.add_argument("--keep", action="store_true", help="keep the rerun's directory (printed)")
+    a = ap.parse_args(argv)
+    base = a.base.resolve()
+    configs = [str(Path(c).resolve()) for c in a.configfile]
+    os.environ.setdefault("SOURCE_DATE_EPOCH", "0")
+    work = Path(tempfile.mkdtemp(prefix="trainplan-diff-"))
+    try:
+        run_stages(base, work, configs)
+        problems = compare(base, work / "results")
+    finally:
+        os.chdir(ROOT)
+        if a.keep:
+            print("rerun kept in", work)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    for p in problems:
+        print(p)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Wall-clock, GPU-hours, dollars, checkpoint/failure overheads, targets; sensitivity of the recommendation."""

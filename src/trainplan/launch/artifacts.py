@@ -1,0 +1,622 @@
+"""Launch artifacts for the production run, generated from the chosen layout.
+
+From a :class:`~trainplan.model.specs.Layout` (plus model, cluster and training specs) this writes, under one
+output directory:
+
+* ``sbatch_{nodes}x{gpus}.sh`` -- the Slurm batch script. It runs **one** existing trainer, the one
+  :func:`trainplan.launch.trainers.choose_trainer` picks (torchtitan for pp/tp/cp/compiled layouts, else Accelerate +
+  Transformers through :mod:`trainplan.train_entry`); ``#SBATCH --requeue`` and ``--signal=B:USR1@lead``: told to
+  stop, it has the trainer checkpoint and requeues itself; ``TRAINPLAN_MODE=day1-throughput|day1-checkpoint``
+  are the memo's day-1 checks; one ``srun`` task per node, rendezvous on the first host, NCCL settings each with a
+  comment, placeholders marked ``PLACEHOLDER``;
+* ``trainplan_torchtitan.py`` -- a torchtitan 0.3 job (``config_registry`` module; torchtitan's Llama 3 decoder
+  at the model's shapes, the layout's parallelism, DCP checkpoints at the Young/Daly interval), when the model
+  is one torchtitan's llama3 can build (the manifest says why not otherwise);
+* ``accelerate_fsdp2.yaml`` -- an Accelerate (1.x) config: FSDP2, reshard-after-forward, auto-wrap of the
+  decoder layer class, activation checkpointing, bf16, ``SHARDED_STATE_DICT`` (DCP), and HSDP/TP/CP through
+  Accelerate's ``parallelism_config`` where it can express them (what it cannot is said in a comment);
+* ``model_config.json`` -- the model as a transformers ``LlamaConfig`` (the entry point's random init);
+* ``torchrun.sh`` -- the per-node ``torchrun`` command of the entry point with a c10d rendezvous;
+* ``deepspeed_zero.json`` -- reference only, when the layout is DeepSpeed-expressible (pure DP + ZeRO 0-3);
+* ``manifest.json`` -- the artifacts with a ``short`` flag (short ones are inlined in the memo), ``trainer``
+  (chosen, why, the launch lines, checkpoint interval) and ``day1`` (the day-1 checks as commands).
+
+Every file's header carries the study hash. Config values reach shell text only through ``shlex.quote``;
+comment text is stripped of line breaks so a value cannot escape its comment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainplan import __version__
+from trainplan.io import write_json, write_text
+from trainplan.launch.trainers import (
+    TORCHTITAN_CONFIG_FN,
+    TORCHTITAN_MODULE,
+    checkpoint_interval_steps,
+    choose_trainer,
+    torchtitan_job_module,
+    torchtitan_model_problems,
+    torchtitan_settings,
+    total_steps,
+)
+from trainplan.model.specs import ClusterSpec, ConfigError, Layout, ModelSpec, TrainingSpec, grad_accum
+
+__all__ = ["Artifact", "DEEPSPEED_DOCUMENTED_KEYS", "accelerate_config", "bash_syntax_check",
+           "deepspeed_config", "deepspeed_unsupported_reason", "main", "sbatch_name", "sbatch_script",
+           "sbatch_test_only", "torchrun_command", "torchrun_script", "write_artifacts"]
+
+DECODER_LAYER_CLS = "LlamaDecoderLayer"  # transformers' Llama block; FSDP2 wraps one unit per layer
+DEFAULT_TRAIN_SCRIPT = None  # None: ``-m trainplan.train_entry`` (the thin entry point); or a script path
+ENTRY_MODULE = "trainplan.train_entry"
+RDZV_PORT = 29500  # torchrun's default c10d port
+LAUNCH_OPTIONS = frozenset({"job_name", "partition", "account", "time_limit_h", "master_port"})
+SHORT_MAX_LINES = 45  # artifacts up to this many lines are inlined in the memo; longer ones attached
+
+# Top-level and zero_optimization keys as documented at https://www.deepspeed.ai/docs/config-json/ and
+# defined in deepspeed/runtime/constants.py and deepspeed/runtime/zero/config.py (DeepSpeed 0.19).
+DEEPSPEED_DOCUMENTED_KEYS: dict[str, frozenset[str]] = {
+    "": frozenset({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                   "bf16", "fp16", "zero_optimization", "gradient_clipping", "steps_per_print",
+                   "wall_clock_breakdown", "optimizer", "scheduler", "activation_checkpointing",
+                   "communication_data_type", "prescale_gradients", "zero_allow_untested_optimizer"}),
+    "zero_optimization": frozenset({"stage", "overlap_comm", "contiguous_gradients", "reduce_bucket_size",
+                                    "allgather_bucket_size", "reduce_scatter", "allgather_partitions",
+                                    "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+                                    "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                                    "stage3_gather_16bit_weights_on_model_save", "offload_optimizer",
+                                    "offload_param", "sub_group_size"}),
+    "offload_optimizer": frozenset({"device", "pin_memory", "nvme_path", "buffer_count", "fast_init"}),
+    "bf16": frozenset({"enabled"}),
+}
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One generated file: its name, whether it is short enough to inline in the memo, what it is."""
+
+    filename: str
+    short: bool
+    description: str
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _one_line(s: object) -> str:
+    """Text safe inside a '#' comment: no line breaks or control characters."""
+    return "".join(c if c.isprintable() else " " for c in str(s))
+
+
+def _header(title: str, study_hash: str, model: ModelSpec, cluster: ClusterSpec, layout: Layout,
+            notes: Sequence[str] = ()) -> str:
+    lines = [f"trainplan launch artifact: {title}",
+             f"study hash: {study_hash}",
+             f"model {model.name} ({model.n_params:,} params) on {cluster.nodes} nodes x "
+             f"{cluster.gpus_per_node} {cluster.gpu.name}",
+             f"layout: {layout.describe()}",
+             f"generated by trainplan {__version__}; change the config and regenerate rather than edit"]
+    lines += [f"NOTE: {n}" for n in notes]
+    return "\n".join("# " + _one_line(x) for x in lines)
+
+
+def _check_hash(study_hash: str) -> str:
+    if not isinstance(study_hash, str) or not study_hash or not all(c.isalnum() for c in study_hash):
+        raise ConfigError("study_hash", study_hash, "a non-empty alphanumeric hash (e.g. provenance.config_hash)")
+    return study_hash
+
+
+def _slurm_word(v: object) -> bool:
+    """A value safe on an #SBATCH line (Slurm parses those itself, not the shell)."""
+    return isinstance(v, str) and bool(v) and all(c.isascii() and (c.isalnum() or c in "._-") for c in v)
+
+
+def sbatch_name(cluster: ClusterSpec) -> str:
+    """File name of the batch script: ``sbatch_{nodes}x{gpus_per_node}.sh``."""
+    return f"sbatch_{cluster.nodes}x{cluster.gpus_per_node}.sh"
+
+
+# ------------------------------------------------------------------------------------- Accelerate
+def _accelerate_parts(cluster: ClusterSpec, training: TrainingSpec, layout: Layout
+                      ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """(fsdp_config, parallelism_config, notes) for Accelerate 1.x; notes say what cannot be expressed."""
+    L, notes = layout, []
+    fsdp: dict[str, Any] = {
+        "fsdp_version": 2,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_transformer_layer_cls_to_wrap": DECODER_LAYER_CLS,
+        "fsdp_reshard_after_forward": L.sharding in ("zero3", "hsdp"),
+        "fsdp_activation_checkpointing": L.recompute != "none",
+        "fsdp_offload_params": L.offload == "cpu",
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_cpu_ram_efficient_loading": True,
+        "fsdp_sync_module_states": True,
+    }
+    if L.sharding == "zero1":
+        notes.append("FSDP2 has no optimizer-only sharding (ZeRO-1); reshard_after_forward=false (ZeRO-2 "
+                     "equivalent) is used, which holds no more memory than ZeRO-1")
+    if L.sharding == "none":
+        notes.append("the layout is unsharded DDP; FSDP2 is emitted with reshard_after_forward=false "
+                     "(gradients and optimizer sharded), which holds less memory than DDP")
+    if L.recompute == "selective":
+        notes.append("Accelerate's FSDP activation checkpointing recomputes whole decoder layers (full); "
+                     "the planned selective recompute needs the model's own checkpoint wrapper")
+    if L.offload == "cpu":
+        notes.append("FSDP2 CPUOffloadPolicy offloads parameters and gradients as well as the optimizer step "
+                     "(more PCIe traffic than the optimizer-only offload the planner costed)")
+    if training.precision == "fp32":
+        notes.append(f"training.precision={training.precision}: mixed_precision is 'no'")
+    elif training.fp8 == "tensorwise":
+        notes.append("training.precision=fp8-tensorwise: mixed_precision fp8 with fp8_config backend AO (torchao "
+                     "Float8Linear, its default recipe is tensorwise dynamic scaling)")
+    elif training.fp8 == "rowwise":
+        notes.append("training.precision=fp8-rowwise: Accelerate's config file cannot select torchao's rowwise "
+                     "recipe (AO backend = tensorwise); the torchtitan job carries it (float8 converter, rowwise)")
+    par: dict[str, Any] = {}
+    replicas = L.dp
+    shard = L.dp
+    if L.sharding == "hsdp":
+        g = L.shard_group or cluster.gpus_per_node
+        if g % L.cp:
+            notes.append(f"hsdp shard_group={g} is not a multiple of cp={L.cp}; Accelerate shards over "
+                         "dp_shard x cp, so the shard group is rounded to whole cp groups")
+        shard = max(1, g // L.cp)
+        replicas = max(1, L.dp // shard)
+    else:
+        replicas = 1
+    if L.sharding == "hsdp" or L.tp > 1 or L.cp > 1:
+        par = {"parallelism_config_dp_replicate_size": replicas,
+               "parallelism_config_dp_shard_size": shard,
+               "parallelism_config_tp_size": L.tp,
+               "parallelism_config_cp_size": L.cp}
+        if L.cp > 1:
+            par["parallelism_config_cp_comm_strategy"] = "allgather" if L.cp_kind == "ring" else "alltoall"
+    if L.tp > 1:
+        notes.append("TP in Accelerate uses the model's transformers tp_plan (needs a transformers model); "
+                     + ("Megatron-style sequence parallelism is not configurable there" if L.sp else ""))
+    if L.cp > 1 and L.cp_kind == "ulysses":
+        notes.append("Ulysses CP exists in Accelerate only with the DeepSpeed backend; torch CP (all-to-all "
+                     "rotation) is emitted instead")
+    if L.pp > 1:
+        notes.append(f"pp={L.pp} is not expressible in Accelerate 1.x (no pipeline-parallel training with "
+                     "FSDP2); use torchtitan or Megatron for this layout. The config covers dp/tp/cp only")
+    return fsdp, par, notes
+
+
+def accelerate_config(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, *,
+                      study_hash: str) -> str:
+    """The Accelerate YAML (with a commented header) for the layout on the whole cluster."""
+    _check_hash(study_hash)
+    fsdp, par, notes = _accelerate_parts(cluster, training, layout)
+    cfg: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "distributed_type": "FSDP",
+        "downcast_bf16": "no",
+        "enable_cpu_affinity": False,
+        "fsdp_config": fsdp,
+        "machine_rank": 0,  # overridden per node by --machine_rank in the sbatch script
+        "main_training_function": "main",
+        "mixed_precision": "fp8" if training.fp8 == "tensorwise" else ("bf16" if training.half else "no"),
+        "num_machines": cluster.nodes,
+        "num_processes": cluster.n_gpus,
+        "rdzv_backend": "c10d",
+        "same_network": True,
+        "use_cpu": False,
+    }
+    if training.fp8 == "tensorwise":
+        cfg["fp8_config"] = {"backend": "AO"}  # torchao Float8 (ACCELERATE_FP8_BACKEND=AO)
+    if training.kernels == "compiled":  # torch.compile through Accelerate (dynamo_config → TorchDynamoPlugin)
+        cfg["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
+    if par:
+        cfg["parallelism_config"] = par
+    ga = grad_accum(training, layout)
+    notes = [*notes, f"micro_batch={layout.micro_batch} sequences/rank, grad_accum={ga}, seq_len="
+             f"{training.seq_len}: set in the training script (exported as TRAINPLAN_* by the sbatch script)"]
+    head = _header("Accelerate config (FSDP2)", study_hash, model, cluster, layout, notes)
+    return head + "\n" + yaml.safe_dump(cfg, sort_keys=True)
+
+
+# -------------------------------------------------------------------------------------- DeepSpeed
+def deepspeed_unsupported_reason(layout: Layout) -> str | None:
+    """Why the layout has no DeepSpeed ZeRO equivalent (None = it has one)."""
+    L = layout
+    if L.tp > 1 or L.pp > 1 or L.cp > 1:
+        return f"tp={L.tp}, pp={L.pp}, cp={L.cp}: DeepSpeed ZeRO alone is pure data parallelism"
+    if L.sharding == "hsdp":
+        return "hybrid sharding has no exact DeepSpeed ZeRO equivalent (ZeRO++ hpZ shards only a secondary copy)"
+    return None
+
+
+def deepspeed_config(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, *,
+                     study_hash: str) -> dict[str, Any] | None:
+    """A DeepSpeed ZeRO config dict for a pure-DP layout, or None if not expressible."""
+    _check_hash(study_hash)
+    if deepspeed_unsupported_reason(layout) is not None:
+        return None
+    stage = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3}[layout.sharding]
+    h = model.hidden
+    zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
+                            # the values HF transformers' DeepSpeed integration derives for "auto":
+                            # reduce bucket h^2, stage-3 prefetch 0.9 h^2, persistence threshold 10 h
+                            "reduce_bucket_size": h * h}
+    if stage == 3:
+        zero |= {"stage3_prefetch_bucket_size": int(0.9 * h * h), "stage3_param_persistence_threshold": 10 * h,
+                 "stage3_gather_16bit_weights_on_model_save": False}
+    if layout.offload == "cpu":
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    cfg: dict[str, Any] = {
+        "_comment": _header("DeepSpeed ZeRO config", study_hash, model, cluster, layout,
+                            ["activation checkpointing is the model's (HF gradient_checkpointing_enable) "
+                             f"recompute={layout.recompute}"]).replace("# ", "").split("\n"),
+        "train_batch_size": training.global_batch,
+        "train_micro_batch_size_per_gpu": layout.micro_batch,
+        "gradient_accumulation_steps": grad_accum(training, layout),
+        "zero_optimization": zero,
+        "steps_per_print": 10,
+        "wall_clock_breakdown": False,
+    }
+    if training.half:
+        cfg["bf16"] = {"enabled": True}
+    return cfg
+
+
+# ------------------------------------------------------------------------------- torchrun / sbatch
+def torchrun_command(cluster: ClusterSpec, *, train_script: str | None = DEFAULT_TRAIN_SCRIPT,
+                     train_args: Sequence[str] = ()) -> str:
+    """The per-node torchrun command line (shell text): c10d rendezvous at $HEAD_NODE:$RDZV_PORT."""
+    fixed = ["torchrun", f"--nnodes={cluster.nodes}", f"--nproc-per-node={cluster.gpus_per_node}",
+             "--rdzv-backend=c10d"]
+    tail = ["--max-restarts=0", *_script_argv(train_script), *map(str, train_args)]
+    return " ".join([shlex.join(fixed), '--rdzv-endpoint="$HEAD_NODE:$RDZV_PORT"', '--rdzv-id="$RDZV_ID"',
+                     shlex.join(tail)])
+
+
+def _script_argv(train_script: str | None) -> list[str]:
+    """The launcher's program arguments: ``-m trainplan.train_entry`` by default, else the given script."""
+    return ["-m", ENTRY_MODULE] if not train_script else [str(train_script)]
+
+
+def _template(name: str) -> Any:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("trainplan", "templates"),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    return env.get_template(name)
+
+
+def torchrun_script(model: ModelSpec, cluster: ClusterSpec, layout: Layout, *, study_hash: str,
+                    train_script: str | None = DEFAULT_TRAIN_SCRIPT, train_args: Sequence[str] = (),
+                    master_port: int = RDZV_PORT) -> str:
+    """A runnable torchrun.sh (header, HEAD_NODE guard, the torchrun command)."""
+    _check_hash(study_hash)
+    return _template("torchrun.sh.j2").render(
+        header=_header("torchrun command (run on every node)", study_hash, model, cluster, layout),
+        rdzv_port=int(master_port), rdzv_id=shlex.quote(f"trainplan-{study_hash[:12]}"),
+        command=torchrun_command(cluster, train_script=train_script, train_args=train_args))
+
+
+def accelerate_node_command(cluster: ClusterSpec, *, train_script: str | None = None,
+                            train_args: Sequence[str] = (), accelerate_file: str = "accelerate_fsdp2.yaml") -> str:
+    """Per-node shell text: ``accelerate launch`` (the generated FSDP2 config) of the entry point, args "$@"."""
+    return " ".join([
+        "exec accelerate launch --config_file", '"$LAUNCH_DIR"/' + shlex.quote(accelerate_file),
+        shlex.join(["--num_machines", str(cluster.nodes), "--num_processes", str(cluster.n_gpus)]),
+        '--machine_rank "$SLURM_NODEID" --main_process_ip "$HEAD_NODE" --main_process_port "$RDZV_PORT"',
+        "--rdzv_backend c10d", shlex.join([*_script_argv(train_script), *map(str, train_args)]), '"$@"'])
+
+
+def torchtitan_node_command(cluster: ClusterSpec) -> str:
+    """Per-node shell text: torchrun of ``torchtitan.train`` with the generated job module, args "$@"."""
+    return " ".join([
+        'export PYTHONPATH="$LAUNCH_DIR${PYTHONPATH:+:$PYTHONPATH}";',
+        shlex.join(["exec", "torchrun", f"--nnodes={cluster.nodes}", f"--nproc-per-node={cluster.gpus_per_node}",
+                    "--rdzv-backend=c10d"]),
+        '--rdzv-endpoint="$HEAD_NODE:$RDZV_PORT" --rdzv-id="$SLURM_JOB_ID"',
+        shlex.join(["--max-restarts=0", "-m", "torchtitan.train", "--module", TORCHTITAN_MODULE,
+                    "--config", TORCHTITAN_CONFIG_FN]),
+        '--comm.init_timeout_seconds "$TRAINPLAN_COLLECTIVE_TIMEOUT_S" "$@"'])
+
+
+def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, *,
+                  study_hash: str, train_script: str | None = None, train_args: Sequence[str] = (),
+                  time_limit_h: float = 72.0, collective_timeout_s: int = 1800, job_name: str = "trainplan",
+                  partition: str | None = None, account: str | None = None, master_port: int = RDZV_PORT,
+                  accelerate_file: str = "accelerate_fsdp2.yaml", checkpoint_interval_s: float | None = None,
+                  step_time_s: float | None = None, min_tokens_per_s_per_gpu: float | None = None,
+                  signal_lead_s: int = 300, gpu_directive: bool = True) -> str:
+    """The Slurm batch script for nodes x gpus_per_node: runs the chosen trainer (:func:`trainers.choose_trainer`).
+
+    ``TRAINPLAN_MODE`` = train (resumes from the last checkpoint; requeues itself when told to stop),
+    day1-throughput (50 steps; the step log becomes a record checked against ``min_tokens_per_s_per_gpu``),
+    day1-checkpoint (save at step 5, stop, restore, continue). ``partition``/``account`` of None leave a
+    disabled, marked PLACEHOLDER directive. ``train_args`` go to the accelerate line before the mode's own.
+    """
+    _check_hash(study_hash)
+    if isinstance(time_limit_h, bool) or not (isinstance(time_limit_h, int | float) and 0 < time_limit_h <= 8760):
+        raise ConfigError("launch.time_limit_h", time_limit_h, "a finite number of hours in (0, 8760]")
+    if isinstance(master_port, bool) or not isinstance(master_port, int) or not 1024 <= master_port <= 65535:
+        raise ConfigError("launch.master_port", master_port, "an integer port in 1024..65535")
+    for key, val in (("job_name", job_name), ("partition", partition), ("account", account)):
+        if val is not None and not _slurm_word(val):
+            raise ConfigError(f"launch.{key}", val, "letters, digits, '.', '_' or '-' only (an #SBATCH value)")
+    minutes = max(1, round(time_limit_h * 60))
+    trainer, why = choose_trainer(model, training, layout)
+    titan_no = torchtitan_model_problems(model, training)
+    ckpt_steps = checkpoint_interval_steps(checkpoint_interval_s, step_time_s)
+    lead = int(min(signal_lead_s, max(30, minutes * 60 // 4)))
+    return _template("sbatch.sh.j2").render(
+        header=_header(f"Slurm batch script ({cluster.nodes} x {cluster.gpus_per_node} GPUs)", study_hash,
+                       model, cluster, layout),
+        script_name=sbatch_name(cluster), job_name=f"{job_name}-{study_hash[:12]}", short_hash=study_hash[:12],
+        partition=partition, account=account, gpus_per_node_directive=bool(gpu_directive),
+        nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, signal_lead_s=lead,
+        time_limit=f"{minutes // 60:d}:{minutes % 60:02d}:00", collective_timeout_s=int(collective_timeout_s),
+        seq_len=training.seq_len, micro_batch=layout.micro_batch, grad_accum=grad_accum(training, layout),
+        reshard_after_forward=int(layout.sharding in ("zero3", "hsdp")),
+        shard_group=int((layout.shard_group or cluster.gpus_per_node) if layout.sharding == "hsdp" else 0),
+        activation_checkpointing=int(layout.recompute != "none"),
+        peak_tflops=f"{cluster.gpu.peak_bf16_flops / 1e12:g}",
+        steps=total_steps(training),
+        ckpt_interval_s=int(round(checkpoint_interval_s)) if checkpoint_interval_s else 0,
+        ckpt_interval_note=("" if checkpoint_interval_s else " (no cost.json given: 0 = every "
+                            f"{ckpt_steps} steps)") + (f"; torchtitan: {ckpt_steps} steps of the predicted "
+                                                       f"{step_time_s:.3g} s" if step_time_s else ""),
+        ckpt_interval_steps=ckpt_steps,
+        trainer=trainer, trainer_why=_one_line(why), torchtitan_ok=not titan_no,
+        torchtitan_why=_one_line("; ".join(titan_no)).replace('"', "'"),
+        min_tps=int(min_tokens_per_s_per_gpu or 0), rdzv_port=master_port,
+        accelerate_node_command=shlex.quote(accelerate_node_command(cluster, train_script=train_script,
+                                                                    train_args=train_args,
+                                                                    accelerate_file=accelerate_file)),
+        torchtitan_node_command=shlex.quote(torchtitan_node_command(cluster)))
+
+
+def bash_syntax_check(path: str | Path) -> None:
+    """Raise ConfigError if ``bash -n`` rejects the script."""
+    r = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30, check=False)
+    if r.returncode:
+        raise ConfigError("script", str(path), f"bash -n failed: {r.stderr.strip()}")
+
+
+def sbatch_test_only(path: str | Path, *, partition: str | None = None, account: str | None = None,
+                     extra_args: Sequence[str] = (), timeout_s: float = 60) -> subprocess.CompletedProcess:
+    """Run ``sbatch --test-only`` on a generated script (command-line options override #SBATCH lines).
+
+    Returns the CompletedProcess; Slurm prints its verdict on stderr ("Job ... to start at ...").
+    """
+    cmd = ["sbatch", "--test-only"]
+    if partition:
+        cmd.append(f"--partition={partition}")
+    if account:
+        cmd.append(f"--account={account}")
+    cmd += [*map(str, extra_args), str(path)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+
+
+# ------------------------------------------------------------------------------------------ write
+def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "results/analytic/summary.json",
+                  config_path: str = "config/config.yaml", min_tokens_per_s_per_gpu: float | None = None,
+                  checkpoint_interval_s: float | None = None) -> list[dict[str, str]]:
+    """The memo's day-1 go/no-go checks as commands: [{check, command, passes_when}] (manifest.json ``day1``)."""
+    sb = sbatch_name(cluster)
+    tps = f"{min_tokens_per_s_per_gpu:,.0f}" if min_tokens_per_s_per_gpu else "the p10 prediction"
+    run = "run-<study hash[:12]>"
+    out = [
+        {"check": "one-node preflight",
+         "command": f"trainplan preflight --summary {shlex.quote(summary_path)} --config {shlex.quote(config_path)} "
+                    "--device cuda",
+         "passes_when": "exit 0 (PASS): state and activation bytes, peak reserved memory and step time within "
+                        "tolerance of the plan"},
+        {"check": "first 50 steps on all GPUs",
+         "command": f"sbatch --export=ALL,TRAINPLAN_MODE=day1-throughput {sb}",
+         "passes_when": f"the job exits 0: it ends with `trainplan ingest <{run}>/day1-throughput-<job>/steps.jsonl "
+                        f"--min-tokens-per-s-per-gpu {int(min_tokens_per_s_per_gpu or 0)}` (median tokens/s/GPU "
+                        f">= {tps}, losses finite)" if trainer == "accelerate" else
+                        f"torchtitan's log shows tps per GPU >= {tps} after warm-up and finite losses"},
+        {"check": "nccl-tests all-reduce across all nodes",
+         "command": f"srun --nodes={cluster.nodes} --ntasks-per-node={cluster.gpus_per_node} "
+                    f"--gpus-per-node={cluster.gpus_per_node} all_reduce_perf -b 1G -e 8G -f 2 -g 1",
+         "passes_when": f"busbw at 8 GB >= {cluster.inter_busbw_Bps / 1e9:g} GB/s (cluster.inter_busbw_GBps)"},
+        {"check": "save and restore one sharded (DCP) checkpoint",
+         "command": f"sbatch --export=ALL,TRAINPLAN_MODE=day1-checkpoint {sb}",
+         "passes_when": "the job exits 0: a checkpoint at step 5, a fresh launch restores it and reaches step 10 "
+                        "(`trainplan ingest --check-resume` on its step log)"},
+        {"check": "measurements flow back",
+         "command": f"trainplan ingest <{run}>/day1-throughput-<job>/steps.jsonl --out "
+                    "data/calibration/gpu/day1-production.json",
+         "passes_when": "the record is written; rerun the study: calibrate fits the efficiencies to it"},
+    ]
+    if checkpoint_interval_s:
+        out[3]["passes_when"] += f"; production checkpoints every {checkpoint_interval_s / 3600:.2g} h (Young/Daly)"
+    return out
+
+
+def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,
+                    out_dir: str | Path, *, study_hash: str, train_script: str | None = DEFAULT_TRAIN_SCRIPT,
+                    train_args: Sequence[str] = (), options: Mapping[str, Any] | None = None,
+                    checkpoint_interval_s: float | None = None, step_time_s: float | None = None,
+                    min_tokens_per_s_per_gpu: float | None = None, summary_path: str = "results/analytic/summary.json",
+                    config_path: str = "config/config.yaml") -> list[tuple[str, bool]]:
+    """Write every artifact (atomically) plus manifest.json; return [(filename, short?), ...].
+
+    ``options`` is the config's ``launch`` section: job_name, partition, account, time_limit_h, master_port.
+    ``checkpoint_interval_s`` (cost.json's Young/Daly ``checkpoint_interval_h`` × 3600) and ``step_time_s`` (the
+    chosen layout's predicted step time) set the checkpoint interval; ``min_tokens_per_s_per_gpu`` (the p10
+    prediction) is the day-1 throughput threshold.
+    """
+    out = Path(out_dir)
+    opts = dict(options or {})
+    unknown = sorted(set(opts) - LAUNCH_OPTIONS)
+    if unknown:
+        raise ConfigError("launch." + unknown[0], opts[unknown[0]], "valid: " + ", ".join(sorted(LAUNCH_OPTIONS)))
+    kw = {"study_hash": study_hash, "train_script": train_script, "train_args": train_args}
+    trainer, why = choose_trainer(model, training, layout)
+    titan_no = torchtitan_model_problems(model, training)
+    ckpt_steps = checkpoint_interval_steps(checkpoint_interval_s, step_time_s)
+    texts: dict[str, tuple[str, str]] = {
+        "accelerate_fsdp2.yaml": (accelerate_config(model, cluster, training, layout, study_hash=study_hash),
+                                  "Accelerate FSDP2 config"),
+        "torchrun.sh": (torchrun_script(model, cluster, layout, master_port=opts.get("master_port", RDZV_PORT), **kw),
+                        "torchrun command, one per node"),
+        sbatch_name(cluster): (sbatch_script(model, cluster, training, layout, checkpoint_interval_s=checkpoint_interval_s,
+                                             step_time_s=step_time_s, min_tokens_per_s_per_gpu=min_tokens_per_s_per_gpu,
+                                             **opts, **kw),
+                               f"Slurm batch script (runs {trainer}; requeue on USR1/TERM; day-1 modes)"),
+    }
+    hf_why = _hf_unsupported(model)
+    if hf_why is None:
+        from trainplan.proxy.model import hf_config_dict
+
+        hf = {"_comment": _one_line(f"trainplan launch artifact: transformers LlamaConfig of {model.name}; "
+                                    f"study hash: {study_hash}"), **hf_config_dict(model)}
+        texts["model_config.json"] = (json.dumps(hf, indent=2) + "\n",
+                                      "Hugging Face config.json of the model (random init; or point "
+                                      "TRAINPLAN_MODEL_CONFIG at the checkpoint directory)")
+    settings: dict[str, Any] | None = None
+    if not titan_no:
+        settings, _ = torchtitan_settings(model, cluster, training, layout, ckpt_interval_steps=ckpt_steps)
+        head = _header(f"torchtitan job module ({TORCHTITAN_MODULE}.{TORCHTITAN_CONFIG_FN})", study_hash, model,
+                       cluster, layout)
+        texts[f"{TORCHTITAN_MODULE}.py"] = (torchtitan_job_module(model, cluster, training, layout, header=head,
+                                                                  ckpt_interval_steps=ckpt_steps),
+                                            "torchtitan 0.3 job (config_registry module)")
+    ds = deepspeed_config(model, cluster, training, layout, study_hash=study_hash)
+    if ds is not None:
+        texts["deepspeed_zero.json"] = (json.dumps(ds, indent=2) + "\n", "DeepSpeed ZeRO config (reference only)")
+    arts: list[Artifact] = []
+    for name, (text, what) in texts.items():
+        p = write_text(out / name, text)
+        if name.endswith(".sh"):
+            p.chmod(0o755)
+        arts.append(Artifact(name, text.count("\n") <= SHORT_MAX_LINES, what))
+    write_json(out / "manifest.json", {
+        "study_hash": study_hash, "layout": layout.to_dict(),
+        "trainer": {"chosen": trainer, "why": why,
+                    "torchtitan": "written" if not titan_no else "; ".join(titan_no),
+                    "torchtitan_parallelism": settings["parallelism"] if settings else None,
+                    "hf_model_config": "written" if hf_why is None else hf_why,
+                    "accelerate_line": accelerate_node_command(cluster, train_script=train_script,
+                                                               train_args=train_args),
+                    "torchtitan_line": torchtitan_node_command(cluster) if not titan_no else None,
+                    "checkpoint_interval_s": checkpoint_interval_s, "checkpoint_interval_steps": ckpt_steps,
+                    "total_steps": total_steps(training)},
+        "deepspeed": ("written (reference only: no launch line uses it; the sbatch script runs "
+                      f"{trainer})") if ds is not None else deepspeed_unsupported_reason(layout),
+        "day1": day1_commands(cluster, trainer=trainer, summary_path=summary_path, config_path=config_path,
+                              min_tokens_per_s_per_gpu=min_tokens_per_s_per_gpu,
+                              checkpoint_interval_s=checkpoint_interval_s),
+        "artifacts": [{"filename": a.filename, "short": a.short, "description": a.description} for a in arts]})
+    return [(a.filename, a.short) for a in arts]
+
+
+def _hf_unsupported(model: ModelSpec) -> str | None:
+    from trainplan.proxy.model import hf_unsupported_reason
+
+    return hf_unsupported_reason(model)
+
+
+# -------------------------------------------------------------------------------------------- CLI
+def load_inputs(summary: str, config: str) -> tuple[Any, ModelSpec, ClusterSpec, TrainingSpec, Layout]:
+    """(StudyConfig, model, cluster, training, chosen layout) from a config and an analytic summary.json; the
+    launch and preflight CLIs share it."""
+    from trainplan.config import load_config  # the config engineer's module (contract: ARCHITECTURE.md)
+    from trainplan.io import InputFileError, read_json_checked
+
+    cfg = load_config(config)
+    try:
+        layout_d = read_json_checked(summary)["layout"]
+        if not isinstance(layout_d, dict):
+            raise TypeError(layout_d)
+    except FileNotFoundError:
+        raise ConfigError("summary", summary, "no such file; run the analytic_model rule first") from None
+    except (KeyError, TypeError, IndexError, InputFileError):
+        raise ConfigError("summary", summary, "a summary.json with a 'layout' object") from None
+    return cfg, cfg.model, cfg.cluster, cfg.training, Layout.from_dict(layout_d)
+
+
+def study_hash_of(cfg: Any) -> str:
+    """The study hash (``provenance.study_hash``: the one definition, also used by the memo and the workflow)."""
+    from trainplan.provenance import study_hash
+
+    return study_hash(cfg)
+
+
+def _plan_numbers(summary: str, cost: str | None, production: str | None) -> dict[str, float | None]:
+    """checkpoint_interval_s (cost.json), step_time_s (summary's estimate), min tokens/s/GPU (production p10)."""
+    from trainplan.io import read_json
+
+    results = Path(summary).resolve().parent.parent
+
+    def num(path: Path | None, *keys: str) -> float | None:
+        if path is None or not path.is_file():
+            return None
+        try:
+            v: Any = read_json(path)
+            for k in keys:
+                v = v[k]
+        except (KeyError, TypeError, ValueError, OSError):
+            return None
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0 else None
+
+    h = num(Path(cost) if cost else results / "cost" / "cost.json", "checkpoint_interval_h")
+    return {"checkpoint_interval_s": h * 3600 if h else None,
+            "step_time_s": num(Path(summary), "estimate", "step_time_s"),
+            "min_tokens_per_s_per_gpu": num(Path(production) if production else
+                                            results / "prediction" / "production.json",
+                                            "chosen", "tokens_per_s_per_gpu_p10")}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``trainplan launch``: write the launch artifacts for the chosen layout."""
+    ap = argparse.ArgumentParser(
+        prog="trainplan launch", description=__doc__.split("\n\n")[0],
+        epilog="example: trainplan launch --summary results/analytic/summary.json --config config/config.yaml "
+               "--out results/launch", formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--summary", required=True, help="analytic summary.json (its 'layout' is used)")
+    ap.add_argument("--config", required=True, help="the study config (model, cluster, training)")
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--study-hash", help="hash for the headers (default: config_hash of the config)")
+    ap.add_argument("--train-script", default=DEFAULT_TRAIN_SCRIPT,
+                    help="training script for accelerate launch / torchrun (default: -m trainplan.train_entry)")
+    ap.add_argument("--time-limit-h", type=float, help="Slurm --time in hours (default: config launch.time_limit_h)")
+    ap.add_argument("--cost", help="cost.json (Young/Daly checkpoint_interval_h; default: cost/cost.json beside "
+                    "the summary's analytic/ directory, if present)")
+    ap.add_argument("--production", help="production.json (p10 tokens/s/GPU for the day-1 check; default: "
+                    "prediction/production.json beside analytic/, if present)")
+    a = ap.parse_args(argv)
+    try:
+        cfg, model, cluster, training, layout = load_inputs(a.summary, a.config)
+        h = a.study_hash or study_hash_of(cfg)
+        opts = {k: v for k, v in dict(getattr(cfg, "launch", None) or {}).items() if k in LAUNCH_OPTIONS}
+        if a.time_limit_h is not None:
+            opts["time_limit_h"] = a.time_limit_h
+        extra = _plan_numbers(a.summary, a.cost, a.production)
+        arts = write_artifacts(model, cluster, training, layout, a.out, study_hash=h,
+                               train_script=a.train_script, options=opts, summary_path=a.summary,
+                               config_path=a.config, **extra)
+        for name, _ in arts:
+            if name.endswith(".sh"):
+                bash_syntax_check(Path(a.out) / name)
+    except ConfigError as e:
+        print(f"trainplan launch: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # --out not writable, a file, ...
+        print(f"trainplan launch: out={a.out!r}: cannot write: {e.strerror or e}", file=sys.stderr)
+        return 2
+    for name, short in arts:
+        print(f"{Path(a.out) / name}  ({'inline' if short else 'attach'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

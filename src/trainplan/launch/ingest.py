@@ -1,0 +1,257 @@
+"""Measurements flow back: a trainer's step log becomes a calibration RECORD that ``calibrate`` reads.
+
+``trainplan ingest LOG --out data/calibration/gpu/NAME.json`` turns
+
+* the JSON-lines step log of :mod:`trainplan.train_entry` (one ``start`` event describing model, world, layout
+  and device; one ``step`` event per optimizer step: loss, step time, tokens, peak memory), or
+* a torchtitan console log (its metric lines ``step: N loss: X ... memory: G GiB ... tps: T ... mfu: M%``; the
+  model and layout then come from ``--model`` / ``--layout``)
+
+into a proxy RECORD (``docs/proxy-record.md``, schema ``trainplan.proxy.schema.RECORD_SCHEMA``; family
+``production``): ``spec`` (model, layout, seq_len, global batch, device, dtype), ``environment`` (device name,
+world size), ``timing`` (every step time; the first ``--warmup`` steps of each launch are warm-up), ``loss``,
+``memory.cuda_max_reserved_bytes`` (CUDA runs), the analytic model FLOPs beside it. Put it in
+``calibration.gpu_records_dir`` (``data/calibration/gpu/`` by default) and rerun: ``calibrate_gpu`` fits the
+efficiencies to it together with the GPU proxies, and the production prediction moves.
+
+``--min-tokens-per-s-per-gpu X`` makes it the day-1 throughput check (exit 1 below X or on a non-finite loss);
+``--check-resume`` the day-1 checkpoint check (a second launch started where a checkpoint left off, the steps
+are contiguous, the losses finite).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trainplan.model.specs import ConfigError, Layout, ModelSpec, resolve_model
+
+__all__ = ["check_resume", "main", "parse_torchtitan_log", "read_step_log", "record_from_log"]
+
+DEFAULT_WARMUP = 3  # steps after each (re)start that are not timed: allocator warm-up, first collectives
+
+
+def read_step_log(path: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(start events, step events) of a train_entry JSON-lines log, in file order (each step tagged ``segment``)."""
+    starts: list[dict[str, Any]] = []
+    steps: list[dict[str, Any]] = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError:
+            raise ConfigError(f"{path}:{n}", line[:60], "a JSON object per line (a train_entry step log)") from None
+        if not isinstance(ev, dict):
+            continue
+        if ev.get("event") == "start":
+            starts.append(ev)
+        elif ev.get("event") == "step":
+            steps.append({**ev, "segment": max(0, len(starts) - 1)})
+    return starts, steps
+
+
+_TT = re.compile(r"step:\s*(?P<step>\d+).*?loss:\s*(?P<loss>[-+0-9.eE]+)"
+                 r"(?:.*?memory:\s*(?P<mem>[0-9.]+)\s*GiB)?(?:.*?tps:\s*(?P<tps>[0-9,]+))?"
+                 r"(?:.*?mfu:\s*(?P<mfu>[0-9.]+)%)?")
+
+
+def parse_torchtitan_log(path: str | Path) -> list[dict[str, Any]]:
+    """Step events from torchtitan's metric lines (rank 0 console). Step time = tokens per rank ÷ tps is not
+    recoverable without the batch, so ``tps`` (tokens/s per GPU) is kept and converted by the caller."""
+    out = []
+    seg = 0
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
+        if "Training starts at step" in line or "Loading the checkpoint" in line:
+            seg += 1 if out else 0
+        m = _TT.search(line)
+        if not m or "tps" not in line:
+            continue
+        out.append({"event": "step", "step": int(m["step"]), "loss": float(m["loss"]),
+                    "tokens_per_s_per_gpu": float(m["tps"].replace(",", "")) if m["tps"] else None,
+                    "mfu": float(m["mfu"]) / 100 if m["mfu"] else None,
+                    "peak_mem_bytes": int(float(m["mem"]) * 2**30) if m["mem"] else None,
+                    "peak_mem_kind": "cuda_max_reserved", "segment": seg})
+    return out
+
+
+def _timed(steps: list[dict[str, Any]], warmup: int) -> tuple[list[float], list[float]]:
+    """(warm-up step times, timed step times): the first ``warmup`` steps of every launch are warm-up."""
+    warm, timed = [], []
+    seen: dict[int, int] = {}
+    for s in steps:
+        k = seen.get(s["segment"], 0)
+        seen[s["segment"]] = k + 1
+        (warm if k < warmup else timed).append(float(s["step_time_s"]))
+    return warm, timed
+
+
+def _pct(xs: list[float], q: float) -> float:
+    ys = sorted(xs)
+    return ys[min(len(ys) - 1, max(0, round(q * (len(ys) - 1))))]
+
+
+def record_from_log(path: str | Path, *, record_id: str | None = None, warmup: int = DEFAULT_WARMUP,
+                    model: str | ModelSpec | None = None, layout: Layout | dict | None = None,
+                    device_name: str | None = None, fmt: str = "auto", seq_len: int | None = None,
+                    global_batch: int | None = None, world_size: int | None = None) -> dict[str, Any]:
+    """A RECORD (schema_version 1, family ``production``) from a step log; see the module docstring."""
+    from trainplan.model.flops import model_train_step_flops
+
+    p = Path(path)
+    kind = fmt if fmt != "auto" else ("jsonl" if p.read_text(encoding="utf-8", errors="replace").lstrip()
+                                      .startswith("{") else "torchtitan")
+    start: dict[str, Any] = {}
+    if kind == "jsonl":
+        starts, steps = read_step_log(p)
+        start = starts[0] if starts else {}
+    else:
+        steps = parse_torchtitan_log(p)
+    if not steps:
+        raise ConfigError("log", str(p), "no step events (train_entry JSON lines or torchtitan metric lines)")
+    mspec = (resolve_model(model) if model is not None else
+             ModelSpec.from_dict(start["model_spec"]) if start.get("model_spec") else
+             resolve_model(start["model_config"]) if start.get("model_config") else None)
+    if mspec is None:
+        raise ConfigError("model", None, "the log has no model_spec: pass --model (preset or config.json)")
+    lay_d = layout.to_dict() if isinstance(layout, Layout) else dict(layout or start.get("layout") or {})
+    if not lay_d:
+        raise ConfigError("layout", None, "the log has no layout: pass --layout '{\"dp\": 32, ...}'")
+    lay = Layout.from_dict(lay_d)
+    world = int(world_size or start.get("world_size") or lay.world_size)
+    seq = int(seq_len or start.get("seq_len") or 0)
+    gb = int(global_batch or start.get("global_batch") or 0)
+    if not seq or not gb:
+        raise ConfigError("seq_len", seq or None, "the log has no seq_len/global_batch: pass --seq-len/--global-batch")
+    tokens_per_step = gb * seq
+    for s in steps:  # torchtitan logs tokens/s per GPU; the record keeps step times
+        if s.get("step_time_s") is None and s.get("tokens_per_s_per_gpu"):
+            s["step_time_s"] = tokens_per_step / world / s["tokens_per_s_per_gpu"]
+    steps = [s for s in steps if s.get("step_time_s")]
+    warm, timed = _timed(steps, warmup)
+    if not timed:
+        raise ConfigError("warmup", warmup, f"leaves no timed step of {len(steps)}")
+    med = statistics.median(timed)
+    nnodes = int(start.get("nnodes") or 1)
+    dev = str(start.get("device") or "cuda")
+    name = str(device_name or start.get("device_name") or ("cpu" if dev == "cpu" else "unknown"))
+    peaks = [s["peak_mem_bytes"] for s in steps if s.get("peak_mem_bytes") and s.get("peak_mem_kind",
+                                                                                        "").startswith("cuda")]
+    training_ga = max(1, (gb // lay.dp) // lay.micro_batch)  # specs.grad_accum: micro-batches per rank per step
+    fl = model_train_step_flops(mspec, seq, lay.micro_batch) * training_ga / lay.tp
+    rid = record_id or re.sub(r"[^A-Za-z0-9._-]+", "-", p.stem)
+    losses = [float(s["loss"]) for s in steps]
+    return {
+        "schema_version": 1, "id": rid, "family": "production", "status": "ok",
+        "message": f"ingested from {p.name} ({kind}, {len(steps)} steps, {len(timed)} timed)",
+        "spec": {"id": rid, "family": "production", "model": mspec.to_dict(), "layout": lay.to_dict(),
+                 "seq_len": seq, "global_batch": gb, "steps": len(steps), "warmup": len(warm),
+                 "nproc_per_node": max(1, world // nnodes), "nnodes": nnodes, "device": dev,
+                 "dtype": str(start.get("dtype") or "bf16"), "finetune": "full", "lora_rank": 8,
+                 "lora_targets": [], "compile": False, "seed": 0, "data": str(p.name),
+                 "source": "trainer log: " + str(start.get("engine") or kind)},
+        "layout_family": lay.family, "layout_describe": lay.describe(),
+        "environment": {"torch_version": str(start.get("torch_version") or ""), "device_name": name,
+                        "world_size": world, "backend": str(start.get("backend") or ("nccl" if dev == "cuda"
+                                                                                      else "gloo")),
+                        "hostname_count": nnodes, "slurm_nodes": []},
+        "timing": {"step_times_s": warm + timed, "step_time_median_s": med, "step_time_p10_s": _pct(timed, 0.1),
+                   "step_time_p90_s": _pct(timed, 0.9), "tokens_per_s": tokens_per_step / med,
+                   "tokens_per_step": tokens_per_step, "wall_s": sum(warm + timed)},
+        "loss": losses,
+        "flops": {"measured_total_per_rank_step": None, "attention_recompute_per_rank_step": None,
+                  "measured_model_per_rank_step": None, "analytic_model_per_rank_step": fl,
+                  "analytic_hardware_per_rank_step": None, "by_op": {}},
+        "memory": {"state_bytes_per_rank": [], "saved_activations": None, "cuda_max_allocated_bytes": None,
+                   "cuda_max_reserved_bytes": int(max(peaks)) if peaks else None},
+        "comm": {}, "params": {"module": start.get("n_params"), "spec": mspec.n_params,
+                               "trainable": start.get("n_params")},
+        "predicted": {},
+    }
+
+
+def check_resume(path: str | Path) -> tuple[bool, str]:
+    """The day-1 checkpoint check on a train_entry log: a later launch resumed (start_step > 0) from a
+    checkpoint the log records, steps are contiguous 1..N across launches, every loss finite."""
+    starts, steps = read_step_log(path)
+    ckpts = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if '"checkpoint"' in line:
+            ev = json.loads(line)
+            if ev.get("event") == "checkpoint":
+                ckpts[ev["step"]] = ev
+    resumed = [s for s in starts if s.get("start_step", 0) > 0]
+    if not resumed:
+        return False, "no launch resumed from a checkpoint (every start_step is 0)"
+    bad = [r["start_step"] for r in resumed if r["start_step"] not in ckpts]
+    if bad:
+        return False, f"resumed at step {bad[0]} but the log has no checkpoint saved there"
+    nums = [s["step"] for s in steps]
+    if nums != list(range(1, len(nums) + 1)):
+        return False, f"steps are not contiguous across the restore: {nums}"
+    if not all(math.isfinite(float(s["loss"])) for s in steps):
+        return False, "a loss is not finite"
+    r = resumed[-1]["start_step"]
+    before = next(s["loss"] for s in steps if s["step"] == r)
+    after = next(s["loss"] for s in steps if s["step"] == r + 1)
+    return True, f"restored at step {r} and continued to step {nums[-1]} (loss {before:.4f} -> {after:.4f})"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``trainplan ingest``: exit 0 written/passed, 1 a day-1 check failed, 2 bad input."""
+    ap = argparse.ArgumentParser(prog="trainplan ingest", description=__doc__.split("\n\n")[0],
+                                 epilog="example: trainplan ingest run/steps.jsonl --out data/calibration/gpu/"
+                                        "production-day1.json")
+    ap.add_argument("log", help="train_entry steps.jsonl, or a torchtitan console log")
+    ap.add_argument("--out", help="RECORD path (e.g. data/calibration/gpu/<name>.json)")
+    ap.add_argument("--id", help="record id (default: the log's file stem)")
+    ap.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed steps after each launch (default 3)")
+    ap.add_argument("--model", help="preset or config.json (needed for torchtitan logs)")
+    ap.add_argument("--layout", help="layout JSON (needed for torchtitan logs)")
+    ap.add_argument("--seq-len", type=int)
+    ap.add_argument("--global-batch", type=int)
+    ap.add_argument("--world-size", type=int)
+    ap.add_argument("--device-name", help="GPU name (default: from the log)")
+    ap.add_argument("--format", choices=("auto", "jsonl", "torchtitan"), default="auto")
+    ap.add_argument("--min-tokens-per-s-per-gpu", type=float, help="day-1 throughput check: fail below this")
+    ap.add_argument("--check-resume", action="store_true", help="day-1 checkpoint check on the log (no record)")
+    a = ap.parse_args(argv)
+    try:
+        if a.check_resume:
+            ok, msg = check_resume(a.log)
+            print(f"trainplan ingest: checkpoint restore {'PASS' if ok else 'FAIL'}: {msg}")
+            return 0 if ok else 1
+        rec = record_from_log(a.log, record_id=a.id, warmup=a.warmup, model=a.model,
+                              layout=json.loads(a.layout) if a.layout else None, device_name=a.device_name,
+                              fmt=a.format, seq_len=a.seq_len, global_batch=a.global_batch, world_size=a.world_size)
+    except (ConfigError, OSError, json.JSONDecodeError, KeyError) as e:
+        print(f"trainplan ingest: {e}", file=sys.stderr)
+        return 2
+    from trainplan.proxy.schema import validate_record
+
+    validate_record(rec)
+    tps = rec["timing"]["tokens_per_s"] / rec["environment"]["world_size"]
+    if a.out:
+        from trainplan.io import write_json
+
+        write_json(a.out, rec)
+        print(f"{a.out}: {rec['message']}; median step {rec['timing']['step_time_median_s']:.4g} s, "
+              f"{tps:,.0f} tokens/s/GPU")
+    if a.min_tokens_per_s_per_gpu is not None:
+        finite = all(math.isfinite(x) for x in rec["loss"])
+        ok = finite and tps >= a.min_tokens_per_s_per_gpu
+        print(f"trainplan ingest: throughput {'PASS' if ok else 'FAIL'}: {tps:,.0f} tokens/s/GPU "
+              f"(need >= {a.min_tokens_per_s_per_gpu:,.0f}){'' if finite else '; a loss is not finite'}")
+        return 0 if ok else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""Which existing trainer runs the chosen layout, and its job config.
+
+Two trainers, both someone else's engine:
+
+* **torchtitan 0.3** (``torchrun -m torchtitan.train --module trainplan_torchtitan --config trainplan_job``):
+  FSDP2/HSDP, TP (+SP) and async TP, PP schedules (1F1B, Interleaved1F1B), CP, full/selective activation
+  checkpointing, torch.compile, DCP checkpoints with resume. torchtitan 0.3 has no TOML job files any more:
+  a job is a Python ``config_registry`` function returning ``Trainer.Config``, plus ``--section.key`` overrides.
+  We write one such module (:func:`torchtitan_job_module`): the model is torchtitan's own Llama 3 decoder
+  built to this ModelSpec's exact shapes (parameter count checked against ``ModelSpec.n_params`` in tests).
+  torchtitan 0.3's trainer needs an accelerator: on a CPU-only torch ``utils.device_type`` falls back to
+  ``"cuda"`` and ``Trainer.__init__`` fails in ``torch.cuda.set_device`` — so on CPU we validate the module with
+  torchtitan's own ``ConfigManager`` (and build its model on the meta device), and never run it.
+* **Hugging Face Transformers under ``accelerate launch``** with the generated FSDP2 config, through
+  :mod:`trainplan.train_entry` (random init from ``config.json`` or the checkpoint's weights): the model the
+  proxies measure, the checkpoint-on-SIGTERM handling, and it runs (and is tested) on CPU with gloo.
+
+:func:`choose_trainer` picks torchtitan when the layout needs what only torchtitan has (pp, tp, cp, compiled
+kernels, async TP) and the model is a Llama-shaped decoder; otherwise Accelerate + Transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pprint
+from collections.abc import Mapping
+from typing import Any
+
+from trainplan.model.specs import ClusterSpec, Layout, ModelSpec, TrainingSpec, grad_accum
+
+__all__ = ["TORCHTITAN_VERSION", "TORCHTITAN_MODULE", "TORCHTITAN_CONFIG_FN", "checkpoint_interval_steps",
+           "choose_trainer", "torchtitan_model_problems", "torchtitan_settings", "torchtitan_job_module",
+           "total_steps"]
+
+TORCHTITAN_VERSION = "0.3.0"
+TORCHTITAN_MODULE = "trainplan_torchtitan"  # the file written next to the sbatch script (on PYTHONPATH there)
+TORCHTITAN_CONFIG_FN = "trainplan_job"
+ROPE_THETA_LLAMA2 = 10000.0
+PP_SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}  # torch.distributed.pipelining names
+
+
+def total_steps(training: TrainingSpec) -> int:
+    """Optimizer steps of the run: dataset tokens × epochs ÷ (global batch × sequence)."""
+    return max(1, math.ceil(training.dataset_tokens * training.epochs / (training.global_batch * training.seq_len)))
+
+
+def checkpoint_interval_steps(interval_s: float | None, step_time_s: float | None, *, default: int = 500) -> int:
+    """The Young/Daly interval (cost.json ``checkpoint_interval_h`` in s) in whole steps of the predicted step time."""
+    if not interval_s or not step_time_s or interval_s <= 0 or step_time_s <= 0:
+        return default
+    return max(1, round(interval_s / step_time_s))
+
+
+def torchtitan_model_problems(model: ModelSpec, training: TrainingSpec) -> list[str]:
+    """Why torchtitan's Llama 3 decoder cannot be this model / fine-tune exactly (empty: it can)."""
+    why = []
+    if model.mlp != "swiglu":
+        why.append(f"mlp={model.mlp}: torchtitan's llama3 FeedForward is SwiGLU only")
+    if model.norm != "rmsnorm":
+        why.append(f"norm={model.norm}: llama3 uses RMSNorm")
+    if model.pos_embedding != "rope":
+        why.append(f"pos_embedding={model.pos_embedding}: llama3 uses RoPE")
+    if model.bias != "none":
+        why.append(f"bias={model.bias}: llama3 linears have no bias")
+    if getattr(model, "qk_norm", False):
+        why.append("qk_norm: llama3 has no q/k norm (torchtitan's qwen3 module has)")
+    if getattr(model, "norms_per_layer", 2) != 2:
+        why.append(f"norms_per_layer={model.norms_per_layer}: llama3 blocks have 2 norms")
+    if getattr(model, "sliding_window", None):
+        why.append("sliding_window: llama3 attends over the full sequence")
+    if getattr(model, "head_dim_override", None) not in (None, model.hidden // model.heads):
+        why.append("head_dim != hidden/heads: llama3 derives head_dim from dim/n_heads")
+    if training.finetune != "full":
+        why.append(f"finetune={training.finetune}: the job module is written for full fine-tuning only")
+    return why
+
+
+def choose_trainer(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tuple[str, str]:
+    """('torchtitan' | 'accelerate', why): which trainer the sbatch script runs for this layout."""
+    L = layout
+    needs = [n for n, on in (("pp", L.pp > 1), ("tp", L.tp > 1), ("cp", L.cp > 1), ("async TP", L.tp_overlap),
+                             ("compiled kernels", training.kernels == "compiled"),
+                             ("FP8 rowwise", training.fp8 == "rowwise")) if on]
+    titan_no = torchtitan_model_problems(model, training)
+    structural = [n for n in needs if n not in ("compiled kernels", "FP8 rowwise")]
+    if training.fp8 == "tensorwise" and not structural:
+        return "accelerate", ("FP8 tensorwise: torchtitan 0.3's float8 converter has rowwise recipes only, so "
+                              "Accelerate runs it (mixed_precision fp8, backend AO = torchao Float8 tensorwise)"
+                              + ("; torch.compile through Accelerate's dynamo settings"
+                                 if training.kernels == "compiled" else ""))
+    if needs and not titan_no:
+        return "torchtitan", (f"the layout uses {', '.join(needs)}, which torchtitan {TORCHTITAN_VERSION} runs "
+                              "natively (Accelerate 1.x has no PP; its TP needs a transformers tp_plan)")
+    if needs:
+        return "accelerate", (f"the layout uses {', '.join(needs)} but torchtitan cannot build this model "
+                              f"({'; '.join(titan_no)}); Accelerate + Transformers runs what it can express "
+                              "(see the notes in accelerate_fsdp2.yaml)")
+    return "accelerate", ("pure data parallelism (" + L.sharding + ") with eager kernels: Transformers' own model "
+                          "(the one the proxies measure) under Accelerate FSDP2, through trainplan.train_entry "
+                          "(checkpoint on SIGTERM, per-step log)")
+
+
+def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, *,
+                        ckpt_interval_steps: int = 500, steps: int | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The Trainer.Config fields (by section) for the layout, and notes on what is approximated or missing."""
+    L, notes = layout, []
+    ga = grad_accum(training, L)
+    if L.sharding == "none":
+        replicate, shard = L.dp, 1
+    elif L.sharding == "hsdp":
+        g = L.shard_group or cluster.gpus_per_node
+        shard = max(1, g // L.cp) if g % L.cp == 0 else 1
+        replicate = max(1, L.dp // shard)
+    else:
+        replicate, shard = 1, L.dp
+    if L.sharding in ("zero1", "zero2"):
+        notes.append(f"sharding={L.sharding}: torchtitan has FSDP2 only; fsdp_reshard_after_forward='never' keeps "
+                     "the gathered parameters between forward and backward (ZeRO-2-like memory)")
+    par: dict[str, Any] = {
+        "data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
+        "fsdp_reshard_after_forward": "always" if L.sharding in ("zero3", "hsdp") else "never",
+        "tensor_parallel_degree": L.tp, "enable_sequence_parallel": bool(L.sp) if L.tp > 1 else True,
+        "pipeline_parallel_degree": L.pp, "context_parallel_degree": L.cp,
+    }
+    if L.pp > 1:
+        par["pipeline_parallel_schedule"] = PP_SCHEDULES[L.pp_schedule]
+        par["pipeline_parallel_microbatch_size"] = L.micro_batch
+        if L.pp_schedule == "interleaved" and L.vpp > 1:
+            par["pipeline_parallel_layers_per_stage"] = max(1, model.layers // (L.pp * L.vpp))
+            if model.layers % (L.pp * L.vpp):
+                notes.append(f"layers={model.layers} not divisible by pp·vpp={L.pp * L.vpp}: torchtitan rounds "
+                             "layers per stage (the last stage is lighter)")
+    else:
+        par["pipeline_parallel_schedule"] = "1F1B"
+    if L.tp > 1 and not L.sp:
+        notes.append("tp without sp: torchtitan's llama3 TP plan always shards the norms' sequence dim when "
+                     "enable_sequence_parallel is true; set false here as planned")
+    if L.cp > 1 and L.cp_kind == "ulysses":
+        notes.append("cp_kind=ulysses: torchtitan 0.3 CP is ring attention (head-tail load balancing); "
+                     "emitted as ring CP")
+    # batch: without PP a rank processes micro_batch per forward, accumulating ga; with PP the local batch
+    # is split into pipeline micro-batches of micro_batch
+    local = L.micro_batch * ga if L.pp > 1 else L.micro_batch
+    train: dict[str, Any] = {"local_batch_size": local, "global_batch_size": training.global_batch,
+                             "seq_len": training.seq_len, "steps": int(steps or total_steps(training)),
+                             "enable_cpu_offload": L.offload == "cpu",
+                             "mixed_precision_param": "bfloat16" if training.half else "float32",
+                             "disable_cuda_graphs": True}
+    if L.offload == "cpu":
+        notes.append("offload=cpu: torchtitan enable_cpu_offload is FSDP2's CPUOffloadPolicy (parameters, "
+                     "gradients and optimizer on the host), more PCIe traffic than the optimizer-only offload costed")
+    ac = {"none": None, "full": "full", "selective": "selective"}[L.recompute]
+    compile_ = {"enable": training.kernels == "compiled" or L.tp_overlap,
+                "enable_async_tensor_parallel": bool(L.tp_overlap)}
+    if training.kernels == "fused":
+        notes.append("kernels=fused (Megatron/Transformer Engine kernels) has no torchtitan equivalent; "
+                     "torch.compile is enabled as the nearest")
+        compile_["enable"] = True
+    ckpt = {"enable": True, "interval": int(ckpt_interval_steps), "async_mode": "async",
+            "last_save_model_only": False, "folder": "checkpoint"}
+    # FP8: torchtitan 0.3's Float8LinearConverter offers the rowwise recipes only (recipe_name rowwise |
+    # rowwise_with_gw_hp); the output projection stays bf16 (filter_fqns), as the planner models it.
+    float8 = None
+    if training.fp8 == "rowwise":
+        float8 = {"recipe_name": "rowwise", "filter_fqns": ["lm_head", "output"]}
+    elif training.fp8 == "tensorwise":
+        notes.append("precision=fp8-tensorwise: torchtitan 0.3's float8 converter has only rowwise recipes; "
+                     "this job runs bf16 (use the Accelerate launch, fp8_config backend AO = torchao tensorwise)")
+    return {"parallelism": par, "training": train, "activation_checkpoint": ac, "compile": compile_,
+            "checkpoint": ckpt, "float8": float8}, notes
+
+
+def torchtitan_job_module(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, *,
+                          header: str, ckpt_interval_steps: int = 500, steps: int | None = None) -> str:
+    """Python source of a torchtitan 0.3 ``config_registry`` module: ``trainplan_job() -> Trainer.Config``."""
+    s, notes = torchtitan_settings(model, cluster, training, layout, ckpt_interval_steps=ckpt_interval_steps,
+                                   steps=steps)
+    shapes = {"dim": model.hidden, "n_layers": model.layers, "n_heads": model.heads, "n_kv_heads": model.kv_heads,
+              "hidden_dim": model.ffn_hidden, "vocab_size": model.vocab, "max_seq_len": max(model.max_seq_len,
+                                                                                             training.seq_len),
+              "tied": bool(model.tied_embeddings), "rope_theta": ROPE_THETA_LLAMA2}
+    note_lines = "".join(f"# NOTE: {n}\n" for n in notes)
+    return f'''{header}
+{note_lines}#
+# A torchtitan {TORCHTITAN_VERSION} job (torchtitan 0.3 reads Python config functions, not TOML). Run on every node:
+#   PYTHONPATH=<this directory> torchrun ... -m torchtitan.train --module {TORCHTITAN_MODULE} --config {TORCHTITAN_CONFIG_FN}
+# Any field can still be overridden on the command line (--training.steps 50, --checkpoint.interval 10, ...).
+# Environment: TRAINPLAN_HF_ASSETS (tokenizer + config; the base checkpoint for initial_load_path),
+# TRAINPLAN_DUMP_FOLDER (outputs/ and checkpoint/ live there; resume is automatic from its latest step),
+# TRAINPLAN_DATASET / TRAINPLAN_DATASET_PATH (a Hugging Face dataset torchtitan's text loader reads).
+"""trainplan's torchtitan job: torchtitan's Llama 3 decoder at this model's exact shapes + the planned layout."""
+
+import os
+
+from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+from torchtitan.components.quantization import Float8LinearConverter
+from torchtitan.components.validate import Validator
+from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+from torchtitan.models.llama3 import Llama3Model, model_registry
+from torchtitan.models.llama3 import _EMBEDDING_INIT, _NORM_INIT, _build_llama3_layers, _output_linear_init
+from torchtitan.models.llama3.config_registry import llama3_8b
+from torchtitan.protocols.model_spec import ModelSpec
+
+SHAPES = {pprint.pformat(shapes, width=110, sort_dicts=True)}
+SETTINGS = {pprint.pformat(s, width=110, sort_dicts=True)}
+
+
+def llama_model(attn_backend: str = "flex") -> Llama3Model.Config:
+    """torchtitan's Llama 3 decoder (llama3.model) at the planned model's shapes."""
+    d, v = SHAPES["dim"], SHAPES["vocab_size"]
+    return Llama3Model.Config(
+        dim=d, vocab_size=v, enable_weight_tying=SHAPES["tied"],
+        tok_embeddings=Embedding.Config(num_embeddings=v, embedding_dim=d, param_init=_EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=d, param_init=_NORM_INIT),
+        lm_head=Linear.Config(in_features=d, out_features=v, param_init=_output_linear_init(d)),
+        layers=_build_llama3_layers(
+            fuse_qkv=True, n_layers=SHAPES["n_layers"], dim=d, n_heads=SHAPES["n_heads"],
+            n_kv_heads=SHAPES["n_kv_heads"], hidden_dim=SHAPES["hidden_dim"],
+            rope=ComplexRoPE.Config(dim=d // SHAPES["n_heads"], max_seq_len=SHAPES["max_seq_len"],
+                                    theta=SHAPES["rope_theta"], scaling="none"),
+            attn_backend=attn_backend))
+
+
+def {TORCHTITAN_CONFIG_FN}():
+    cfg = llama3_8b()  # torchtitan's production recipe (AdamW, warmup/decay, chunked loss, metrics) ...
+    base = model_registry("8B")
+    model_cfg = llama_model()
+    if SETTINGS.get("float8"):  # torchao Float8 on the block linears (torchtitan's converter)
+        conv = Float8LinearConverter.Config(model_compile_enabled=SETTINGS["compile"]["enable"], **SETTINGS["float8"])
+        model_cfg = conv.build().convert(model_cfg)
+    cfg.model_spec = ModelSpec(name="llama3", flavor={json.dumps("trainplan-" + model.name)}, model=model_cfg,
+                               parallelize_fn=base.parallelize_fn, pipelining_fn=base.pipelining_fn,
+                               post_optimizer_build_fn=base.post_optimizer_build_fn,
+                               state_dict_adapter=base.state_dict_adapter)  # ... at our model's shapes
+    cfg.loss = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=SHAPES["vocab_size"]))
+    cfg.hf_assets_path = os.environ.get("TRAINPLAN_HF_ASSETS", "./assets/hf/PLACEHOLDER")
+    cfg.dump_folder = os.environ.get("TRAINPLAN_DUMP_FOLDER", "./outputs")
+    cfg.dataloader = HuggingFaceTextDataLoader.Config(dataset=os.environ.get("TRAINPLAN_DATASET", "c4"),
+                                                      dataset_path=os.environ.get("TRAINPLAN_DATASET_PATH") or None)
+    cfg.training = TrainingConfig(**SETTINGS["training"])
+    cfg.parallelism = ParallelismConfig(**SETTINGS["parallelism"])
+    cfg.activation_checkpoint = {{"full": FullAC.Config, "selective": SelectiveAC.Config}}.get(
+        SETTINGS["activation_checkpoint"], lambda: None)()
+    cfg.compile = CompileConfig(**SETTINGS["compile"])
+    for k, v in SETTINGS["checkpoint"].items():
+        setattr(cfg.checkpoint, k, v)
+    if os.environ.get("TRAINPLAN_HF_ASSETS") and os.environ.get("TRAINPLAN_INITIAL_LOAD_HF", "1") == "1":
+        cfg.checkpoint.initial_load_path = os.environ["TRAINPLAN_HF_ASSETS"]  # fine-tune: start from HF weights
+        cfg.checkpoint.initial_load_in_hf = True
+    cfg.validator = Validator.Config(enable=False)
+    cfg.metrics.log_freq = 1
+    cfg.profiler.enable_profiling = False
+    return cfg
+'''
+
+
+def settings_summary(settings: Mapping[str, Any]) -> str:
+    """One line naming the torchtitan parallelism degrees (for the manifest / memo)."""
+    p = settings["parallelism"]
+    return (f"dp_replicate={p['data_parallel_replicate_degree']} dp_shard={p['data_parallel_shard_degree']} "
+            f"tp={p['tensor_parallel_degree']} pp={p['pipeline_parallel_degree']} cp={p['context_parallel_degree']}")
+
+
+def interval_from_results(cost_json: str, summary_json: str | None = None) -> tuple[int, int]:
+    """(checkpoint interval s, in steps of the summary's predicted step time) from the study's result files."""
+    from trainplan.train_entry import checkpoint_interval_s_from_cost
+
+    s = checkpoint_interval_s_from_cost(cost_json)
+    step = None
+    if summary_json:
+        try:
+            from pathlib import Path
+
+            step = float(json.loads(Path(summary_json).read_text(encoding="utf-8"))["estimate"]["step_time_s"])
+        except (OSError, KeyError, TypeError, ValueError):
+            step = None
+    return int(round(s)), checkpoint_interval_steps(s, step)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainplan.launch.trainers COST_JSON [SUMMARY_JSON]``: print "interval_s interval_steps" (the sbatch
+    script reads the study's cost.json at run time when the artifacts were written without it)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        print("usage: python -m trainplan.launch.trainers COST_JSON [SUMMARY_JSON]", file=sys.stderr)
+        return 2
+    try:
+        s, n = interval_from_results(args[0], args[1] if len(args) > 1 else None)
+    except (OSError, ValueError) as e:
+        print(f"trainplan.launch.trainers: {e}", file=sys.stderr)
+        return 2
+    print(s, n)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

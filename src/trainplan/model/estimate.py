@@ -1,0 +1,78 @@
+"""One layout end to end: structural checks, memory, time, and the ``trainplan estimate --json`` schema."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainplan.model import flops, memory, timing
+from trainplan.model.efficiency import Efficiency
+from trainplan.model.specs import ClusterSpec, GiB, Layout, ModelSpec, TrainingSpec, layout_problems
+
+__all__ = ["Estimate", "estimate", "MEMORY_KEYS", "DEFAULT_MAX_MEM_FRAC"]
+
+MEMORY_KEYS = ("weights", "gradients", "optimizer", "activations", "logits", "buffers", "overhead", "total")
+# Headroom verdict: a plan is feasible when its peak is at most this fraction of usable HBM (DESIGN §1).
+DEFAULT_MAX_MEM_FRAC = 0.90
+
+
+@dataclass(frozen=True)
+class Estimate:
+    model: ModelSpec
+    layout: Layout
+    feasible: bool
+    reason: str
+    memory_bytes: dict[str, float] = field(default_factory=dict)
+    timing: dict[str, float] = field(default_factory=dict)
+    hbm_bytes: float = 0.0
+    efficiency_source: str = "defaults"
+    flops_per_token: float = 0.0  # flops.train_flops_per_token: 6N-based for full, 4N-based for LoRA/QLoRA
+
+    @property
+    def headroom_frac(self) -> float:
+        total = self.memory_bytes.get("total", float("nan"))
+        return 1.0 - total / self.hbm_bytes if self.hbm_bytes else float("nan")
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``trainplan estimate --json`` schema (SI inside, GiB for memory as named)."""
+        t = self.timing
+        return {
+            "feasible": self.feasible,
+            "reason": self.reason,
+            "model": self.model.name,
+            "params": self.model.n_params,
+            "flops_per_token": self.flops_per_token,
+            "memory_gib": {k: self.memory_bytes[k] / GiB for k in MEMORY_KEYS if k in self.memory_bytes},
+            "hbm_gib": self.hbm_bytes / GiB,
+            "headroom": self.headroom_frac,
+            "step_time_s": t.get("step_time_s"),
+            "tokens_per_s": t.get("tokens_per_s"),
+            "tokens_per_s_per_gpu": t.get("tokens_per_s_per_gpu"),
+            "mfu": t.get("mfu"),
+            "hfu": t.get("hfu"),
+            "breakdown": {k: t[k] for k in timing.TIMING_KEYS if k.endswith("_s") and k != "step_time_s" and k in t},
+            "layout": self.layout.to_dict(),
+            "layout_text": self.layout.describe(),
+            "family": self.layout.family,
+            "efficiency_source": self.efficiency_source,
+        }
+
+
+def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,
+             eff: Efficiency | None = None, max_mem_frac: float = DEFAULT_MAX_MEM_FRAC) -> Estimate:
+    """Memory and time of one layout; structural problems or OOM give ``feasible=False`` with the reason."""
+    eff = eff or Efficiency.for_gpu(cluster.gpu)
+    hbm = float(cluster.gpu.hbm_bytes)
+    f_tok = flops.train_flops_per_token(model, training)
+    problems = layout_problems(model, cluster, training, layout)
+    if problems:
+        return Estimate(model=model, layout=layout, feasible=False, reason="; ".join(problems), hbm_bytes=hbm,
+                        efficiency_source=eff.source, flops_per_token=f_tok)
+    mem = {k: float(v) for k, v in memory.memory_breakdown(model, cluster, training, layout, eff).items()}
+    tim = timing.step_time(model, cluster, training, layout, eff)
+    reason = ""
+    if mem["total"] > max_mem_frac * hbm:
+        reason = (f"OOM: needs {mem['total'] / GiB:.1f} GiB > {max_mem_frac:.0%} of "
+                  f"{hbm / GiB:.1f} GiB usable HBM")
+    return Estimate(model=model, layout=layout, feasible=not reason, reason=reason, memory_bytes=mem, timing=tim,
+                    hbm_bytes=hbm, efficiency_source=eff.source, flops_per_token=f_tok)

@@ -1,0 +1,545 @@
+"""Per-GPU memory: one pure function per term, each citing its formula (derivations: docs/analytic-model.md).
+
+Every layout-dependent function is written with numpy broadcasting, so ``layout`` may be one
+:class:`~trainplan.model.specs.Layout` (results are Python floats) or a :class:`~trainplan.model.specs.LayoutTable`
+(results are arrays, one entry per row). Bytes everywhere. The analytic core: no torch.
+
+:func:`memory_breakdown` returns the terms of the peak rank: the first pipeline stage (most micro-batches
+in flight, the input embedding) or the last (LM head and logits), whichever totals more, row by row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from trainplan.model.specs import ConfigError, GiB, GPUSpec, ModelSpec, TrainingSpec, grad_accum, shard_degree
+
+MiB = 1024**2
+TERMS = ("weights", "gradients", "optimizer", "activations", "logits", "buffers", "overhead", "total")
+ATTN_IMPLS = ("flash", "math")
+NORM_IMPLS = ("fused", "composite")
+CONVENTIONS = ("zero", "fsdp2")
+
+# Assumptions used only when the Efficiency object lacks the attribute (it normally carries them).
+DEFAULT_RUNTIME_OVERHEAD_BYTES = 4 * GiB  # CUDA context + NCCL + cuBLAS workspace [I: to be calibrated]
+DEFAULT_ALLOC_FRAG_FRAC = 0.05  # caching-allocator fragmentation, fraction of the dynamic peak [I]
+DDP_BUCKET_BYTES = 25 * MiB  # torch DDP bucket_cap_mb default
+# QLoRA NF4 (Dettmers 2023 §2): 4 bits + double-quantised absmax constants 8/64 + 32/(64·256) bits.
+NF4_BYTES_PER_PARAM = (4 + 8 / 64 + 32 / (64 * 256)) / 8
+FP32 = 4
+
+
+def _out(x: Any) -> Any:
+    """A Python float for 0-d results, the array otherwise."""
+    a = np.asarray(x, dtype=float)
+    return a.item() if a.ndim == 0 else a
+
+
+def _check(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    bad = sorted({str(v) for v in np.atleast_1d(np.asarray(value))} - set(allowed))
+    if bad:
+        raise ConfigError(name, bad[0], "must be one of " + ", ".join(allowed))
+
+
+def _zero_stage(sharding: Any) -> Any:
+    """none→0, zero1→1, zero2→2, zero3/hsdp→3 (HSDP = ZeRO-3 inside the shard group)."""
+    return np.select([sharding == "zero1", sharding == "zero2", (sharding == "zero3") | (sharding == "hsdp")],
+                     [1, 2, 3], 0)
+
+
+# ------------------------------------------------------------------------------ model-state bytes
+def state_bytes_per_param(precision: str, optimizer: str, convention: str = "zero") -> tuple[int, int, int]:
+    """(weights, gradients, optimizer) bytes per parameter: ZeRO 2+2+12 (Rajbhandari 2019 §3.1); FSDP2 4+4+8.
+
+    FP8 recipes keep this layout: torchao casts the bf16 weights to FP8 per GEMM (transient copies), it does
+    not store FP8 weights, so the model states are those of bf16 mixed precision."""
+    if precision == "fp32":
+        return FP32, FP32, (8 if optimizer == "adamw" else 0)  # Adam m, v; plain SGD keeps nothing
+    if convention == "fsdp2":  # fp32 sharded params (the master) + fp32 grads + fp32 m, v
+        return FP32, FP32, (8 if optimizer == "adamw" else 0)
+    return 2, 2, (12 if optimizer == "adamw" else 4)  # bf16 params + bf16 grads + fp32 master (+ m, v)
+
+
+def model_state_bytes(n_params: Any, shard: Any, zero_stage: Any, precision: str = "bf16",
+                      optimizer: str = "adamw", convention: str = "zero") -> dict[str, Any]:
+    """Model states per rank: ZeRO-1 shards the optimizer, ZeRO-2 + grads, ZeRO-3 + params (Rajbhandari 2019 Fig. 1)."""
+    _check("precision", precision, ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp32"))
+    _check("optimizer", optimizer, ("adamw", "sgd"))
+    _check("convention", convention, CONVENTIONS)
+    w, g, o = state_bytes_per_param(precision, optimizer, convention)
+    n, d, z = np.asarray(n_params, dtype=float), np.asarray(shard, dtype=float), np.asarray(zero_stage)
+    return {"weights": _out(n * w / np.where(z >= 3, d, 1)),
+            "gradients": _out(n * g / np.where(z >= 2, d, 1)),
+            "optimizer": _out(n * o / np.where(z >= 1, d, 1))}
+
+
+# --------------------------------------------------------------------------- parameters per rank
+def _kv_shards(model: ModelSpec, tp: Any) -> Any:
+    """TP ranks over which K/V heads are split; with tp > kv_heads each rank holds one replicated head."""
+    return np.minimum(tp, model.kv_heads)
+
+
+def layer_matmul_params_per_rank(model: ModelSpec, tp: Any = 1) -> Any:
+    """Weight-matrix parameters of one block on one TP rank (column/row-parallel; Shoeybi 2019 §3)."""
+    h, kv, f, q = model.hidden, model.kv_dim, model.ffn_hidden, model.q_dim  # q = heads·head_dim (Gemma: ≠ h)
+    tp = np.asarray(tp, dtype=float)
+    mlp = (3 if model.mlp == "swiglu" else 2) * h * f / tp
+    return 2 * h * q / tp + 2 * h * kv / _kv_shards(model, tp) + mlp
+
+
+def layer_other_params_per_rank(model: ModelSpec, tp: Any = 1) -> Any:
+    """Norms (replicated under TP) and biases (column-parallel ones sharded) of one block on one TP rank."""
+    h, kv, f, q = model.hidden, model.kv_dim, model.ffn_hidden, model.q_dim
+    tp = np.asarray(tp, dtype=float)
+    per_norm = 2 if model.norm == "layernorm" else 1  # + Gemma 2/3 sandwich norms, Qwen3/Gemma 3 q/k norms
+    n = (model.norms_per_layer * h + 2 * model.head_dim * model.qk_norm) * per_norm + 0 * tp
+    if model.bias in ("qkv", "all"):
+        n = n + q / tp + 2 * kv / _kv_shards(model, tp)
+    if model.bias == "all":  # o and down biases sit after the all-reduce: replicated
+        n = n + h + (2 if model.mlp == "swiglu" else 1) * f / tp + h
+    return n
+
+
+def layer_params_per_rank(model: ModelSpec, tp: Any = 1) -> Any:
+    """All parameters of one block on one TP rank."""
+    return layer_matmul_params_per_rank(model, tp) + layer_other_params_per_rank(model, tp)
+
+
+def _layers_per_stage(model: ModelSpec, pp: Any) -> Any:
+    return np.ceil(model.layers / np.asarray(pp, dtype=float))
+
+
+def stage_params(model: ModelSpec, tp: Any = 1, pp: Any = 1, stage: str = "first") -> dict[str, Any]:
+    """Parameters per rank of a pipeline stage, split into block matmuls and the rest (embeddings, norms).
+
+    Vocab-parallel embedding and LM head (V·h/tp; Shoeybi 2019 §3) sit on the first and last stage; a
+    tied matrix is held once when pp=1 and by both end stages when pp>1 (Megatron). Norms replicated.
+    """
+    _check("stage", stage, ("first", "last"))
+    tp, pp = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
+    h, V = model.hidden, model.vocab
+    n_layers = _layers_per_stage(model, pp)
+    emb = V * h / tp
+    pos = model.max_seq_len * h if model.pos_embedding == "learned" else 0
+    head = np.where(pp > 1, emb, 0 if model.tied_embeddings else emb)
+    if stage == "first":
+        ends = emb + pos + np.where(pp == 1, model.n_params_final_norm + head, 0)
+    else:
+        ends = head + model.n_params_final_norm + np.where(pp == 1, emb + pos, 0)
+    return {"matmul": n_layers * layer_matmul_params_per_rank(model, tp),
+            "other": n_layers * layer_other_params_per_rank(model, tp) + ends}
+
+
+_LORA_SHAPES = {  # (in, out, column-parallel?) per target projection
+    "q": ("h", "h", True), "k": ("h", "kv", True), "v": ("h", "kv", True), "o": ("h", "h", False),
+    "gate": ("h", "f", True), "up": ("h", "f", True), "down": ("f", "h", False),
+}
+
+
+def lora_params_per_layer(model: ModelSpec, rank: int, targets: tuple[str, ...], tp: Any = 1) -> Any:
+    """LoRA adapter parameters of one block on one TP rank: r·(in + out) per target (Hu 2021 §4.1).
+
+    Column-parallel targets shard B (r×out), row-parallel ones shard A (in×r), as PEFT-on-Megatron does.
+    With a GELU MLP, ``up`` is fc1, ``down`` is fc2 and ``gate`` does not exist (skipped).
+    """
+    tp = np.asarray(tp, dtype=float)
+    dims = {"h": model.hidden, "kv": model.kv_dim, "f": model.ffn_hidden}
+    n = 0.0 * tp
+    for t in targets:
+        if t == "gate" and model.mlp != "swiglu":
+            continue
+        i, o, col = _LORA_SHAPES[t]
+        out_shards = _kv_shards(model, tp) if o == "kv" else tp
+        n = n + (rank * dims[i] + rank * dims[o] / out_shards if col else rank * dims[i] / tp + rank * dims[o])
+    return n
+
+
+# -------------------------------------------------------------------------------- model states
+def model_states(model: ModelSpec, training: TrainingSpec, layout: Any, cluster: Any = None,
+                 stage: str = "first") -> dict[str, Any]:
+    """Weights, gradients and optimizer bytes on one rank of ``stage`` (ZeRO §3.1 / FSDP2 / LoRA / QLoRA).
+
+    Sharding: ZeRO-1/2 use the ZeRO paper's split (2+2+12 B/param); ZeRO-3/HSDP use the FSDP2 split
+    (fp32 sharded params + fp32 grads + fp32 m, v = 16/d B/param; the gathered bf16 units are ``buffers``).
+    CPU offload removes the optimizer (with the fp32 master) from HBM; under FSDP2 it also moves the
+    sharded params and grads (``CPUOffloadPolicy``). LoRA/QLoRA: the frozen base is weights only (bf16, or
+    NF4 for QLoRA's block matmuls), sharded by ZeRO-3/HSDP; adapters carry the full state.
+    """
+    L = layout
+    z = _zero_stage(L.sharding)
+    d = shard_degree(L, cluster)
+    p = stage_params(model, L.tp, L.pp, stage)
+    conv_fsdp = z >= 3
+    opt = training.optimizer
+    if training.finetune == "full":
+        n = p["matmul"] + p["other"]
+        zs = model_state_bytes(n, d, z, training.precision, opt, "zero")
+        fs = model_state_bytes(n, d, z, training.precision, opt, "fsdp2")
+        st = {k: np.where(conv_fsdp, fs[k], zs[k]) for k in zs}
+    else:
+        adapters = _layers_per_stage(model, L.pp) * lora_params_per_layer(
+            model, training.lora_rank, training.lora_targets, L.tp)
+        zs = model_state_bytes(adapters, d, z, training.precision, opt, "zero")
+        fs = model_state_bytes(adapters, d, z, training.precision, opt, "fsdp2")
+        st = {k: np.where(conv_fsdp, fs[k], zs[k]) for k in zs}
+        st["weights"] = st["weights"] + frozen_base_bytes(model, training, L.tp, L.pp, stage) / np.where(z >= 3, d, 1)
+    off = L.offload == "cpu"
+    st["optimizer"] = np.where(off, 0.0, st["optimizer"])
+    if training.finetune == "full":
+        st["weights"] = np.where(off & conv_fsdp, 0.0, st["weights"])
+    st["gradients"] = np.where(off & conv_fsdp, 0.0, st["gradients"])
+    return {k: _out(v) for k, v in st.items()}
+
+
+def frozen_base_bytes(model: ModelSpec, training: TrainingSpec, tp: Any = 1, pp: Any = 1,
+                      stage: str = "first") -> Any:
+    """Frozen base of LoRA (bf16) or QLoRA (NF4 matmuls at 4.127 bit, Dettmers 2023 §2; rest bf16)."""
+    p = stage_params(model, tp, pp, stage)
+    half = 2 if training.half else FP32
+    mat = NF4_BYTES_PER_PARAM if training.finetune == "qlora" else half
+    return _out(p["matmul"] * mat + p["other"] * half)
+
+
+# -------------------------------------------------------------------------------- activations
+def resolve_sac_policy(training: TrainingSpec) -> str:
+    """The selective-recompute policy in force: ``auto`` → Megatron's for fused kernels, else torchtitan's op SAC."""
+    if training.sac_policy != "auto":
+        return training.sac_policy
+    return "attention" if training.kernels == "fused" else "torchtitan_op"
+
+
+def resolve_sp_impl(training: TrainingSpec) -> str:
+    """The SP implementation in force: ``auto`` → Megatron (shards kept) for fused kernels, else PyTorch DTensor."""
+    if training.sp_impl != "auto":
+        return training.sp_impl
+    return "megatron" if training.kernels == "fused" else "pytorch"
+
+
+def _norm_bytes(model: ModelSpec, d: int, norm_impl: str, frozen: bool) -> float:
+    """One norm's saves per token: input (+ x·rstd when composite and the weight trains) + fp32 statistics."""
+    if model.norm == "layernorm":
+        return model.hidden * d + 2 * FP32  # input; mean, rstd
+    return (1 if norm_impl == "fused" or frozen else 2) * model.hidden * d + FP32
+
+
+def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any = 1,
+                                     sp: Any = False, cp: Any = 1, recompute: Any = "none",
+                                     dtype_bytes: int = 2, attn_impl: str = "flash",
+                                     norm_impl: str = "fused", sac_policy: str = "attention",
+                                     sp_impl: str = "megatron", lora_rank: int = 0,
+                                     lora_targets: tuple[str, ...] = ()) -> Any:
+    """Bytes one Llama/GPT block saves for backward per micro-batch (derivation: docs/analytic-model.md §3).
+
+    Counted per token (``s·b/cp`` tokens), in units of ``dtype_bytes`` unless marked fp32:
+
+    * each norm: its input ``h`` (+ ``h`` for x·rstd if ``norm_impl='composite'``, i.e. ``F.rms_norm``
+      on CPU, which decomposes, and the weight trains) + rstd (fp32; LayerNorm also the mean);
+    * the inputs of the QKV and MLP-in linears: ``h`` each (k/v/q share one saved input);
+    * attention, ``attn_impl='flash'`` (CUDA flash and CPU ``_scaled_dot_product_flash_attention_for_cpu``):
+      q ``h``, k, v ``kv_dim`` each, output ``h`` (the o-proj input is a view of it), logsumexp
+      ``heads`` in fp32. ``'math'`` (the CPU fallback): scaled q, expanded k and v ``h`` each, the
+      softmax probabilities ``heads·s``, and the o-proj input ``h`` (a copy);
+    * SwiGLU: gate out, up out, SiLU out, down input ``4f``; GELU MLP: fc1 out, GELU out ``2f``.
+
+    RoPE saves only its cos/sin tables, shared by all layers (see :func:`rope_table_bytes`).
+    TP divides heads, ``kv_dim`` (over ``min(tp, kv_heads)``) and ``f``; SP also divides the norm and
+    linear-input parts (Korthikanti 2022 §4.2.2); ``sp_impl='pytorch'`` (DTensor) keeps the all-gathered
+    QKV and MLP-in inputs instead (``+2h(1−1/tp)``). ``recompute='full'`` keeps only the layer input ``h``;
+    ``'selective'`` keeps what ``sac_policy`` says (:data:`~trainplan.model.specs.SAC_POLICIES`; §3.2).
+    LoRA (``lora_rank > 0``): frozen linears keep no input (no weight gradient), each adapter keeps its
+    input and its rank-``r`` intermediate, SwiGLU's down input is kept only if ``down`` is adapted.
+    The proxy harness compares this with ``saved_tensors_hooks`` (unique storages, parameters excluded).
+    """
+    _check("attn_impl", attn_impl, ATTN_IMPLS)
+    _check("norm_impl", norm_impl, NORM_IMPLS)
+    _check("recompute", recompute, ("none", "selective", "full"))
+    _check("sac_policy", sac_policy, SAC_KEEPS)
+    _check("sp_impl", sp_impl, ("megatron", "pytorch"))
+    tp, cp = np.asarray(tp, dtype=float), np.asarray(cp, dtype=float)
+    sp = np.asarray(sp, dtype=bool)
+    h, f, a, s, kv = model.hidden, model.ffn_hidden, model.heads, seq_len, model.kv_dim
+    d = dtype_bytes
+    lora = lora_rank > 0
+    tg = set(lora_targets) if lora else set()
+    swiglu = model.mlp == "swiglu"
+    tokens = s * micro_batch / cp
+    rep = np.where(sp, tp, 1.0)  # divisor of the parts TP leaves replicated
+    # h_loc is the attention width per rank (q, SDPA output, o-proj input): heads·head_dim, ≠ h for Gemma
+    h_loc, kv_loc, f_loc, a_loc = model.q_dim / tp, kv / _kv_shards(model, tp), f / tp, a / tp
+    norm = _norm_bytes(model, d, norm_impl, lora) / rep
+    # A linear input saved for the weight gradient: SP shard (Megatron) or the gathered sequence (DTensor).
+    lin_in = np.where(sp & (sp_impl == "pytorch"), h * d, h * d / rep)
+    qkv_in = lin_in if not lora or tg & {"q", "k", "v"} else 0.0 * lin_in
+    mlp_in = lin_in if not lora or tg & {"gate", "up"} - ({"gate"} if not swiglu else set()) else 0.0 * lin_in
+    if attn_impl == "flash":
+        attn = (2 * h_loc + 2 * kv_loc) * d + a_loc * FP32
+    else:
+        attn = (4 * h_loc + a_loc * s) * d
+    if swiglu:  # gate out, up out, SiLU out; down input unless down is frozen
+        mlp = (3 + (0 if lora and "down" not in tg else 1)) * f_loc * d
+    else:  # fc1 out (GELU backward); GELU out (fc2 input) unless fc2 is frozen
+        mlp = (1 + (0 if lora and "down" not in tg else 1)) * f_loc * d
+    adapters = sum(1 for t in tg if swiglu or t != "gate") * lora_rank * d  # x·Aᵀ of each adapter
+    none = 2 * norm + qkv_in + mlp_in + attn + mlp + adapters
+    full = h * d / rep
+    selective = _sac_kept_per_token(model, d, tp, sp, attn_impl, sac_policy, h_loc, kv_loc, f_loc, a_loc,
+                                    norm, qkv_in, mlp_in, mlp, rep)
+    per_token = np.select([recompute == "full", recompute == "selective"], [full, selective], none)
+    return _out(tokens * per_token)
+
+
+SAC_KEEPS = ("attention", "torchtitan_op", "matmul")
+
+
+def _sac_kept_per_token(model: ModelSpec, d: int, tp: Any, sp: Any, attn_impl: str, policy: str, h_loc: Any,
+                        kv_loc: Any, f_loc: Any, a_loc: Any, norm: Any, qkv_in: Any, mlp_in: Any, mlp: Any,
+                        rep: Any) -> Any:
+    """Bytes per token a block keeps under selective recompute ``policy`` (docs/analytic-model.md §3.2).
+
+    attention (Korthikanti 2022 §5): everything but the attention core's internals (keeps q, k, v and
+    its output). torchtitan_op (``_apply_ac_to_transformer_block``, ``_save_list``, 9dec370): the block
+    input, the outputs of the 1st, 3rd, 5th, 7th mm (wq, wv, w1, w2 for SwiGLU; wq, wv, fc1 for GELU),
+    flash SDPA's output and logsumexp, and under SP the reduce-scatter outputs of wo and w2. matmul: the
+    block input and every mm/addmm and SDPA output. Row-parallel mm outputs are partial sums of full
+    width ``h`` on every TP rank.
+    """
+    h = model.hidden
+    swiglu = model.mlp == "swiglu"
+    block_in = h * d / rep
+    sdpa = (h_loc * d + a_loc * FP32) if attn_impl == "flash" else 0.0 * h_loc
+    if policy == "attention":
+        return 2 * norm + qkv_in + mlp_in + (2 * h_loc + 2 * np.asarray(kv_loc)) * d + mlp
+    if policy == "torchtitan_op":
+        mms = (h_loc + kv_loc + f_loc) * d + (h * d if swiglu else 0.0)  # wq, wv, w1 (+ w2's partial sum)
+        rs = np.where(np.asarray(sp, dtype=bool), 2 * h * d / tp, 0.0)  # _c10d_functional.reduce_scatter_tensor
+        return block_in + mms + sdpa + rs
+    mms = (h_loc + 2 * kv_loc + (2 if swiglu else 1) * f_loc) * d + 2 * h * d  # q, k, v, gate/up; wo, w2
+    return block_in + mms + sdpa
+
+
+def rope_table_bytes(model: ModelSpec, seq_len: int, dtype_bytes: int = 2) -> float:
+    """cos and sin tables (s × head_dim/2 each) saved once per forward and shared by all layers."""
+    return float(seq_len * model.head_dim * dtype_bytes) if model.pos_embedding == "rope" else 0.0
+
+
+def head_saved_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any = 1, sp: Any = False,
+                     cp: Any = 1, dtype_bytes: int = 2, norm_impl: str = "fused", sp_impl: str = "megatron",
+                     frozen: bool = False) -> Any:
+    """Final norm + LM-head input saved for backward on the last stage (as a block's norm and linear input).
+
+    ``sp_impl='pytorch'``: DTensor's Colwise LM head keeps the all-gathered input; ``frozen`` (LoRA): the
+    frozen head keeps no input and the frozen norm no x·rstd.
+    """
+    _check("norm_impl", norm_impl, NORM_IMPLS)
+    _check("sp_impl", sp_impl, ("megatron", "pytorch"))
+    tp, cp = np.asarray(tp, dtype=float), np.asarray(cp, dtype=float)
+    sp = np.asarray(sp, dtype=bool)
+    rep = np.where(sp, tp, 1.0)
+    h, d = model.hidden, dtype_bytes
+    lin_in = 0.0 if frozen else np.where(sp & (sp_impl == "pytorch"), h * d, h * d / rep)
+    return _out(seq_len * micro_batch / cp * (_norm_bytes(model, d, norm_impl, frozen) / rep + lin_in))
+
+
+def logits_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any = 1, cp: Any = 1,
+                 dtype_bytes: int = 2) -> Any:
+    """Logits s·b·V/(tp·cp) in the compute dtype + fp32 log-probs for the loss + fp32 grad of logits (Megatron)."""
+    tp, cp = np.asarray(tp, dtype=float), np.asarray(cp, dtype=float)
+    return _out(seq_len * micro_batch / cp * model.vocab / tp * (dtype_bytes + FP32 + FP32))
+
+
+def model_saved_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, dtype_bytes: int = 4,
+                                 attn_impl: str = "flash", norm_impl: str = "composite",
+                                 recompute: str = "none", lora_rank: int = 0,
+                                 lora_targets: tuple[str, ...] = ()) -> float:
+    """Everything a single-rank forward saves for backward, up to the logits (the CPU proxy's measurement).
+
+    = token ids (int64, saved by a trainable embedding) + RoPE tables + L × per-layer + final norm and
+    LM-head input. The loss's own saves (log-probs) are in :func:`logits_bytes`, not here. LoRA: the
+    frozen embedding saves no ids and the first block's input needs no gradient, so its first norm saves
+    nothing (one norm less).
+    """
+    kw = dict(dtype_bytes=dtype_bytes, attn_impl=attn_impl, norm_impl=norm_impl, lora_rank=lora_rank,
+              lora_targets=tuple(lora_targets))
+    per_layer = saved_activation_bytes_per_layer(model, seq_len, micro_batch, recompute=recompute, **kw)
+    lora = lora_rank > 0
+    first_norm = seq_len * micro_batch * _norm_bytes(model, dtype_bytes, norm_impl, True) if lora else 0.0
+    ids = 0 if lora else 8 * seq_len * micro_batch
+    return float(ids + rope_table_bytes(model, seq_len, dtype_bytes) + model.layers * per_layer - first_norm
+                 + head_saved_bytes(model, seq_len, micro_batch, dtype_bytes=dtype_bytes, norm_impl=norm_impl,
+                                    frozen=lora))
+
+
+def pipeline_in_flight(pp: Any, microbatches: Any, stage: str = "first") -> Any:
+    """Micro-batches whose activations a stage holds under 1F1B: min(pp, m) on the first, 1 on the last (Narayanan 2021 §2.2)."""
+    pp = np.asarray(pp, dtype=float)
+    return _out(np.minimum(pp, microbatches) if stage == "first" else np.ones_like(pp))
+
+
+def interleave_factor(pp: Any, vpp: Any, schedule: Any) -> Any:
+    """Interleaved 1F1B stores 1 + (p−1)/(p·v) times the 1F1B activations (Korthikanti 2022 §4.2.3)."""
+    pp, vpp = np.asarray(pp, dtype=float), np.asarray(vpp, dtype=float)
+    return _out(np.where(schedule == "interleaved", 1 + (pp - 1) / (pp * vpp), 1.0))
+
+
+def activation_kwargs(training: TrainingSpec, layout: Any, dtype_bytes: int | None = None,
+                      norm_impl: str = "fused") -> dict[str, Any]:
+    """Keyword arguments of :func:`saved_activation_bytes_per_layer` that a training setup and layout imply."""
+    lora = training.finetune != "full"
+    return dict(tp=layout.tp, sp=layout.sp, cp=layout.cp,
+                dtype_bytes=dtype_bytes or (2 if training.half else FP32),
+                attn_impl=training.attn_impl, norm_impl=norm_impl, sac_policy=resolve_sac_policy(training),
+                sp_impl=resolve_sp_impl(training), lora_rank=training.lora_rank if lora else 0,
+                lora_targets=tuple(training.lora_targets) if lora else ())
+
+
+def activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, stage: str = "first",
+                     dtype_bytes: int | None = None, norm_impl: str = "fused") -> Any:
+    """Block activations on one rank: per-layer × L/pp × micro-batches in flight (× interleave), + recompute working set."""
+    L = layout
+    kw = activation_kwargs(training, L, dtype_bytes, norm_impl)
+    d = kw["dtype_bytes"]
+    per_layer = saved_activation_bytes_per_layer(model, training.seq_len, L.micro_batch, recompute=L.recompute, **kw)
+    m = grad_accum(training, L)
+    inflight = pipeline_in_flight(L.pp, m, stage)
+    factor = interleave_factor(L.pp, L.vpp, L.pp_schedule) if stage == "first" else 1.0
+    stored = np.asarray(per_layer) * _layers_per_stage(model, L.pp) * inflight * factor
+    # Recompute rebuilds what it dropped, one layer at a time, during that layer's backward: the whole
+    # layer (full) or what the SAC policy did not keep (selective) — the working set on top of what is stored.
+    one_layer = np.asarray(saved_activation_bytes_per_layer(model, training.seq_len, L.micro_batch, **kw))
+    work = np.where(L.recompute == "none", 0.0,
+                    np.maximum(one_layer - np.where(L.recompute == "full", 0.0, per_layer), 0.0))
+    ids = 0 if training.finetune != "full" else 8 * training.seq_len * L.micro_batch / np.asarray(L.cp, dtype=float)
+    first_extra = ids + rope_table_bytes(model, training.seq_len, d)
+    return _out(stored + work + (first_extra * inflight if stage == "first" else 0.0))
+
+
+# ----------------------------------------------------------------------------------- buffers
+def buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, dtype_bytes: int | None = None) -> Any:
+    """Transient collective buffers: FSDP 2 gathered units + fp32 reduce-scatter, DDP buckets, TP/PP staging.
+
+    FSDP2/ZeRO-3: the current and the prefetched unit unsharded in the compute dtype (torchtitan wraps one
+    block per unit; the root unit holds the embedding/LM head, so unit = max(block, V·h/tp)) + the fp32
+    reduce-scatter of one unit's grads. DDP/ZeRO-1/2: two 25 MiB gradient buckets in flight (torch DDP
+    ``bucket_cap_mb``; at most the gradient bytes). TP: one full-sequence activation (SP all-gather / all-reduce staging). PP: send +
+    recv of one stage-boundary activation. [I: sizes to be calibrated]
+    """
+    L = layout
+    d = dtype_bytes or (2 if training.half else FP32)
+    tp = np.asarray(L.tp, dtype=float)
+    cp = np.asarray(L.cp, dtype=float)
+    z = _zero_stage(L.sharding)
+    mat, other = layer_matmul_params_per_rank(model, tp), layer_other_params_per_rank(model, tp)
+    if training.finetune == "qlora":
+        unit_bytes = mat * NF4_BYTES_PER_PARAM + other * d
+    else:
+        unit_bytes = (mat + other) * d
+    unit_bytes = np.maximum(unit_bytes, model.vocab * model.hidden / tp * d)
+    if training.finetune == "full":
+        rs = np.maximum(mat + other, model.vocab * model.hidden / tp) * FP32
+    else:
+        rs = lora_params_per_layer(model, training.lora_rank, training.lora_targets, tp) * FP32
+    fsdp = np.where(z >= 3, 2 * unit_bytes + rs, 0.0)
+    # FSDP2 under PyTorch pipelining (torchtitan): reshard_after_forward=False for every block of the stage,
+    # and gradient sync only on the last micro-batch, so the whole stage stays gathered (compute dtype) and
+    # its unsharded grads accumulate in the fp32 reduce dtype (FSDPParam.to_accumulated_grad_if_needed).
+    if resolve_sp_impl(training) == "pytorch":
+        n_stage = _layers_per_stage(model, L.pp) * (mat + other)
+        trainable = n_stage if training.finetune == "full" else _layers_per_stage(model, L.pp) * (
+            lora_params_per_layer(model, training.lora_rank, training.lora_targets, tp))
+        stage_unsharded = np.where(training.finetune == "qlora", mat * NF4_BYTES_PER_PARAM + other * d,
+                                   (mat + other) * d) * _layers_per_stage(model, L.pp) + trainable * FP32
+        fsdp = np.where((z >= 3) & (np.asarray(L.pp) > 1), np.maximum(fsdp, stage_unsharded + unit_bytes), fsdp)
+    grads = model_states(model, training, L)["gradients"]  # a bucket never exceeds the grads it packs
+    ddp = np.where((z < 3) & (L.dp * L.cp > 1), 2 * np.minimum(DDP_BUCKET_BYTES, grads), 0.0)
+    act = training.seq_len * L.micro_batch / cp * model.hidden * d
+    tpb = np.where(tp > 1, act, 0.0)
+    ppb = np.where(np.asarray(L.pp) > 1, 2 * act / np.where(np.asarray(L.sp, dtype=bool), tp, 1.0), 0.0)
+    return _out(fsdp + ddp + tpb + ppb)
+
+
+def reserved_bytes(breakdown: dict[str, Any], eff: Any = None) -> Any:
+    """What ``torch.cuda.max_memory_reserved`` reports: the total less the runtime overhead outside the caching allocator."""
+    base = getattr(eff, "runtime_overhead_bytes", DEFAULT_RUNTIME_OVERHEAD_BYTES)
+    return _out(np.asarray(breakdown["total"], dtype=float) - base)
+
+
+def overhead_bytes(dynamic_bytes: Any, eff: Any = None) -> Any:
+    """Runtime overhead (CUDA context, NCCL, workspaces) + allocator fragmentation × dynamic peak [I: calibrated]."""
+    base = getattr(eff, "runtime_overhead_bytes", DEFAULT_RUNTIME_OVERHEAD_BYTES)
+    frag = getattr(eff, "alloc_frag_frac", DEFAULT_ALLOC_FRAG_FRAC)
+    return _out(base + frag * np.asarray(dynamic_bytes, dtype=float))
+
+
+# --------------------------------------------------------------------------------- breakdown
+def stage_breakdown(model: ModelSpec, cluster: Any, training: TrainingSpec, layout: Any, eff: Any = None,
+                    stage: str = "first") -> dict[str, Any]:
+    """All terms for one rank of the ``stage`` pipeline stage (keys: :data:`TERMS`)."""
+    L = layout
+    out = dict(model_states(model, training, L, cluster, stage))
+    out["activations"] = activation_bytes(model, training, L, stage)
+    d = 2 if training.half else FP32
+    last = np.asarray(L.pp) == 1 if stage == "first" else True
+    lg = np.asarray(logits_bytes(model, training.seq_len, L.micro_batch, L.tp, L.cp, d)) + np.asarray(
+        head_saved_bytes(model, training.seq_len, L.micro_batch, L.tp, L.sp, L.cp, d,
+                         sp_impl=resolve_sp_impl(training), frozen=training.finetune != "full"))
+    out["logits"] = _out(np.where(last, lg, 0.0))
+    out["buffers"] = buffer_bytes(model, training, L)
+    dynamic = np.asarray(out["activations"]) + np.asarray(out["logits"]) + np.asarray(out["buffers"])
+    out["overhead"] = overhead_bytes(dynamic, eff)
+    out["total"] = _out(sum(np.asarray(out[k]) for k in TERMS[:-1]))
+    return out
+
+
+def memory_breakdown(model: ModelSpec, cluster: Any, training: TrainingSpec, layout: Any,
+                     eff: Any = None) -> dict[str, Any]:
+    """Per-GPU bytes of the peak rank (first or last pipeline stage, whichever is larger): :data:`TERMS`."""
+    first = stage_breakdown(model, cluster, training, layout, eff, "first")
+    last = stage_breakdown(model, cluster, training, layout, eff, "last")
+    pick = np.asarray(first["total"]) >= np.asarray(last["total"])
+    return {k: _out(np.where(pick, first[k], last[k])) for k in TERMS}
+
+
+def headroom_frac(total_bytes: Any, gpu: GPUSpec) -> Any:
+    """1 − total / usable HBM (negative = does not fit)."""
+    return _out(1.0 - np.asarray(total_bytes, dtype=float) / gpu.hbm_bytes)
+
+
+def fits(total_bytes: Any, gpu: GPUSpec, threshold: float = 0.9) -> Any:
+    """The headroom verdict: peak ≤ ``threshold`` × usable HBM (DESIGN §1: 90%)."""
+    if not 0 < threshold <= 1:
+        raise ConfigError("threshold", threshold, "must be a fraction in (0, 1]")
+    r = np.asarray(total_bytes, dtype=float) <= threshold * gpu.hbm_bytes
+    return bool(r) if r.ndim == 0 else r
+
+
+# ----------------------------------------------------------------- Korthikanti 2022 (GPT block)
+def korthikanti_activation_items(s: float, b: float, h: float, a: float, t: float = 1, sp: bool = False,
+                                 selective: bool = False) -> dict[str, float]:
+    """Itemised bytes a GPT block saves, 16-bit activations, 1-byte dropout masks (Korthikanti 2022 §4.1).
+
+    TP shards the attention and MLP internals; SP also shards the LayerNorm/dropout parts and the linear
+    inputs (kept sharded, re-gathered in backward). Selective recompute drops the s²-sized items.
+    """
+    rep = t if sp else 1
+    items = {
+        "qkv_input": 2 * s * b * h / rep, "q_k": 4 * s * b * h / t, "softmax_out": 2 * a * s * s * b / t,
+        "attn_dropout_mask": a * s * s * b / t, "attn_dropout_out": 2 * a * s * s * b / t, "v": 2 * s * b * h / t,
+        "out_proj_input": 2 * s * b * h / t, "attn_out_dropout_mask": s * b * h / rep,
+        "mlp_input": 2 * s * b * h / rep, "gelu_input": 8 * s * b * h / t, "gelu_output": 8 * s * b * h / t,
+        "mlp_dropout_mask": s * b * h / rep, "layernorm_inputs": 4 * s * b * h / rep,
+    }
+    if selective:
+        for k in ("softmax_out", "attn_dropout_mask", "attn_dropout_out"):
+            items[k] = 0.0
+    return items
+
+
+def korthikanti_activation_bytes(s: float, b: float, h: float, a: float, t: float = 1, sp: bool = False,
+                                 recompute: str = "none") -> float:
+    """Per-layer activation bytes of a GPT block: the sum of the items, or 2sbh with full recompute (Table 2)."""
+    _check("recompute", recompute, ("none", "selective", "full"))
+    if recompute == "full":
+        return 2.0 * s * b * h
+    return float(sum(korthikanti_activation_items(s, b, h, a, t, sp, recompute == "selective").values()))

@@ -1,0 +1,449 @@
+"""Time per optimizer step: per-op roofline compute, exposed communication, bubble, optimizer, offload.
+
+One pure function per term, each citing its formula; all broadcast over numpy arrays so ``layout`` may
+be a :class:`~trainplan.model.specs.Layout` or a :class:`~trainplan.model.specs.LayoutTable` (no Python branching
+on layout fields). Times are per rank of the slowest pipeline stage (the last: it holds the logits).
+
+Conventions: T = micro_batch·seq_len/cp tokens per rank per micro-batch; GEMM backward = 2× forward
+(dgrad + wgrad; LoRA/QLoRA freeze the base weights, so only dgrad); flash attention backward = 2.5×
+forward (5 vs 2 GEMMs, Dao 2023 FlashAttention-2 §3); causal attention does half of the 4·T·s·h FLOPs.
+``training.kernels`` (eager | compiled | fused) sets the bytes the non-GEMM ops move and what selective
+recompute reruns; ``training.attn_impl`` (flash | math) whether the s×s scores are materialised. The
+kernel-by-kernel byte counts and the fit of the Efficiency defaults are derived in docs/timing-model.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from trainplan.model import comm, flops
+from trainplan.model.efficiency import Efficiency
+from trainplan.model.memory import NF4_BYTES_PER_PARAM, layer_matmul_params_per_rank
+from trainplan.model.specs import (
+    ClusterSpec,
+    Layout,
+    LayoutTable,
+    ModelSpec,
+    TrainingSpec,
+    check_precision,
+    grad_accum,
+    shard_degree,
+)
+
+__all__ = ["step_time", "gemm_eff", "TIMING_KEYS"]
+
+Array = Any
+LayoutLike = Layout | LayoutTable
+
+# Wire formats (bytes per element). FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) as
+# torchtitan configures it; Megatron --accumulate-allreduce-grads-in-fp32 likewise reduces fp32 grads.
+PARAM_COMM_BYTES = {"full": 2.0, "lora": 2.0, "qlora": 0.5}  # QLoRA all-gathers NF4 weights (Dettmers 2023)
+GRAD_REDUCE_BYTES = 4.0
+DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP default bucket_cap_mb=25 (the last bucket is exposed)
+ATTN_BWD_FACTOR = 2.5
+# Backward of an elementwise/norm op reads its saved input(s) and the incoming gradient and writes the input
+# gradient: about twice the forward traffic (docs/timing-model.md §2) [I].
+MEMBOUND_BWD_FACTOR = 2.0
+
+# Kernels one transformer block launches per forward pass, by kernel class [I, counted in the block code]:
+# eager torchtitan/HF Llama: 7 GEMMs + RMSNorm (6 ops) ×2 + complex RoPE (~8) + repeat_kv copies (~4) + SDPA + SiLU·mul
+# (2) + residual adds (2) + views/casts (~6) ≈ 40; torch.compile fuses the pointwise chains (≈ 7 GEMMs + SDPA + ~7
+# Triton kernels = 15); Megatron/TE: fused QKV and gate/up GEMMs, fused norm, RoPE, bias-act, bias-dropout-add
+# (≈ 4 GEMMs + attention + ~5 fused kernels = 10). Backward launches about twice as many.
+KERNELS_PER_BLOCK = {"eager": 40.0, "compiled": 15.0, "fused": 10.0}
+KERNEL_BWD_FACTOR = 2.0
+FP8_PEAK_FACTOR = 2.0  # dense FP8 / dense BF16 on Hopper (NVIDIA H100 datasheet: 1,979 / 989 TFLOP/s)
+
+TIMING_KEYS = ("compute_s", "tp_comm_s", "cp_comm_s", "fsdp_comm_s", "dp_comm_s", "pp_p2p_s",
+               "comm_exposed_s", "bubble_s", "optimizer_s", "offload_s", "step_time_s", "tokens_per_s",
+               "tokens_per_s_per_gpu", "mfu", "hfu")
+
+
+def class_efficiency(eff: Efficiency, kernels: str) -> Efficiency:
+    """The Efficiency a kernel class runs at: PyTorch (eager/compiled) GEMMs, BF16 and FP8, at ``torch_gemm_rel``
+    of the fused (Megatron/TE) stack's."""
+    if kernels == "fused" or eff.torch_gemm_rel == 1:
+        return eff
+    r = eff.torch_gemm_rel
+    return eff.replace(gemm_eff_max=eff.gemm_eff_max * r, fp8_gemm_eff_tensorwise=eff.fp8_gemm_eff_tensorwise * r,
+                       fp8_gemm_eff_rowwise=eff.fp8_gemm_eff_rowwise * r)
+
+
+def gemm_eff(m: Array, n: Array, k: Array, eff: Efficiency) -> Array:
+    """Shape-aware GEMM efficiency: max·d/(d+half), d = smallest dimension (wave quantisation, [I])."""
+    d = np.minimum(np.minimum(m, n), k)
+    return eff.gemm_eff_max * d / (d + eff.gemm_eff_half_dim)
+
+
+def _gemm_s(m: Array, n: Array, k: Array, peak: float, eff: Efficiency) -> Array:
+    """One GEMM's time: 2·M·N·K FLOPs at the shape-aware efficiency (roofline, compute-bound)."""
+    return 2.0 * m * n * k / (peak * gemm_eff(m, n, k, eff))
+
+
+def layer_gemm_fwd_s(model: ModelSpec, tokens: Array, tp: Array, peak: float, eff: Efficiency) -> Array:
+    """Forward GEMMs of one block after Megatron TP splitting (QKV/up column-, O/down row-parallel)."""
+    h, f, kv, q = model.hidden, model.ffn_hidden, model.kv_dim, model.heads * model.head_dim  # q ≠ h: Gemma
+    up = (2 if model.mlp == "swiglu" else 1) * f
+    return (_gemm_s(tokens, (q + 2 * kv) / tp, h, peak, eff) + _gemm_s(tokens, h, q / tp, peak, eff)
+            + _gemm_s(tokens, up / tp, h, peak, eff) + _gemm_s(tokens, h, f / tp, peak, eff))
+
+
+def fp8_linear_dims(model: ModelSpec, kernels: str) -> tuple[list[float], list[float]]:
+    """(input widths, output widths) of the block linears each FP8 cast acts on, before TP splitting. torchao
+    converts every nn.Linear of the block, each casting its own input: torchtitan/HF Llama have separate q, k, v
+    and gate, up projections (eager/compiled); Megatron/TE fuses QKV and gate·up into one linear each (fused)."""
+    h, f, kv, qd = model.hidden, model.ffn_hidden, model.kv_dim, model.heads * model.head_dim
+    swiglu = model.mlp == "swiglu"
+    if kernels == "fused":
+        return [h, qd, h, f], [qd + 2 * kv, h, (2 if swiglu else 1) * f, h]
+    ins = [h, h, h, qd] + ([h, h] if swiglu else [h]) + [f]
+    outs = [qd, kv, kv, h] + ([f, f] if swiglu else [f]) + [h]
+    return ins, outs
+
+
+# HBM bytes per element of FP8 casting work (dynamic scaling: an amax pass reads the bf16 tensor, the cast reads it
+# again and writes 1 byte; a transposed FP8 copy reads 1, writes 1) [derived: torchao float8 tensorwise/rowwise].
+FP8_CAST_BYTES = 5.0
+FP8_TRANSPOSE_BYTES = 2.0
+
+
+def fp8_cast_bytes_mb(model: ModelSpec, training: TrainingSpec, tokens: Array, tp: Array,
+                      weight_cast: Array) -> tuple[Array, Array]:
+    """HBM bytes of one block's FP8 casts per micro-batch, (forward, backward). Tensorwise: cast each linear
+    input (fwd) and output gradient (bwd), transposed FP8 copies of both for wgrad, and each weight (cast +
+    transposed copy) unless FSDP all-gathers it already in FP8 (``weight_cast`` = 0). Rowwise: scales per row
+    along each GEMM's reduction axis, so the backward re-quantises the saved bf16 input along the other axis and
+    the output gradient along both (no transposed copies), and FSDP all-gathers bf16 weights."""
+    ins, outs = fp8_linear_dims(model, training.kernels)
+    x_in, x_out = tokens * sum(ins) / tp, tokens * sum(outs) / tp
+    w = layer_matmul_params_per_rank(model, tp) * weight_cast
+    if training.fp8 == "rowwise":
+        return (FP8_CAST_BYTES * x_in + FP8_CAST_BYTES * w,
+                2.0 * FP8_CAST_BYTES * x_out + FP8_CAST_BYTES * x_in + FP8_CAST_BYTES * w)
+    return (FP8_CAST_BYTES * x_in + (FP8_CAST_BYTES + FP8_TRANSPOSE_BYTES) * w,
+            FP8_CAST_BYTES * x_out + FP8_TRANSPOSE_BYTES * (x_in + x_out))
+
+
+def attn_fwd_s(model: ModelSpec, tokens: Array, seq_len: int, tp: Array, peak: float, eff: Efficiency) -> Array:
+    """Causal attention core forward: 2·T·s·h/t FLOPs (half of 4·T·s·h; Dao 2023) at attn_eff."""
+    return 2.0 * tokens * seq_len * model.heads * model.head_dim / tp / (peak * eff.attn_eff)
+
+
+def norm_bytes_per_elem(model: ModelSpec, kernels: str, e: float) -> float:
+    """HBM bytes per element of one norm, forward (kernel-by-kernel count, docs/timing-model.md §2)."""
+    if kernels == "eager" and model.norm == "rmsnorm":
+        # x.float() (e r, 4 w) · pow(2) (4 r, 4 w) · mean (4 r) · x*rsqrt (4 r, 4 w) · type_as (4 r, e w) · ×w (e r, e w)
+        return 28.0 + 4.0 * e
+    return 2.0 * e  # one fused kernel (apex/TE/Inductor; nn.LayerNorm is one native kernel): read x, write y
+
+
+def membound_bytes_fwd(model: ModelSpec, kernels: str, tp: Array, sp: Array, e: float) -> Array:
+    """HBM bytes per token of one block's non-GEMM ops, forward (docs/timing-model.md §2; Williams 2009 roofline).
+
+    ``replicated`` ops run on all h features on every TP rank unless SP splits them; ``split`` ops act on
+    the TP-split q/k/v/FFN activations.
+    """
+    h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
+    eager = kernels == "eager"
+    residual = 3.0 * e  # x + y: read 2, write 1 (Megatron/Inductor fuse it with dropout/norm: same traffic)
+    replicated = 2.0 * norm_bytes_per_elem(model, kernels, e) + 2.0 * residual
+    if model.mlp == "swiglu":
+        act = 5.0 * e if eager else 3.0 * e  # silu (r, w) then ·up (2 r, w) | one fused kernel (2 r, w)
+    else:
+        act = 2.0 * e  # (bias-)GELU: read, write
+    rope = 0.0
+    if model.pos_embedding == "rope":
+        # eager complex RoPE per q/k element: .float() (e r, 4 w) · complex mul (4 r, 4 w) · type_as (4 r, e w).
+        # "compiled" keeps that count: Inductor does not generate code for complex ops and falls back to the eager
+        # kernels (pytorch/pytorch#98155; the warning torchtitan#15 reports for this very RoPE), so only a fused
+        # real-valued RoPE kernel (Megatron/TE, "fused") reads and writes each element once.
+        rope = (16.0 + 2.0 * e if kernels in ("eager", "compiled") else 2.0 * e) * (h + kv)
+    # GQA: eager/compiled torchtitan and HF materialise repeat_kv for SDPA (k and v: read kv, write h)
+    gqa = 2.0 * e * (kv + h) if (kv < h and kernels != "fused") else 0.0
+    split = act * f + rope + gqa
+    return replicated * h / np.where(sp, tp, 1) + split / tp
+
+
+def layer_membound_fwd_s(model: ModelSpec, tokens: Array, tp: Array, sp: Array, hbm_Bps: float,
+                         eff: Efficiency, act_bytes: float, kernels: str = "fused") -> Array:
+    """Norms, residual adds, activation, RoPE, GQA copies: bytes moved / (HBM bw·membound_eff) (roofline)."""
+    return tokens * membound_bytes_fwd(model, kernels, tp, sp, act_bytes) / (hbm_Bps * eff.membound_eff)
+
+
+def attn_math_bytes_per_score(act_bytes: float) -> tuple[float, float]:
+    """Materialised attention, HBM bytes per score element (fwd, bwd): fused scale-mask-softmax (r, w) + dropout
+    (r, w, 1-byte mask); backward dropout (r, mask, w) + softmax (2 r, w) (Megatron-LM 2021 kernels; §3)."""
+    e = act_bytes
+    return 4.0 * e + 1.0, 5.0 * e + 1.0
+
+
+def attn_math_fwd_s(model: ModelSpec, tokens: Array, seq_len: int, tp: Array, peak: float, hbm_Bps: float,
+                    eff: Efficiency, act_bytes: float) -> tuple[Array, Array]:
+    """Unfused attention (no flash): QKᵀ and PV batched GEMMs over the full s×s (4·T·s·h/t FLOPs) at the
+    head-dim-limited GEMM efficiency, plus softmax/dropout traffic over T·(a/t)·s scores (Korthikanti 2022 §4).
+    Returns (forward s, backward s)."""
+    d = model.head_dim
+    g = 4.0 * tokens * seq_len * model.heads * d / tp / (peak * gemm_eff(seq_len, seq_len, d, eff))
+    scores = tokens * (model.heads / tp) * seq_len
+    fb, bb = attn_math_bytes_per_score(act_bytes)
+    bw = hbm_Bps * eff.membound_eff
+    return g + scores * fb / bw, 2.0 * g + scores * bb / bw
+
+
+def loss_bytes_per_logit(kernels: str) -> float:
+    """Cross-entropy traffic per logit, fwd+bwd (§4): eager fp32 upcast chain 40 B; fused/compiled 16 B."""
+    # eager: .float() (2 r, 4 w) · log_softmax (2 passes 8 r, 4 w) · nll bwd (4 w) ·
+    #        log_softmax bwd (8 r, 4 w) · back to bf16 (4 r, 2 w) = 40
+    return 40.0 if kernels == "eager" else 16.0
+
+
+def fsdp_copy_bytes_per_param(training: TrainingSpec) -> tuple[float, float]:
+    """FSDP2 per parameter per micro-batch (§5): (copy-out of each all-gather, fwd and bwd, read + write
+    the gathered dtype, on the compute stream; reduce-scatter copy-in with the fp32 reduce cast, read bf16 +
+    write fp32, on the reduce-scatter stream) (torch ``_fsdp_collectives`` foreach_all_gather_copy_out, foreach_reduce)."""
+    p = PARAM_COMM_BYTES[training.finetune]
+    return 2.0 * 2.0 * p, (2.0 + GRAD_REDUCE_BYTES) * _trainable_frac_full(training)
+
+
+def logits_s(model: ModelSpec, tokens: Array, tp: Array, peak: float, hbm_Bps: float, eff: Efficiency,
+             wgrad: float, kernels: str = "fused") -> Array:
+    """Output projection (fwd + dgrad + wgrad) and cross-entropy over V/t (loss_bytes_per_logit)."""
+    g = _gemm_s(tokens, model.vocab / tp, model.hidden, peak, eff)
+    loss = tokens * model.vocab / tp * loss_bytes_per_logit(kernels) / (hbm_Bps * eff.membound_eff)
+    return g * (2.0 + wgrad) + loss
+
+
+def tp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, tokens: Array, layout: LayoutLike, layers: Array,
+                 eff: Efficiency, act_bytes: float, gemm_fwd_s: Array = 0.0) -> Array:
+    """TP/SP: 2 all-reduces (or AG+RS pairs) per block forward, 2 backward, 2 more if fully recomputed
+    (Narayanan 2021 §3.2; Korthikanti 2022 §4.2.2); on the critical path (1 − tp_overlap). With
+    ``layout.tp_overlap`` (async TP / --tp-comm-overlap) each pass hides ``tp_async_overlap`` of its collectives
+    behind that pass's GEMMs, never more than the GEMM time (forward g, backward 2g: dgrad + wgrad)."""
+    tp = np.asarray(layout.tp)
+    bw, lat = comm.group_link(cluster, tp, 1)
+    one = comm.all_reduce_s(tokens * model.hidden * act_bytes, tp, bw, lat, eff) * (1.0 - eff.tp_overlap)
+    pass_comm = 2.0 * one
+    on = np.asarray(layout.tp_overlap, dtype=bool) & (tp > 1)
+    a = eff.tp_async_overlap
+    fwd = pass_comm - np.where(on, np.minimum(a * pass_comm, gemm_fwd_s), 0.0)
+    bwd = pass_comm - np.where(on, np.minimum(a * pass_comm, 2.0 * gemm_fwd_s), 0.0)
+    return layers * (fwd + bwd + np.where(layout.recompute == "full", fwd, 0.0))
+
+
+def cp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, tokens: Array, layout: LayoutLike, layers: Array,
+                 attn_layer_s: Array, eff: Efficiency, act_bytes: float) -> Array:
+    """CP: ring passes K,V (c−1 hops fwd, K,V and dK,dV bwd; Liu 2023 Ring Attention) overlapped with the
+    block's attention; Ulysses does 4 all-to-alls fwd and 4 bwd on the critical path (Jacobs 2023)."""
+    cp, tp = np.asarray(layout.cp), np.asarray(layout.tp)
+    bw, lat = comm.group_link(cluster, cp, tp)
+    kv_chunk = tokens * 2 * model.kv_dim / tp * act_bytes
+    ring = 3.0 * comm.all_gather_s(cp * kv_chunk, cp, bw, lat, eff)
+    ring = np.maximum(0.0, ring - eff.cp_overlap * attn_layer_s)
+    a2a_bytes = tokens * (2 * model.hidden + 2 * model.kv_dim) / tp * act_bytes
+    uly = (2.0 + np.where(layout.recompute == "full", 1.0, 0.0)) * comm.all_to_all_s(a2a_bytes, cp, bw, lat, eff)
+    return layers * np.where(cp > 1, np.where(layout.cp_kind == "ring", ring, uly), 0.0)
+
+
+def fsdp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayoutLike,
+                   shard: Array, compute_mb: Array, eff: Efficiency, side_s: Array = 0.0) -> Array:
+    """ZeRO-3/FSDP per micro-batch: all-gather fwd + bwd, reduce-scatter grads (Rajbhandari 2019 §5: 3Ψ);
+    prefetch hides fsdp_overlap of it behind compute; the first unit's all-gather is exposed."""
+    tp, pp = np.asarray(layout.tp), np.asarray(layout.pp)
+    unit = model.n_params_per_layer / tp
+    units = model.n_params / (tp * pp) / unit
+    bw, lat = comm.group_link(cluster, shard, tp)
+    pbytes = PARAM_COMM_BYTES[training.finetune]
+    if training.fp8 == "tensorwise" and training.finetune == "full":
+        # torchao enable_fsdp_float8_all_gather: the block linears' weights travel in FP8 (1 byte), the rest bf16
+        mat = layer_matmul_params_per_rank(model, 1) / model.n_params_per_layer
+        pbytes = 1.0 * mat + pbytes * (1.0 - mat)
+    ag = comm.all_gather_s(unit * pbytes, shard, bw, lat, eff)
+    rs = comm.reduce_scatter_s(unit * GRAD_REDUCE_BYTES * _trainable_frac(model, training), shard, bw, lat, eff)
+    replicas = layout.dp * layout.cp // np.maximum(shard, 1)
+    rbw, rlat = comm.group_link(cluster, replicas, tp * shard)
+    ar = comm.all_reduce_s(unit * GRAD_REDUCE_BYTES * _trainable_frac(model, training) / shard, replicas, rbw, rlat, eff)
+    total = units * (2.0 * ag + rs + ar) + side_s  # side_s: work on the comm streams (FSDP2 RS copy-in)
+    exposed = ag + np.maximum(0.0, total - eff.fsdp_overlap * compute_mb)
+    return np.where(np.isin(layout.sharding, ("zero3", "hsdp")), exposed, 0.0)
+
+
+def dp_comm_step_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayoutLike,
+                   bwd_mb: Array, eff: Efficiency, m: Array = 1, fwd_mb: Array = 0.0) -> Array:
+    """DDP all-reduce (or ZeRO-1 reduce-scatter + param all-gather) once per step; buckets overlap the
+    last micro-batch's backward except the last bucket (Li 2020, PyTorch DDP §3.2.3). ZeRO-2 keeps only a
+    gradient shard, so it must reduce-scatter after *every* micro-batch's backward (Rajbhandari 2019 §5.2;
+    DeepSpeed stage 2, FSDP2 reshard_after_forward=False): m reductions, each overlapping one backward.
+    ZeRO-1/2 gather the updated parameters once per step; gathered per layer and prefetched (FSDP2
+    reshard_after_forward=False, Megatron --overlap-param-gather), all but the first layer's gather hide behind
+    the first micro-batch's forward ``fwd_mb`` (fsdp_overlap)."""
+    tp, pp = np.asarray(layout.tp), np.asarray(layout.pp)
+    n = layout.dp * layout.cp
+    bw, lat = comm.group_link(cluster, n, tp)
+    grad_bytes = model.n_params / (tp * pp) * GRAD_REDUCE_BYTES * _trainable_frac(model, training)
+    ar = comm.all_reduce_s(grad_bytes, n, bw, lat, eff)
+    rs = comm.reduce_scatter_s(grad_bytes, n, bw, lat, eff)
+    ag = comm.all_gather_s(grad_bytes / GRAD_REDUCE_BYTES * 2.0, n, bw, lat, eff)
+    reduce = np.where(layout.sharding == "none", ar, rs)
+    frac_last = np.minimum(1.0, DDP_BUCKET_BYTES / np.maximum(grad_bytes, 1.0))
+    exposed = reduce * frac_last + np.maximum(0.0, reduce * (1 - frac_last) - eff.ddp_overlap * bwd_mb)
+    exposed = exposed * np.where(layout.sharding == "zero2", m, 1)
+    ag_exposed = ag / np.maximum(1.0, model.layers / pp) + np.maximum(0.0, ag - eff.fsdp_overlap * fwd_mb)
+    exposed = exposed + np.where(layout.sharding == "none", 0.0, ag_exposed)
+    return np.where(np.isin(layout.sharding, ("none", "zero1", "zero2")), exposed, 0.0)
+
+
+def pp_p2p_mb_s(model: ModelSpec, cluster: ClusterSpec, tokens: Array, layout: LayoutLike, eff: Efficiency,
+                act_bytes: float) -> Array:
+    """Stage-to-stage activation send fwd + grad send bwd per micro-batch (×v interleaved; Narayanan 2021 §2.2)."""
+    tp = np.asarray(layout.tp)
+    nbytes = tokens * model.hidden * act_bytes / np.where(layout.sp, tp, 1)
+    crosses = tp * layout.cp * layout.dp >= cluster.gpus_per_node
+    one = comm.p2p_s(nbytes, crosses, cluster, eff)
+    return np.where(layout.pp > 1, 2.0 * layout.vpp * one * (1.0 - eff.pp_p2p_overlap), 0.0)
+
+
+def busiest_stage_layers(n_layers: int, pp: Array, vpp: Array) -> Array:
+    """Layers on the busiest pipeline rank: ceil(L/(p·v))·v (torchtitan splits unevenly; Megatron needs p·v | L)."""
+    return np.ceil(n_layers / (pp * vpp)) * vpp
+
+
+def selective_redo_s(g: Array, a: Array, e: Array, kernels: str) -> Array:
+    """Selective recompute per block: Megatron reruns the attention core (Korthikanti 2022 §5); torchtitan's
+    op-level SAC (eager/compiled) saves every second matmul and SDPA, so reruns half the GEMMs and every
+    elementwise op (torchtitan ``_apply_ac_to_transformer_block``, ``_save_list``)."""
+    return a if kernels == "fused" else 0.5 * g + e
+
+
+def fsdp_copy_mb_s(model: ModelSpec, training: TrainingSpec, layout: LayoutLike, hbm_Bps: float,
+                   eff: Efficiency, stream: int = 0) -> Array:
+    """FSDP2 copy-out (stream 0, compute) or reduce-scatter copy-in (stream 1) per micro-batch over the rank's
+    stage at HBM speed (fsdp_copy_bytes_per_param)."""
+    params = model.n_params / (np.asarray(layout.tp) * np.asarray(layout.pp))
+    t = params * fsdp_copy_bytes_per_param(training)[stream] / (hbm_Bps * eff.membound_eff)
+    return np.where(np.isin(layout.sharding, ("zero3", "hsdp")), t, 0.0)
+
+
+def qlora_dequant_passes(recompute: Array, kernels: str) -> Array:
+    """NF4 → bf16 dequantisations of each block weight per micro-batch: forward, backward (dgrad needs the
+    weight again; bitsandbytes ``MatMul4Bit`` dequantises in both), plus the recompute: full reruns the forward,
+    op-level SAC (eager/compiled) half the matmuls, Megatron-style selective none (selective_redo_s)."""
+    sel = 0.0 if kernels == "fused" else 0.5
+    return 2.0 + np.where(recompute == "full", 1.0, np.where(recompute == "selective", sel, 0.0))
+
+
+def qlora_dequant_mb_s(model: ModelSpec, training: TrainingSpec, layout: LayoutLike, layers: Array,
+                       hbm_Bps: float, eff: Efficiency, act_bytes: float) -> Array:
+    """QLoRA's dequantisation per micro-batch, memory-bound: each pass reads the NF4 block weights with their
+    double-quantised constants (4.127 bit, Dettmers 2023 §2) and writes them in the compute dtype (§8)."""
+    if training.finetune != "qlora":
+        return 0.0
+    params = layers * layer_matmul_params_per_rank(model, np.asarray(layout.tp))
+    passes = qlora_dequant_passes(np.asarray(layout.recompute), training.kernels)
+    return passes * params * (NF4_BYTES_PER_PARAM + act_bytes) / (hbm_Bps * eff.membound_eff)
+
+
+def bubble_s(pp: Array, vpp: Array, m: Array, per_mb_s: Array) -> Array:
+    """Pipeline bubble: (p−1)/(v·m) of the ideal m·τ (Narayanan 2021 §2.2.1–2.2.2)."""
+    return (pp - 1) / (vpp * m) * (m * per_mb_s)
+
+
+def optimizer_s(local_params: Array, hbm_Bps: float, eff: Efficiency) -> Array:
+    """AdamW step, memory-bound over the local shard: params·bytes touched / (HBM bw·membound_eff)."""
+    return local_params * eff.optimizer_bytes_per_param_traffic / (hbm_Bps * eff.membound_eff)
+
+
+def offload_s(local_params: Array, cluster: ClusterSpec, eff: Efficiency) -> Array:
+    """CPU optimizer: fp32 grads D2H + bf16 params H2D over PCIe, plus CPU Adam (Ren 2021, ZeRO-Offload §4)."""
+    pcie = local_params * (GRAD_REDUCE_BYTES + 2.0) / cluster.host_to_device_Bps
+    return pcie + local_params / eff.cpu_optimizer_params_per_s
+
+
+def _trainable_frac_full(training: TrainingSpec) -> float:
+    """1 when the base weights train (their gradients are reduce-scattered), 0 for LoRA/QLoRA (adapters only)."""
+    return 1.0 if training.finetune == "full" else 0.0
+
+
+def _trainable_frac(model: ModelSpec, training: TrainingSpec) -> float:
+    """Trainable / total parameters: 1 for full fine-tuning; LoRA adds r·(in+out) per target (Hu 2021)."""
+    if training.finetune == "full":
+        return 1.0
+    return flops.adapter_params(model, training.lora_rank, training.lora_targets) / model.n_params
+
+
+def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayoutLike,
+              eff: Efficiency | None = None) -> dict[str, Array]:
+    """Seconds per optimizer step and its breakdown, tokens/s, MFU and HFU (keys: TIMING_KEYS)."""
+    eff = eff or Efficiency.for_gpu(cluster.gpu)
+    gpu = cluster.gpu
+    peak, hbm = gpu.peak_bf16_flops, gpu.hbm_bw_Bps
+    eff = class_efficiency(eff, training.kernels)
+    act = 2.0 if training.half else 4.0
+    s = training.seq_len
+    tp, pp, cp = np.asarray(layout.tp), np.asarray(layout.pp), np.asarray(layout.cp)
+    sp, vpp = np.asarray(layout.sp, dtype=bool), np.asarray(layout.vpp)
+    rc = np.asarray(layout.recompute)
+    m = np.asarray(grad_accum(training, layout))
+    tokens = layout.micro_batch * s / cp
+    layers = busiest_stage_layers(model.layers, pp, vpp)
+    wgrad = 1.0 if training.finetune == "full" else 0.0
+    kernels = training.kernels
+
+    if training.fp8:  # the block linears in FP8 at 2 × the BF16 peak; attention, norms and the output stay bf16
+        check_precision(cluster, training)
+        fp8_eff = eff.replace(gemm_eff_max=getattr(eff, f"fp8_gemm_eff_{training.fp8}"))
+        g = layer_gemm_fwd_s(model, tokens, tp, FP8_PEAK_FACTOR * peak, fp8_eff)
+        fsdp_fp8_gather = (training.fp8 == "tensorwise") & np.isin(layout.sharding, ("zero3", "hsdp"))
+        cf, cb = fp8_cast_bytes_mb(model, training, tokens, tp, np.where(fsdp_fp8_gather, 0.0, 1.0))
+        cast_f, cast_b = cf / (hbm * eff.membound_eff), cb / (hbm * eff.membound_eff)
+    else:
+        g = layer_gemm_fwd_s(model, tokens, tp, peak, eff)
+        cast_f = cast_b = 0.0
+    e = layer_membound_fwd_s(model, tokens, tp, sp, hbm, eff, act, kernels)
+    if training.attn_impl == "math":
+        a, a_bwd = attn_math_fwd_s(model, tokens, s, tp, peak, hbm, eff, act)
+    else:
+        a = attn_fwd_s(model, tokens, s, tp, peak, eff)
+        a_bwd = a * ATTN_BWD_FACTOR
+    k0 = KERNELS_PER_BLOCK[kernels] * eff.kernel_overhead_s
+    fwd = g + a + e + k0 + cast_f
+    bwd = g * (1.0 + wgrad) + a_bwd + MEMBOUND_BWD_FACTOR * e + KERNEL_BWD_FACTOR * k0 + cast_b
+    redo = np.where(rc == "full", fwd, np.where(rc == "selective", selective_redo_s(g, a, e, kernels), 0.0))
+    shard = np.asarray(shard_degree(layout, cluster))
+    copy = fsdp_copy_mb_s(model, training, layout, hbm, eff)
+    dequant = qlora_dequant_mb_s(model, training, layout, layers, hbm, eff, act)
+    compute_mb = (layers * (fwd + bwd + redo) + logits_s(model, tokens, tp, peak, hbm, eff, wgrad, kernels) + copy
+                  + dequant)
+
+    tp_mb = tp_comm_mb_s(model, cluster, tokens, layout, layers, eff, act, g)
+    cp_mb = cp_comm_mb_s(model, cluster, tokens, layout, layers, a + a_bwd, eff, act)
+    rs_copy = fsdp_copy_mb_s(model, training, layout, hbm, eff, stream=1)
+    fsdp_mb = fsdp_comm_mb_s(model, cluster, training, layout, shard, compute_mb, eff, rs_copy)
+    p2p_mb = pp_p2p_mb_s(model, cluster, tokens, layout, eff, act)
+    dp = dp_comm_step_s(model, cluster, training, layout, layers * bwd, eff, m, layers * fwd)
+
+    per_mb = compute_mb + tp_mb + cp_mb
+    bubble = bubble_s(pp, vpp, m, per_mb)
+    stage_params = model.n_params / (tp * pp)
+    local = stage_params * _trainable_frac(model, training) / np.where(layout.sharding == "none", 1, shard)
+    cpu = np.asarray(layout.offload) == "cpu"
+    opt = np.where(cpu, 0.0, optimizer_s(local, hbm, eff))
+    off = np.where(cpu, offload_s(local, cluster, eff), 0.0)
+
+    compute = m * compute_mb
+    exposed = m * (tp_mb + cp_mb + fsdp_mb + p2p_mb) + dp
+    step = compute + exposed + bubble + opt + off
+    tok_s = training.tokens_per_step / step
+    n = cluster.n_gpus
+    f_tok = flops.train_flops_per_token(model, training)
+    mfu = f_tok * tok_s / (n * peak)
+    hw = {k: f_tok + flops.recompute_flops_per_token(model, s, k) for k in ("none", "selective", "full")}
+    hfu = np.where(rc == "full", hw["full"], np.where(rc == "selective", hw["selective"], hw["none"])) * tok_s / (n * peak)
+    out = {"compute_s": compute, "tp_comm_s": m * tp_mb, "cp_comm_s": m * cp_mb, "fsdp_comm_s": m * fsdp_mb,
+           "dp_comm_s": dp, "pp_p2p_s": m * p2p_mb, "comm_exposed_s": exposed, "bubble_s": bubble,
+           "optimizer_s": opt, "offload_s": off, "step_time_s": step, "tokens_per_s": tok_s,
+           "tokens_per_s_per_gpu": tok_s / n, "mfu": mfu, "hfu": hfu}
+    if isinstance(layout, Layout):
+        return {k: float(np.asarray(v)) for k, v in out.items()}
+    return {k: np.broadcast_to(np.asarray(v, dtype=float), (len(layout),)).copy() for k, v in out.items()}

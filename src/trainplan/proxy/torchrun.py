@@ -1,0 +1,347 @@
+"""Start a proxy run under torchrun (or srun + torchrun inside a multi-node Slurm allocation) and
+turn what the ranks left behind into one RECORD.
+
+Locally: ``python -m torch.distributed.run --standalone --nproc-per-node N -m trainplan.proxy.run``.
+Inside Slurm with ``SLURM_JOB_NUM_NODES > 1``: ``srun --nodes=K --ntasks-per-node=1`` starting one torchrun
+per node with a c10d rendezvous on the allocation's first host. The whole process group is killed after
+``timeout_s`` (a hung collective → status ``timeout``). Arguments are passed as a list, never a shell string.
+
+Interrupts. torchrun runs in its own session and starts every worker in a session of its own, so neither a
+Ctrl-C in the terminal nor a signal to the launcher reaches them. The launcher therefore owns their
+lifetime: while it waits it handles SIGINT, SIGTERM and SIGHUP, and it polls the process that started it
+(the outermost ``snakemake`` among its ancestors, when there is one). On a signal, or when that process is
+gone, it kills the whole tree (every descendant of torchrun, snapshotted before anything dies: SIGTERM,
+then SIGKILL after :data:`GRACE_S`), removes its hidden ``.{id}.*`` work folder, writes **no record** (so
+Snakemake reruns the proxy) and exits ``128 + signal`` (130 for SIGINT, 143 for SIGTERM or a lost parent).
+On Linux torchrun also gets SIGTERM if the launcher dies without cleaning up (SIGKILL), and every worker
+SIGKILL if torchrun dies (``PR_SET_PDEATHSIG``), so no rank outlives its launcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from trainplan.io import read_json, write_json
+
+RDZV_PORT = 29517
+GRACE_S = 3.0  # SIGTERM → SIGKILL for the process tree of an interrupted or timed-out run
+POLL_S = 0.2  # how often the launcher checks its caller while torchrun runs
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1
+
+
+def first_slurm_host() -> str:
+    """The address of the allocation's first node: its ``NodeAddr`` (``scontrol show node``), which is what
+    Slurm itself connects to and may differ from the NodeName (an IB interface, an IP); the name if unset."""
+    name = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
+                          check=True, capture_output=True, text=True).stdout.split()[0]
+    info = subprocess.run(["scontrol", "show", "node", "-o", name], capture_output=True, text=True).stdout
+    addr = next((f.split("=", 1)[1] for f in info.split() if f.startswith("NodeAddr=")), "")
+    return addr or name
+
+
+def torchrun_command(spec: dict[str, Any], spec_path: str, rank_dir: str, env: dict[str, str] | None = None) -> list[str]:
+    """The argv that starts every rank of ``spec``."""
+    env = os.environ if env is None else env
+    entry = ["-m", "trainplan.proxy.torchrun", "worker", spec_path, rank_dir]  # = proxy.run, dies with torchrun
+    nproc = str(spec["nproc_per_node"])
+    nodes = int(env.get("SLURM_JOB_NUM_NODES", "1"))
+    if spec["nnodes"] > 1 or nodes > 1:
+        if nodes < spec["nnodes"]:
+            from trainplan.model.specs import ConfigError
+
+            raise ConfigError("nnodes", spec["nnodes"], f"the Slurm allocation has {nodes} node(s)")
+        host = first_slurm_host()
+        return ["srun", f"--nodes={spec['nnodes']}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                sys.executable, "-m", "torch.distributed.run", f"--nnodes={spec['nnodes']}",
+                f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{RDZV_PORT}",
+                f"--rdzv-id=trainplan-{spec['id']}", *entry]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *entry]
+
+
+# ----------------------------------------------------------------------------------- processes (/proc)
+def _stat(pid: int) -> tuple[int, str, int] | None:
+    """(ppid, state, start time in clock ticks) of ``pid`` from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            rest = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(rest[1]), rest[0].decode(), int(rest[19])
+
+
+def _running(pid: int, start: int | None = None) -> bool:
+    """``pid`` exists, is not a zombie, and (when ``start`` is given) is the same process as before."""
+    st = _stat(pid)
+    return st is not None and st[1] not in ("Z", "X") and (start is None or st[2] == start)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (children, grandchildren, …), from one scan of /proc."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if d.isdigit() and (st := _stat(int(d))) is not None and st[1] not in ("Z", "X"):
+            children.setdefault(st[0], []).append(int(d))
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        for c in children.get(todo.pop(), ()):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def watched_parent() -> tuple[int, int, str] | None:
+    """(pid, start time, name) of the outermost ``snakemake`` process among this process's ancestors: the run
+    this proxy belongs to. Its jobs wait on their children, so it is gone only if it was killed or
+    interrupted; then the proxy must stop too. None outside Snakemake (a plain ``trainplan proxy`` keeps
+    running under ``nohup``)."""
+    found, pid, seen = None, os.getppid(), 0
+    while pid > 1 and seen < 64:
+        st = _stat(pid)
+        if st is None:
+            break
+        argv = _cmdline(pid)
+        if any(os.path.basename(a) == "snakemake" or a == "snakemake" for a in argv[:3]):
+            found = (pid, st[2], "snakemake")
+        pid, seen = st[0], seen + 1
+    return found
+
+
+def _prctl() -> Any:
+    """libc's ``prctl`` (Linux), looked up once and before any fork: a child of a threaded process must not
+    run the dynamic loader between fork and exec. None elsewhere."""
+    global _PRCTL
+    if _PRCTL is None and sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+    return _PRCTL
+
+
+_PRCTL: Any = None
+
+
+def _set_pdeathsig(sig: int) -> None:
+    """Linux: deliver ``sig`` to this process when its parent (thread) exits. No-op elsewhere."""
+    fn = _prctl()
+    if fn is not None:
+        with contextlib.suppress(Exception):
+            fn(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
+def _torchrun_preexec() -> None:  # runs in the child between fork and exec: no imports, no lookups
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)  # torchrun's handler then stops its workers
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # blocked by the launcher around the fork
+
+
+def kill_tree(proc: subprocess.Popen, *, grace_s: float = GRACE_S) -> float:
+    """SIGTERM torchrun's process group and every descendant (each worker leads a session of its own), SIGKILL
+    whatever is left after ``grace_s``, reap torchrun. Returns the seconds until nothing was left."""
+    t0 = time.monotonic()
+    tree = descendants(proc.pid)  # snapshot first: a worker whose torchrun died is reparented out of reach
+    starts = {p: st[2] for p in tree if (st := _stat(p))}
+
+    def alive() -> set[int]:
+        live = {p for p in starts if _running(p, starts[p])}
+        if proc.poll() is None:
+            for p in descendants(proc.pid) - set(starts):  # spawned since the snapshot
+                if st := _stat(p):
+                    starts[p] = st[2]
+                    live.add(p)
+        return live
+
+    def send(sig: int, pids: set[int]) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p, sig) if os.getpgid(p) == p else os.kill(p, sig)
+
+    send(signal.SIGTERM, alive())
+    deadline = time.monotonic() + grace_s
+    while (left := alive()) or proc.poll() is None:
+        if time.monotonic() >= deadline:
+            send(signal.SIGKILL, left)
+            break
+        time.sleep(0.05)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+    end = time.monotonic() + 5  # after SIGKILL: until the kernel has taken them all
+    while alive() and time.monotonic() < end:
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+class Interrupted(Exception):
+    """A signal, or the loss of the Snakemake run this proxy belongs to, while torchrun was running."""
+
+    def __init__(self, signum: int, why: str):
+        super().__init__(why)
+        self.signum, self.why = signum, why
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Any:
+    """While the block runs (main thread only), SIGINT/SIGTERM/SIGHUP raise :class:`Interrupted`."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        for s in SIGNALS:  # one interrupt is enough: later signals must not break the cleanup
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signum, f"{signal.Signals(signum).name} received")
+
+    old = {s: signal.signal(s, handler) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def proxy_launchers(root: int) -> set[int]:
+    """The proxy launchers below ``root``: the parents of the processes that start ranks with
+    ``trainplan.proxy.torchrun worker`` (torchrun, or srun in a multi-node allocation)."""
+    starters = {p for p in descendants(root)
+                if "trainplan.proxy.torchrun" in (c := " ".join(_cmdline(p))) and "torch.distributed.run" in c}
+    return {st[0] for p in starters if (st := _stat(p))} - starters - {root}
+
+
+def forward_signals_to_proxies(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
+    """For the Snakefile's ``onstart:`` hook (the main Snakemake process). Snakemake answers SIGINT and
+    SIGTERM by waiting for its running jobs to finish — for a GPU proxy, hours on held GPUs. This chains a
+    handler in front of Snakemake's: it first sends the signal to every proxy launcher below this process
+    (:func:`proxy_launchers`), which kills its ranks within seconds and writes no record; then Snakemake's
+    own handling runs (the job fails, Snakemake exits, the next run reruns the proxy)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for s in signals:
+        prev = signal.getsignal(s)
+
+        def handler(signum: int, frame: Any, prev: Any = prev) -> None:
+            for pid in proxy_launchers(os.getpid()):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signum)
+            if callable(prev):
+                prev(signum, frame)
+            elif prev == signal.SIG_DFL:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        signal.signal(s, handler)
+
+
+def _stale_work_dirs(out: Path, run_id: str) -> None:
+    """Remove ``.{id}.*`` work folders a killed (SIGKILL) launcher of this id left beside its record."""
+    if out.parent.exists():
+        for d in out.parent.glob(f".{run_id}.*"):
+            if d.is_dir() and (d / "spec.json").exists():
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def launch(spec: dict[str, Any], out: str | Path, *, log=sys.stderr) -> tuple[dict[str, Any], int]:
+    """Run the proxy, write the RECORD to ``out`` atomically; returns (record, exit code)."""
+    from trainplan.proxy.record import assemble_record
+
+    out = Path(out)
+    _stale_work_dirs(out, spec["id"])
+    parent = watched_parent()
+    proc: subprocess.Popen | None = None
+    work = Path(tempfile.mkdtemp(prefix=f".{spec['id']}.", dir=out.parent if out.parent.exists() else None))
+    try:
+        with _signals_raise():
+            try:
+                spec_path = work / "spec.json"
+                write_json(spec_path, spec)
+                rank_dir = work / "ranks"
+                rank_dir.mkdir()
+                cmd = torchrun_command(spec, str(spec_path), str(rank_dir))
+                env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+                t0 = time.monotonic()
+                _prctl()  # resolved here, in the parent
+                # no signal between fork and ``proc = ``: the handler must always know what to kill
+                blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+                try:
+                    proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True,
+                                            preexec_fn=_torchrun_preexec)
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+                rc, timed_out = _wait(proc, t0 + spec["timeout_s"], parent)
+            except Interrupted as e:
+                took = kill_tree(proc) if proc is not None else 0.0
+                print(f"proxy {spec['id']}: interrupted ({e.why}); process tree killed in {took:.1f} s, "
+                      "no record written", file=log, flush=True)
+                raise SystemExit(128 + e.signum) from None
+        wall = time.monotonic() - t0
+        ranks = [_rank_result(p) for p in sorted(rank_dir.glob("rank*.json"))]
+        record = assemble_record(spec, ranks, timed_out=timed_out, returncode=rc, wall_s=wall)
+        write_json(out, record)
+        return record, (1 if record["status"] == "error" else 0)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _wait(proc: subprocess.Popen, deadline: float, parent: tuple[int, int, str] | None) -> tuple[int, bool]:
+    """Wait for torchrun: (exit code, timed out). Past ``deadline`` the tree is killed (status ``timeout``);
+    if ``parent`` (the Snakemake run) is gone, :class:`Interrupted` is raised."""
+    while True:
+        try:
+            return proc.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic()))), False
+        except subprocess.TimeoutExpired:
+            pass
+        if time.monotonic() >= deadline:
+            kill_tree(proc)
+            return proc.wait(), True
+        if parent is not None and not _running(parent[0], parent[1]):
+            raise Interrupted(signal.SIGTERM, f"its {parent[2]} (pid {parent[0]}) exited")
+
+
+def _rank_result(path: Path) -> dict[str, Any]:
+    """One rank's result file; an unreadable one (a rank killed mid-write) is an error result, not a crash."""
+    try:
+        res = read_json(path)
+        if isinstance(res, dict):
+            return res
+        why = f"not a JSON object ({type(res).__name__})"
+    except (OSError, ValueError) as e:
+        why = f"{type(e).__name__}: {e}"
+    return {"rank": int(path.stem.removeprefix("rank") or -1), "status": "error",
+            "message": f"unreadable rank result {path.name}: {why}"}
+
+
+def _worker_main(argv: list[str]) -> int:
+    """Entry of every rank (``python -m trainplan.proxy.torchrun worker SPEC RANK_DIR``): die with torchrun."""
+    _set_pdeathsig(signal.SIGKILL)
+    if os.getppid() == 1:  # torchrun already gone between fork and prctl
+        return 1
+    from trainplan.proxy.run import main
+
+    return main(argv)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["worker"]:
+        sys.exit(_worker_main(sys.argv[2:]))
+    sys.exit(f"usage: python -m {__spec__.name if __spec__ else 'trainplan.proxy.torchrun'} worker SPEC RANK_DIR")

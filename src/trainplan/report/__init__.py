@@ -1,0 +1,1 @@
+"""Figures, the PDF memo, snakemake --report labels and the benchmark table."""

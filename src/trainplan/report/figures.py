@@ -1,0 +1,388 @@
+"""The memo's figures: one ``plot_x(df, *, ax=None) -> Figure`` per picture, one style, one saver.
+
+Every figure is drawn from a results table (never from typed-in numbers) with the package style
+(``trainplan.mplstyle``) and saved by :func:`save_figure` as a deterministic SVG (no date, fixed hash salt)
+whose metadata and caption sidecar (``<name>.caption.json``) carry the config hash, the source files and
+the calibration source. :func:`make_figures` draws every figure a results tree has the inputs for.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from trainplan import pkgdata  # noqa: E402
+from trainplan.io import read_json, write_bytes, write_json  # noqa: E402
+from trainplan.report.labels import caption_path  # noqa: E402, F401 (re-exported)
+from trainplan.report.labels import figure_labels as report_labels  # noqa: E402, F401
+
+STYLE = pkgdata.path(pkgdata.MPL_STYLE)
+
+MEM_TERMS = ("weights", "gradients", "optimizer", "activations", "logits", "buffers", "overhead")
+TIME_TERMS = (("compute_s", "compute"), ("comm_exposed_s", "exposed comm"), ("bubble_s", "pipeline bubble"),
+              ("optimizer_s", "optimizer step"))
+
+
+@contextmanager
+def _style():
+    with plt.style.context(str(STYLE)):
+        yield
+
+
+def _axes(ax: Axes | None, figsize: tuple[float, float] | None = None) -> tuple[Figure, Axes]:
+    if ax is not None:
+        return ax.figure, ax  # type: ignore[return-value]
+    fig = plt.figure(figsize=figsize) if figsize else plt.figure()
+    return fig, fig.add_subplot()
+
+
+def layout_label(row: pd.Series | dict) -> str:
+    """A short layout name for axes: family, degrees that are > 1, recompute, micro-batch."""
+    degs = [f"{k}{int(row[k])}" for k in ("dp", "tp", "pp", "cp") if int(row.get(k, 1)) > 1]
+    shard = str(row.get("sharding", ""))
+    if shard == "hsdp" and row.get("shard_group") == row.get("shard_group"):  # not NaN
+        shard += f"/{int(row['shard_group'])}" if row.get("shard_group") not in (None, "") else ""
+    rc = str(row.get("recompute", "none"))
+    parts = [str(row.get("family", "")), "·".join(degs), shard, f"rc={rc}", f"mb={int(row.get('micro_batch', 1))}"]
+    if str(row.get("offload", "none")) != "none":
+        parts.append("offload")
+    return " ".join(p for p in parts if p)
+
+
+# ------------------------------------------------------------------------------------------ plots
+def plot_memory(df: pd.DataFrame, *, hbm_gib: float | None = None, ax: Axes | None = None) -> Figure:
+    """Stacked bars of per-GPU memory terms (``mem_<term>_gib``) per layout, against usable HBM.
+
+    Bars longer than 1.6× HBM are cut at the axis edge and labelled with their total.
+    """
+    with _style():
+        fig, ax = _axes(ax, (7.0, 0.3 * len(df) + 1.4))
+        labels = [layout_label(r) for _, r in df.iterrows()]
+        y = np.arange(len(df))
+        left = np.zeros(len(df))
+        for term in MEM_TERMS:
+            col = f"mem_{term}_gib"
+            if col not in df:
+                continue
+            v = df[col].fillna(0).to_numpy(float)
+            ax.barh(y, v, left=left, label=term, height=0.65)
+            left += v
+        xmax = 1.6 * hbm_gib if hbm_gib else float(left.max()) * 1.05
+        for yi, tot in zip(y, left, strict=True):
+            if tot > xmax:
+                ax.text(xmax * 0.99, yi, f"{tot:.0f} GiB ▸", ha="right", va="center", fontsize=7, color="white",
+                        fontweight="bold")
+        ax.set_xlim(0, xmax)
+        if hbm_gib:
+            ax.axvline(hbm_gib, color="black", ls="--", lw=1.0)
+            ax.text(hbm_gib, -0.75, f"usable HBM {hbm_gib:.1f} GiB", fontsize=7, ha="center", va="bottom")
+        ax.set_yticks(y, labels)
+        ax.set_ylim(len(df) - 0.5, -1.0)
+        ax.set_xlabel("memory per GPU (GiB)")
+        ax.grid(axis="y", visible=False)
+        ax.legend(ncols=7, loc="upper center", bbox_to_anchor=(0.5, -0.1 - 0.5 / max(len(df), 1)))
+    return fig
+
+
+def plot_time_breakdown(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
+    """Stacked bars of the step time: compute, exposed communication, pipeline bubble, optimizer step."""
+    with _style():
+        fig, ax = _axes(ax, (7.0, 0.3 * len(df) + 1.4))
+        labels = [layout_label(r) for _, r in df.iterrows()]
+        y = np.arange(len(df))
+        left = np.zeros(len(df))
+        for col, name in TIME_TERMS:
+            if col not in df:
+                continue
+            v = df[col].fillna(0).to_numpy(float)
+            ax.barh(y, v, left=left, label=name, height=0.65)
+            left += v
+        ax.set_yticks(y, labels)
+        ax.invert_yaxis()
+        ax.set_xlabel("time per optimizer step (s)")
+        ax.grid(axis="y", visible=False)
+        ax.legend(ncols=4, loc="upper center", bbox_to_anchor=(0.5, -0.1 - 0.5 / max(len(df), 1)))
+    return fig
+
+
+def parity_pairs(df: pd.DataFrame) -> list[str]:
+    """Metrics that a records table has both ``<m>_pred`` and ``<m>_meas`` columns for."""
+    return [c[: -len("_pred")] for c in df.columns if c.endswith("_pred") and f"{c[:-5]}_meas" in df]
+
+
+def parity_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Long table (id, family, metric, predicted, measured, rel_error) from a records table."""
+    rows = []
+    ok = df[df["status"] == "ok"] if "status" in df else df
+    for m in parity_pairs(ok):
+        for _, r in ok.iterrows():
+            p, q = r[f"{m}_pred"], r[f"{m}_meas"]
+            if pd.notna(p) and pd.notna(q):
+                rows.append({"id": r.get("id", ""), "family": r.get("family", ""), "metric": m,
+                             "predicted": float(p), "measured": float(q),
+                             "rel_error": (float(p) - float(q)) / float(q) if float(q) else np.nan})
+    return pd.DataFrame(rows, columns=["id", "family", "metric", "predicted", "measured", "rel_error"])
+
+
+def plot_parity(df: pd.DataFrame, *, ax: Sequence[Axes] | None = None) -> Figure:
+    """Left: predicted vs measured per proxy run and metric (log-log, y = x, ±10 %); right: relative errors."""
+    long = parity_table(df)
+    metrics = sorted(set(long["metric"]))
+    with _style():
+        if ax is None:
+            fig, (a, b) = plt.subplots(1, 2, figsize=(7.0, 3.4), width_ratios=(1.1, 1))
+        else:
+            a, b = ax
+            fig = a.figure  # type: ignore[assignment]
+        for i, metric in enumerate(metrics):
+            g = long[long["metric"] == metric]
+            a.scatter(g["measured"], g["predicted"], s=16, label=metric, alpha=0.85, color=f"C{i}")
+            b.scatter(100 * g["rel_error"], np.full(len(g), i) + np.linspace(-0.2, 0.2, len(g)), s=16,
+                      color=f"C{i}", alpha=0.85)
+        pos = long[["measured", "predicted"]].to_numpy(float)
+        pos = pos[pos > 0]
+        lo, hi = (pos.min() / 2, pos.max() * 2) if pos.size else (1, 10)
+        xs = np.geomspace(lo, hi, 50)
+        a.plot(xs, xs, color="black", lw=0.8)
+        a.fill_between(xs, xs * 0.9, xs * 1.1, color="grey", alpha=0.2, lw=0, label="±10 %")
+        a.set_xscale("log")
+        a.set_yscale("log")
+        a.set_xlim(lo, hi)
+        a.set_ylim(lo, hi)
+        a.set_xlabel("measured (proxy run)")
+        a.set_ylabel("predicted (analytic model)")
+        a.legend(loc="upper left", fontsize=6.5)
+        b.axvline(0, color="black", lw=0.8)
+        b.axvspan(-10, 10, color="grey", alpha=0.12, lw=0)
+        b.set_yticks(range(len(metrics)), metrics)
+        b.set_ylim(len(metrics) - 0.5, -0.5)
+        b.set_xlabel("(predicted − measured) / measured (%)")
+        b.grid(axis="y", visible=False)
+    return fig
+
+
+def plot_extrapolation(df: pd.DataFrame, *, ax: Axes | Sequence[Axes] | None = None) -> Figure:
+    """One panel per fit: measured points, fitted line and its interval band, out to the production point.
+
+    ``df`` is long: ``fit, kind ('measured'|'fit'), x, y, y_lo, y_hi`` (+ optional ``x_label, y_label``).
+    """
+    fits = list(dict.fromkeys(df["fit"]))
+    with _style():
+        if ax is None:
+            ncols = min(3, len(fits))
+            nrows = -(-len(fits) // ncols)
+            fig, axs = plt.subplots(nrows, ncols, figsize=(3.5 * ncols, 3.0 * nrows), squeeze=False)
+            axes = list(axs.ravel())
+            for extra in axes[len(fits):]:
+                extra.set_visible(False)
+        else:
+            axes = list(ax) if isinstance(ax, Sequence) else [ax]
+            fig = axes[0].figure  # type: ignore[assignment]
+        for a, name in zip(axes, fits, strict=False):
+            g = df[df["fit"] == name]
+            m, f = g[g["kind"] == "measured"], g[g["kind"] == "fit"].sort_values("x")
+            if len(f):
+                a.fill_between(f["x"], f["y_lo"], f["y_hi"], alpha=0.25, lw=0, label="interval")
+                a.plot(f["x"], f["y"], lw=1.2, label="fit")
+            a.scatter(m["x"], m["y"], s=20, color="black", zorder=3, label="measured")
+            a.set_title(str(name), fontsize=8.5)
+            if "x_label" in g and g["x_label"].notna().any():
+                a.set_xlabel(str(g["x_label"].dropna().iloc[0]))
+            if "y_label" in g and g["y_label"].notna().any():
+                a.set_ylabel(str(g["y_label"].dropna().iloc[0]))
+            a.legend(loc="upper left")
+    return fig
+
+
+def plot_cost(df: pd.DataFrame, *, ax: Axes | Sequence[Axes] | None = None) -> Figure:
+    """One row per target: the p10–p90 interval, the p50 and the target line (green pass, red fail)."""
+    with _style():
+        if ax is None:
+            fig, axs = plt.subplots(len(df), 1, figsize=(6.5, 0.75 * len(df) + 0.5), squeeze=False)
+            axes = list(axs[:, 0])
+        else:
+            axes = list(ax) if isinstance(ax, Sequence) else [ax]
+            fig = axes[0].figure  # type: ignore[assignment]
+        for a, (_, r) in zip(axes, df.iterrows(), strict=False):
+            color = "#2e7d32" if bool(r["pass"]) else "#c62828"
+            a.hlines(0, r["p10"], r["p90"], lw=6, color=color, alpha=0.45)
+            a.plot([r["p50"]], [0], "o", color=color)
+            a.axvline(r["target"], color="black", ls="--", lw=1)
+            lo = min(r["p10"], r["target"])
+            hi = max(r["p90"], r["target"])
+            pad = 0.15 * (hi - lo or abs(hi) or 1)
+            a.set_xlim(lo - pad, hi + pad)
+            a.set_yticks([])
+            a.grid(axis="y", visible=False)
+            a.spines["left"].set_visible(False)
+            a.set_title(f"{r['name']} ({r['unit']}): {'pass' if bool(r['pass']) else 'FAIL'}", fontsize=8,
+                        loc="left")
+    return fig
+
+
+def plot_tornado(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
+    """Tornado chart: each assumption moved across its range, the change of the metric from its base."""
+    d = df.assign(span=(df["metric_high"] - df["metric_low"]).abs()).sort_values("span", ascending=True)
+    with _style():
+        fig, ax = _axes(ax, (6.5, 0.3 * len(d) + 1.1))
+        base = float(d["metric_base"].iloc[0])
+        y = np.arange(len(d))
+        ax.barh(y, d["metric_low"] - base, left=base, color="#1f4e79", label="assumption at low end")
+        ax.barh(y, d["metric_high"] - base, left=base, color="#e07b39", label="assumption at high end")
+        ax.axvline(base, color="black", lw=0.8)
+        units = d["unit"].fillna("").astype(str) if "unit" in d else pd.Series("", index=d.index)
+        labels = [f"{r.parameter} ({r.low_value:g}–{r.high_value:g} {u})".replace(" )", ")")
+                  for r, u in zip(d.itertuples(), units, strict=True)]
+        ax.set_yticks(y, labels)
+        ax.grid(axis="y", visible=False)
+        metric = str(d["metric"].iloc[0]) if "metric" in d else "metric"
+        ax.set_xlabel(metric)
+        ax.legend(loc="lower right")
+    return fig
+
+
+def plot_pareto(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
+    """Feasible layouts: throughput per GPU vs memory headroom; the Pareto front and the chosen layout."""
+    f = df[df["feasible"].astype(bool)]
+    with _style():
+        fig, ax = _axes(ax, (6.0, 3.6))
+        ax.scatter(f["headroom_frac"] * 100, f["tokens_per_s_per_gpu"], s=6 if len(f) > 500 else 10,
+                   color="#bbbbbb", label=f"feasible ({len(f):,})", rasterized=len(f) > 500, lw=0)
+        p = f[f["pareto"].astype(bool)].sort_values("headroom_frac")
+        ax.plot(p["headroom_frac"] * 100, p["tokens_per_s_per_gpu"], "o-", ms=4, label="Pareto front")
+        best = f[f["rank"] == f["rank"].min()]
+        ax.scatter(best["headroom_frac"] * 100, best["tokens_per_s_per_gpu"], marker="*", s=160, color="#b83b5e",
+                   zorder=4, label="recommended (rank 1)")
+        ax.set_xlabel("memory headroom (% of usable HBM)")
+        ax.set_ylabel("tokens/s per GPU (analytic)")
+        # below the axes: with thousands of layouts every corner of the plot holds points
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------ saving
+def save_figure(fig: Figure, path: str | Path, *, caption: str, config_hash: str, sources: Sequence[str],
+                calibration_source: str | None = None) -> Path:
+    """Write ``fig`` as a deterministic SVG with metadata, plus ``<stem>.caption.json``; close the figure."""
+    import io
+
+    p = Path(path)
+    src = list(sources)
+    meta = {"Date": None, "Title": p.stem, "Description": caption, "Identifier": f"config_hash={config_hash}",
+            "Source": "; ".join(src), "Creator": "trainplan figures.py",
+            "Coverage": f"calibration_source={calibration_source or 'n/a'}"}
+    buf = io.BytesIO()
+    with _style():
+        fig.savefig(buf, format="svg", metadata=meta, dpi=200)
+    plt.close(fig)
+    write_bytes(p, buf.getvalue())
+    write_json(caption_path(p), {"figure": p.name, "caption": caption, "config_hash": config_hash,
+                                 "sources": src, "calibration_source": calibration_source})
+    return p
+
+
+# ------------------------------------------------------------------------------------- all figures
+def _sidecar(path: Path) -> dict:
+    """The provenance sidecar of a results file (``<file>.provenance.json``), or {} if it has none."""
+    sc = path.with_name(path.name + ".provenance.json")
+    return read_json(sc) if sc.exists() else {}
+
+
+def _hash(paths: Sequence[Path]) -> str:
+    hashes = sorted({_sidecar(p).get("config_hash") or "no-sidecar" for p in paths})
+    return "+".join(hashes)
+
+
+def representative_layouts(cand: pd.DataFrame, n: int = 10, n_infeasible: int = 3) -> pd.DataFrame:
+    """Best feasible layout of the top families (by rank), then up to ``n_infeasible`` infeasible families
+    (each by its smallest-memory layout, smallest first), so the figure shows both winners and why others fail.
+    """
+    good, bad = [], []
+    for _fam, g in cand.groupby("family", sort=False):
+        ok = g[g["feasible"].astype(bool)]
+        if len(ok):
+            good.append(ok.sort_values("rank").iloc[0])
+        else:
+            bad.append(g.sort_values("mem_total_gib").iloc[0])
+    good_df = pd.DataFrame(good).sort_values("rank") if good else cand.iloc[:0]
+    bad_df = pd.DataFrame(bad).sort_values("mem_total_gib") if bad else cand.iloc[:0]
+    k = min(n_infeasible, len(bad_df))
+    return pd.concat([good_df.head(n - k), bad_df.head(k)]).reset_index(drop=True)
+
+
+def make_figures(results_dir: str | Path, out_dir: str | Path, *, hbm_gib: float | None = None) -> dict[str, Path]:
+    """Draw every figure whose inputs exist under ``results_dir``; return ``{name: svg path}``."""
+    r, out = Path(results_dir), Path(out_dir)
+    calib = r / "calibration/calibration.json"
+    cal_src = read_json(calib).get("source") if calib.exists() else None
+    made: dict[str, Path] = {}
+
+    def emit(name: str, fig: Figure, caption: str, inputs: Sequence[Path]) -> None:
+        rel = [str(p.relative_to(r)) for p in inputs]
+        made[name] = save_figure(fig, out / f"{name}.svg", caption=caption, config_hash=_hash(inputs),
+                                 sources=rel, calibration_source=cal_src)
+
+    cand_p = r / "analytic/candidates.csv"
+    if cand_p.exists():
+        cand = pd.read_csv(cand_p, low_memory=False)
+        rep = representative_layouts(cand)
+        hbm = hbm_gib
+        if hbm is None:
+            s = r / "analytic/summary.json"
+            hbm = read_json(s).get("hbm_gib") if s.exists() else None
+        emit("memory", plot_memory(rep, hbm_gib=hbm),
+             "Predicted peak memory per GPU by term, for the best layout of each family, against usable HBM.",
+             [cand_p])
+        emit("time_breakdown", plot_time_breakdown(rep[rep["feasible"].astype(bool)]),
+             "Predicted time per optimizer step by term for the best feasible layout of each family.", [cand_p])
+        if cand["feasible"].astype(bool).any():
+            emit("pareto", plot_pareto(cand),
+                 "Every feasible layout: predicted tokens/s per GPU against memory headroom; Pareto front.",
+                 [cand_p])
+    rec_p = r / "proxies/records.csv"
+    if rec_p.exists():
+        rec = pd.read_csv(rec_p)
+        if len(parity_table(rec)):
+            emit("parity", plot_parity(rec),
+                 "Analytic prediction against proxy measurement for every proxy run and metric.", [rec_p])
+    prod_p = r / "prediction/production.json"
+    if prod_p.exists():
+        ext = read_json(prod_p).get("extrapolation") or []
+        if ext:
+            emit("extrapolation", plot_extrapolation(pd.DataFrame(ext)),
+                 "Scaling fits from the proxies to the production model, with prediction intervals.", [prod_p])
+    cost_p = r / "cost/cost.json"
+    if cost_p.exists():
+        targets = pd.DataFrame(read_json(cost_p).get("targets") or [])
+        if len(targets):
+            emit("cost", plot_cost(targets),
+                 "Wall-clock, cost and throughput intervals (p10–p90, dot = p50) against the study's targets.",
+                 [cost_p])
+    sens_p = r / "cost/sensitivity.csv"
+    if sens_p.exists():
+        sens = pd.read_csv(sens_p)
+        if len(sens):
+            emit("tornado", plot_tornado(sens),
+                 "Sensitivity: each assumption moved across its range, the change in the headline metric.",
+                 [sens_p])
+    return made
+
+
+def read_caption(svg: str | Path) -> dict[str, Any]:
+    """The caption sidecar of a saved figure."""
+    return json.loads(caption_path(svg).read_text(encoding="utf-8"))
+
+

@@ -1,0 +1,358 @@
+"""The PDF design memo: results files → jinja2 HTML (+ CSS, SVG figures) → WeasyPrint PDF.
+
+Every number in the memo is read from a results file (docs/ARCHITECTURE.md, "Result files") and passed
+through one formatting helper, :func:`fmt`; nothing is retyped. A missing optional input renders as an
+explicit "not available in this run" box. The resolved config and the provenance table are attached to
+the PDF, and the bytes are reproducible: dates come from ``SOURCE_DATE_EPOCH`` (fixed default), never now.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from trainplan import pkgdata
+from trainplan.io import read_json, write_bytes
+from trainplan.report.labels import memo_labels as report_labels  # noqa: F401 (re-exported)
+
+# The template and stylesheet (package data; in a checkout symlinks to report/templates/, which the memo rule
+# declares as inputs and passes in): render_memo reads the paths it is given, these by default.
+TEMPLATE = pkgdata.MEMO_TEMPLATE
+CSS_FILE = pkgdata.MEMO_CSS
+DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z, used when SOURCE_DATE_EPOCH is unset
+FAMILIES_SHOWN = 14  # rows of the alternatives table when it is truncated (plus the chosen and every OOM family)
+FAMILIES_ALL_MAX = 20  # up to this many families (the coarse sharding × TP × PP ones) the table shows them all
+INLINE_MAX_LINES = 30  # launch artifacts longer than this are attached, not printed
+
+FIGURES = ("memory", "time_breakdown", "pareto", "parity", "extrapolation", "cost", "tornado")
+SOURCE_LABELS = {
+    "gpu-proxies": "GPU proxy runs (efficiencies as fractions of peak; device named in the calibration notes)",
+    "published-open-set": ("the Efficiency fitted on the open published runs of the study's GPU generation (H100: "
+                           "torchtitan H100 and async TP, Megatron-Core 2024, Llama 3 405B; A100: Narayanan 2021 "
+                           "T1, Korthikanti 2022 T3/5, torchtitan 64×A100; docs/timing-model.md §7), with intervals "
+                           "from their leave-one-table-out errors; not this cluster"),
+    "published-h100": "published H100 measurements (bundled data/, cited), not this cluster",
+    "defaults": "uncalibrated defaults (no measurements)",
+}
+
+
+# ------------------------------------------------------------------------------------- formatting
+def fmt(value: Any, kind: str = "num") -> str:
+    """The one number formatter of the memo. kinds: int, num, gib, pct, spct (signed), usd, h, frac3, sci, s."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, str):
+        return value
+    v = float(value)
+    if kind == "int":
+        return f"{v:,.0f}"
+    if kind in ("gib", "h"):
+        return f"{v:,.1f}"
+    if kind == "pct":
+        return f"{100 * v:.1f}%"
+    if kind == "spct":  # signed: a change
+        return f"{100 * v:+.1f}%"
+    if kind == "usd":
+        return f"${v:,.0f}"
+    if kind == "frac3":
+        return f"{v:.3f}"
+    if kind == "sci":
+        return f"{v:.3g}"
+    if kind == "s":
+        return f"{v:.3g}"
+    return f"{v:,.4g}" if abs(v) < 1e5 else f"{v:.3g}"
+
+
+def source_date() -> dt.datetime:
+    """The memo's one date: ``SOURCE_DATE_EPOCH`` (reproducible builds convention), else 1980-01-01."""
+    epoch = int(os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_EPOCH))
+    return dt.datetime.fromtimestamp(epoch, tz=dt.UTC).replace(tzinfo=None)
+
+
+# ---------------------------------------------------------------------------------------- loading
+class Results:
+    """Read-only view of a results tree; a missing file is ``None`` (the memo shows it as missing)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    def json(self, rel: str) -> dict | None:
+        p = self.path(rel)
+        return read_json(p) if p.exists() else None
+
+    def csv(self, rel: str) -> pd.DataFrame | None:
+        p = self.path(rel)
+        return pd.read_csv(p, low_memory=False) if p.exists() else None
+
+    def sidecars(self) -> list[tuple[str, dict]]:
+        """Every ``<file>.provenance.json`` of this study, with ``git_commit``/``git_dirty`` flattened.
+
+        Another study's tree nested inside this one (the variants write to ``results/lora`` and the like:
+        any sub-directory with its own ``analytic/summary.json``) is not part of this study and is skipped.
+        """
+        out = []
+        nested = [p.parent.parent for p in self.root.glob("*/**/analytic/summary.json")]
+        for sc in sorted(self.root.rglob("*.provenance.json")):
+            if any(n in sc.parents for n in nested):
+                continue
+            rel = str(sc.relative_to(self.root))[: -len(".provenance.json")]
+            d = read_json(sc)
+            git = d.get("git") if isinstance(d.get("git"), dict) else {}
+            d.setdefault("git_commit", git.get("commit"))
+            d.setdefault("git_dirty", git.get("dirty"))
+            out.append((rel, d))
+        return out
+
+
+def _title(config: dict) -> str:
+    """The memo title: ``memo.title`` from the config, else ``study.name``."""
+    for section, key in (("memo", "title"), ("study", "name")):
+        sec = config.get(section)
+        if isinstance(sec, dict) and sec.get(key):
+            return str(sec[key])
+    return "trainplan study"
+
+
+def _records(df: pd.DataFrame | None) -> list[dict]:
+    if df is None:
+        return []
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+            for r in df.to_dict("records")]
+
+
+def _flatten(d: Any, prefix: str = "") -> list[tuple[str, str]]:
+    if isinstance(d, dict):
+        out: list[tuple[str, str]] = []
+        for k in sorted(d, key=str):
+            out += _flatten(d[k], f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return [(prefix, json.dumps(d) if isinstance(d, list | tuple) else str(d))]
+
+
+# ----------------------------------------------------------------------------------- the sections
+def _validation(rec: pd.DataFrame | None) -> dict | None:
+    """Per metric: how many proxy runs, median and worst relative error of prediction vs measurement."""
+    if rec is None:
+        return None
+    from trainplan.report.figures import parity_table
+
+    long = parity_table(rec)
+    metrics = []
+    for m, g in long.groupby("metric", sort=True):
+        err = g["rel_error"].abs()
+        metrics.append({"metric": m, "n": len(g), "median_abs_err": float(err.median()),
+                        "max_abs_err": float(err.max())})
+    status = rec["status"].value_counts().to_dict() if "status" in rec else {}
+    devices = sorted(set(rec["device"].dropna().astype(str))) if "device" in rec else []
+    loss = None
+    if "loss_step0" in rec and rec["loss_step0"].notna().any():
+        ok = rec[rec["status"] == "ok"] if "status" in rec else rec
+        # Loss parity only means something between runs of the same model on the same data: take the
+        # largest group of runs sharing the model (different layouts / world sizes of one proxy model).
+        if "model" in ok and ok["model"].notna().any():
+            ok = ok[ok["model"] == ok["model"].value_counts().index[0]]
+        ls = ok["loss_step0"].dropna()
+        loss = {"n": len(ls), "spread": float(ls.max() - ls.min()), "value": float(ls.median()),
+                "model": str(ok["model"].iloc[0]) if "model" in ok and len(ok) else ""}
+    return {"n_runs": len(rec), "status": {str(k): int(v) for k, v in sorted(status.items())},
+            "devices": devices, "gpu_measured": any(d.startswith("cuda") for d in devices), "metrics": metrics,
+            "runs": _records(rec[[c for c in ("id", "family", "device", "world_size", "status") if c in rec]]),
+            "loss": loss}
+
+
+def _families(fam: pd.DataFrame | None, top: int = FAMILIES_SHOWN) -> dict[str, Any]:
+    """The family table: every family if there are at most FAMILIES_ALL_MAX, else the ``top`` first rows (the
+    file is ranked), the chosen one and every OOM family."""
+    if fam is None or not len(fam):
+        return {"families": None, "families_total": 0}
+    verdict = fam["verdict"].astype(str) if "verdict" in fam else pd.Series("", index=fam.index)
+    keep = (fam.index < top) | (verdict == "chosen") | verdict.str.startswith("OOM") | (len(fam) <= FAMILIES_ALL_MAX)
+    rows = _records(fam[keep])
+    for r in rows:  # producer column names: best_layout/line (search.family_verdicts) or layout/reason
+        r["layout_text"] = r.get("best_layout") or r.get("layout") or ""
+        v = str(r.get("verdict") or "")
+        r["why"] = r.get("line") or (f"{v}: {r['reason']}" if r.get("reason") else v)
+    return {"families": rows, "families_total": len(fam)}
+
+
+def runner_up(families: pd.DataFrame | None, chosen: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The best family after the chosen one that fits: its layout, how much slower, its memory, and whether its
+    throughput lies inside the chosen layout's p10–p90 (then the model alone does not separate the two)."""
+    if families is None or not len(families) or not chosen or "verdict" not in families:
+        return None
+    verdict = families["verdict"].astype(str)
+    fam = families[(verdict != "chosen") & ~verdict.str.startswith("OOM")]
+    fam = fam[pd.to_numeric(fam["tokens_per_s_per_gpu"], errors="coerce").notna()]
+    if not len(fam):
+        return None
+    r = fam.sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
+    tps = float(r["tokens_per_s_per_gpu"])
+    return {"family": str(r["family"]), "layout": str(r.get("best_layout") or r.get("layout") or ""),
+            "tokens_per_s_per_gpu": tps, "mem_total_gib": float(r["mem_total_gib"]),
+            "slower_frac": 1.0 - tps / float(chosen["tokens_per_s_per_gpu_p50"]),
+            "inside_interval": tps >= float(chosen["tokens_per_s_per_gpu_p10"])}
+
+
+def _techniques(tech: pd.DataFrame | None) -> list[dict] | None:
+    """The "what each technique buys" table (``search.technique_verdicts`` rows), or None if not produced."""
+    if tech is None or not len(tech):
+        return None
+    rows = _records(tech)
+    for r in rows:
+        r["used_by_best"] = str(r.get("used_by_best")).lower() == "true"
+        for k in ("best_with", "best_without", "verdict", "note", "line"):
+            r[k] = "" if r.get(k) is None else str(r[k])
+    return rows
+
+
+def _launch(res: Results) -> list[dict]:
+    d = res.path("launch")
+    if not d.is_dir():
+        return []
+    out = []
+    for p in sorted(d.iterdir()):
+        if p.name.endswith(".provenance.json") or p.name.startswith(".") or not p.is_file() or p.name == "manifest.json":
+            continue
+        text = p.read_text(encoding="utf-8", errors="replace")
+        n = len(text.splitlines())
+        out.append({"name": p.name, "text": text, "lines": n, "inline": n <= INLINE_MAX_LINES,
+                    "sha256": hashlib.sha256(p.read_bytes()).hexdigest()})
+    return out
+
+
+def _figures(fig_dir: Path, res: Results) -> dict[str, dict | None]:
+    out: dict[str, dict | None] = {}
+    for name in FIGURES:
+        svg, cap = fig_dir / f"{name}.svg", fig_dir / f"{name}.caption.json"
+        if svg.exists() and cap.exists():
+            c = read_json(cap)
+            out[name] = {"src": os.path.relpath(svg.resolve(), res.root.resolve()), "caption": c["caption"], "config_hash": c["config_hash"],
+                         "sources": c.get("sources", []), "calibration_source": c.get("calibration_source")}
+        else:
+            out[name] = None
+    return out
+
+
+def build_context(results_dir: str | Path, *, config: dict, study_hash: str, git_commit: str,
+                  figures_dir: str | Path | None = None) -> dict[str, Any]:
+    """Everything the template shows, read from the results tree (no number is computed from thin air)."""
+    from trainplan.report.figures import representative_layouts
+
+    res = Results(results_dir)
+    summary = res.json("analytic/summary.json")
+    cand = res.csv("analytic/candidates.csv")
+    calib = res.json("calibration/calibration.json")
+    prod = res.json("prediction/production.json")
+    cost = res.json("cost/cost.json")
+    rec = res.csv("proxies/records.csv")
+    families = res.csv("analytic/families.csv")
+    chosen_row = None
+    rep = None
+    fallback = None
+    if cand is not None and len(cand):
+        ok = cand[cand["feasible"].astype(bool)]
+        chosen_row = _records(ok.sort_values("rank").head(1))[0] if len(ok) else None
+        rep = _records(representative_layouts(cand))
+        fallback = memory_fallback(ok, chosen_row) if chosen_row else None
+    layout_str = None
+    if summary and "layout" in summary:
+        from trainplan.model.specs import Layout
+
+        lay = {k: v for k, v in summary["layout"].items() if k in Layout.__dataclass_fields__}
+        layout_str = Layout(**lay).describe()
+    source = (calib or {}).get("source") or (prod or {}).get("source")
+    fig_dir = Path(figures_dir) if figures_dir else res.path("figures")
+    date = source_date()
+    return {
+        "study": {"name": _title(config),
+                  "hash": study_hash, "hash_short": study_hash[:12], "commit": git_commit,
+                  "commit_short": git_commit[:12], "date": date.strftime("%Y-%m-%d")},
+        "summary": summary, "layout_str": layout_str, "chosen_row": chosen_row, "representatives": rep,
+        "fallback": fallback,
+        **_families(families), "runner_up": runner_up(families, (prod or {}).get("chosen")),
+        "techniques": _techniques(res.csv("analytic/techniques.csv")),
+        "calibration": calib, "source": source, "source_label": ((calib or {}).get("source_detail") if source == "gpu-proxies" else None)
+        or SOURCE_LABELS.get(str(source), str(source)),
+        "heldout": _records(res.csv("calibration/heldout.csv")) or None,
+        "production": prod, "chosen": (prod or {}).get("chosen"),
+        "production_rows": _records(res.csv("prediction/production.csv")) or None,
+        "cost": cost, "targets": (cost or {}).get("targets") or None,
+        "sensitivity": _records(res.csv("cost/sensitivity.csv")) or None,
+        "validation": _validation(rec), "launch": _launch(res), "figures": _figures(fig_dir, res),
+        "manifest": res.json("launch/manifest.json"),
+        "config_rows": _flatten(config),
+        "inter_busbw_GBps": (config.get("cluster") or {}).get("inter_busbw_GBps") if config else None,
+        "assumptions": [(k, v) for s in ("model", "cluster", "training", "cost", "targets")
+                        for k, v in _flatten(config.get(s), s)] if config else [],
+        "provenance": [{"file": f, **sc} for f, sc in res.sidecars()],
+    }
+
+
+FALLBACK_EXTRA_HEADROOM = 0.15  # the memory fallback leaves at least this much more HBM free than the choice
+
+
+def memory_fallback(feasible: pd.DataFrame, chosen: dict[str, Any]) -> dict[str, Any] | None:
+    """The day-1 fallback if the preflight measures more memory than predicted: the fastest feasible layout
+    with at least FALLBACK_EXTRA_HEADROOM more headroom than the chosen one (simplest on ties)."""
+    need = float(chosen["headroom_frac"]) + FALLBACK_EXTRA_HEADROOM
+    c = feasible[feasible["headroom_frac"] >= need]
+    if not len(c):
+        return None
+    keys = ["tokens_per_s", "headroom_frac"] + (["complexity"] if "complexity" in c else [])
+    r = c.sort_values(keys, ascending=[False, False] + [True] * (len(keys) - 2)).iloc[0]
+    return {"layout": str(r.get("layout_text", "")), "tokens_per_s_per_gpu": float(r["tokens_per_s_per_gpu"]),
+            "mem_total_gib": float(r["mem_total_gib"]), "headroom_frac": float(r["headroom_frac"]),
+            "slower_frac": 1.0 - float(r["tokens_per_s"]) / float(chosen["tokens_per_s"])}
+
+
+# -------------------------------------------------------------------------------------- rendering
+def render_html(context: dict[str, Any], template: str | Path | None = None) -> str:
+    """The memo's HTML (StrictUndefined: a missing key is an error, not an empty string) from ``template``
+    (default: the package's memo.html.j2)."""
+    import jinja2
+
+    tpl = Path(template) if template is not None else pkgdata.path(TEMPLATE)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(tpl.parent)), undefined=jinja2.StrictUndefined,
+                             autoescape=jinja2.select_autoescape(["html", "j2"]), trim_blocks=True,
+                             lstrip_blocks=True)
+    env.filters["f"] = fmt
+    return env.get_template(tpl.name).render(**context)
+
+
+def render_memo(results_dir: str | Path, out_pdf: str | Path, *, config: dict, study_hash: str, git_commit: str,
+                figures_dir: str | Path | None = None, benchmarks: dict | None = None,
+                template: str | Path | None = None, css: str | Path | None = None) -> Path:
+    """Render the design memo PDF from a results tree; attach the resolved config and provenance table.
+    ``benchmarks``: ``benchmarks_report.benchmark_summary`` of the rules' benchmark files (Appendix D).
+    ``template``, ``css``: the memo rule's declared inputs; default the package's memo.html.j2 and memo.css."""
+    from weasyprint import CSS, HTML, Attachment
+
+    ctx = build_context(results_dir, config=config, study_hash=study_hash, git_commit=git_commit,
+                        figures_dir=figures_dir)
+    ctx["benchmarks"] = benchmarks
+    html = render_html(ctx, template)
+    when = source_date()
+    att = [("config.resolved.json", json.dumps(config, indent=2, sort_keys=True, default=str),
+            "the resolved study config"),
+           ("provenance.json", json.dumps(ctx["provenance"], indent=2, sort_keys=True, default=str),
+            "provenance sidecars of every results file")]
+    att += [(a["name"], a["text"], "launch artifact") for a in ctx["launch"] if not a["inline"]]
+    attachments = [Attachment(string=text.encode("utf-8"), name=name, description=desc, created=when,
+                              modified=when) for name, text, desc in att]
+    doc = HTML(string=html, base_url=str(Path(results_dir).resolve()) + "/")
+    sheet = CSS(filename=str(css if css is not None else pkgdata.path(CSS_FILE)))
+    pdf = doc.write_pdf(stylesheets=[sheet], attachments=attachments,
+                        pdf_identifier=study_hash[:32].encode() or b"trainplan", uncompressed_pdf=False)
+    return write_bytes(out_pdf, pdf)

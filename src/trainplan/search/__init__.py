@@ -1,0 +1,1 @@
+"""Enumerate and evaluate every layout of the study's cluster; rank, Pareto front, family and technique verdicts."""

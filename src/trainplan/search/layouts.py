@@ -1,0 +1,466 @@
+"""Enumerate every valid layout, evaluate them vectorised, rank, mark the Pareto front, explain losers.
+
+``search()`` returns one row per enumerated layout (the columns of ``analytic/candidates.csv`` in
+docs/ARCHITECTURE.md). Infeasible layouts stay as rows with ``feasible=False`` and a ``reason``.
+Options (all optional; the config's ``search:`` section): tp, pp, cp, vpp, micro_batch (lists of ints),
+sp (list of bools), pp_schedule, cp_kind, sharding, recompute, offload (lists of names), shard_group
+(list of ints; default: divisors of dp·cp), max_mem_frac (float).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from trainplan.model import memory, timing
+from trainplan.model.efficiency import Efficiency
+from trainplan.model.estimate import DEFAULT_MAX_MEM_FRAC, MEMORY_KEYS
+from trainplan.model.specs import (
+    CP_KINDS,
+    OFFLOADS,
+    PP_SCHEDULES,
+    RECOMPUTES,
+    SHARDINGS,
+    ClusterSpec,
+    ConfigError,
+    GiB,
+    Layout,
+    LayoutTable,
+    ModelSpec,
+    TrainingSpec,
+    grad_accum,
+)
+
+__all__ = ["row_layout", "search", "enumerate_layouts", "family_verdicts", "technique_verdicts", "structural_reasons", "OPTION_KEYS"]
+
+OPTION_KEYS = ("tp", "pp", "cp", "vpp", "micro_batch", "sp", "pp_schedule", "cp_kind", "sharding", "recompute",
+               "offload", "shard_group", "max_mem_frac", "tp_overlap")
+_NAMED = {"pp_schedule": PP_SCHEDULES, "cp_kind": CP_KINDS, "sharding": SHARDINGS, "recompute": RECOMPUTES,
+          "offload": OFFLOADS}
+
+
+# torchtitan's async TP runs only under torch.compile (its SymmetricMemory fused ops are Inductor passes);
+# Megatron's --tp-comm-overlap needs Transformer Engine: neither exists for eager PyTorch.
+ASYNC_TP_NEEDS = "TP comm overlap needs kernels=compiled (torchtitan async TP) or fused (Megatron/TE)"
+
+
+def _divisors(n: int) -> list[int]:
+    """Divisors of ``n`` in increasing order, in O(√n) (``nodes: 1e8`` must not loop 10⁸ times)."""
+    small, large = [], []
+    k = 1
+    while k * k <= n:
+        if n % k == 0:
+            small.append(k)
+            if k * k != n:
+                large.append(n // k)
+        k += 1
+    return small + large[::-1]
+
+
+# The config schema's names (config/config.schema.yaml `search:`) → search option names.
+CONFIG_ALIASES = {"shardings": "sharding", "recomputes": "recompute", "offloads": "offload",
+                  "micro_batches": "micro_batch", "max_hbm_frac": "max_mem_frac", "pp_schedules": "pp_schedule",
+                  "cp_kinds": "cp_kind", "shard_groups": "shard_group", "tp_overlaps": "tp_overlap"}
+_MAX_KEYS = {"max_tp": "tp", "max_pp": "pp", "max_cp": "cp"}
+_IGNORED = ("top_k",)  # used by the CLI and the workflow, not by the enumeration
+
+
+def _opts(cluster: ClusterSpec, options: dict[str, Any] | None) -> dict[str, Any]:
+    o: dict[str, Any] = {}
+    caps: dict[str, int] = {}
+    for k, v in (options or {}).items():
+        if k in _IGNORED:
+            continue
+        if k in _MAX_KEYS:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError("search." + k, v, "must be a positive integer")
+            caps[_MAX_KEYS[k]] = v
+            continue
+        o[CONFIG_ALIASES.get(k, k)] = v
+    for k in o:
+        if k not in OPTION_KEYS:
+            raise ConfigError("search." + k, o[k], "unknown option; valid: " + ", ".join(
+                (*OPTION_KEYS, *CONFIG_ALIASES, *_MAX_KEYS, *_IGNORED)))
+    n = cluster.n_gpus
+    out: dict[str, Any] = {
+        "tp": [d for d in _divisors(cluster.gpus_per_node)], "pp": [d for d in _divisors(n) if d <= 16],
+        "cp": [d for d in _divisors(n) if d <= 16], "vpp": [2, 4], "micro_batch": [1, 2, 4, 8], "sp": [False, True],
+        "tp_overlap": [False, True],
+        "pp_schedule": list(PP_SCHEDULES), "cp_kind": list(CP_KINDS), "sharding": list(SHARDINGS),
+        "recompute": list(RECOMPUTES), "offload": list(OFFLOADS), "shard_group": None,
+        "max_mem_frac": DEFAULT_MAX_MEM_FRAC,
+    }
+    for k, v in o.items():
+        if v is None:
+            continue
+        if k == "max_mem_frac":
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1:
+                raise ConfigError("search.max_mem_frac", v, "must be a fraction in (0, 1]")
+            out[k] = float(v)
+            continue
+        vals = list(v) if isinstance(v, list | tuple) else [v]
+        if not vals:
+            raise ConfigError("search." + k, v, "must be a non-empty list")
+        for x in vals:
+            if k in _NAMED and x not in _NAMED[k]:
+                raise ConfigError("search." + k, x, "must be one of " + ", ".join(_NAMED[k]))
+            if k in ("sp", "tp_overlap") and not isinstance(x, bool):
+                raise ConfigError("search." + k, x, "must be true or false")
+            if k not in _NAMED and k not in ("sp", "tp_overlap") and (isinstance(x, bool) or not isinstance(x, int) or x < 1):
+                raise ConfigError("search." + k, x, "must be a list of positive integers")
+        out[k] = vals
+    for k, cap in caps.items():
+        out[k] = [x for x in out[k] if x <= cap] or [1]
+    return out
+
+
+def enumerate_layouts(cluster: ClusterSpec, options: dict[str, Any] | None = None) -> LayoutTable:
+    """Every layout whose degrees multiply to the GPU count (and that ``Layout()`` would accept)."""
+    o = _opts(cluster, options)
+    n = cluster.n_gpus
+    par: list[tuple] = []  # dp, tp, pp, cp, sp, sched, vpp, cp_kind, tp_overlap
+    for tp, pp, cp in itertools.product(o["tp"], o["pp"], o["cp"]):
+        if n % (tp * pp * cp):
+            continue
+        dp = n // (tp * pp * cp)
+        sps = [s for s in o["sp"] if not (s and tp == 1)]
+        scheds = [("1f1b", 1)] if pp == 1 else [(s, v) for s in o["pp_schedule"]
+                                                 for v in ([1] if s == "1f1b" else o["vpp"])]
+        kinds = ["ring"] if cp == 1 else o["cp_kind"]
+        if pp == 1 and "1f1b" not in o["pp_schedule"] and "interleaved" in o["pp_schedule"]:
+            scheds = [("1f1b", 1)]
+        tpo = [False] if tp == 1 else o["tp_overlap"]
+        par += [(dp, tp, pp, cp, s, sc, v, k, a) for s in sps for sc, v in scheds for k in kinds for a in tpo]
+    if not par:
+        raise ConfigError("search", {k: o[k] for k in ("tp", "pp", "cp")},
+                          f"no tp·pp·cp combination divides the {n} GPUs")
+    shard: list[tuple[str, int]] = []
+    for s in o["sharding"]:
+        if s == "hsdp":
+            groups = o["shard_group"] or [g for g in _divisors(n) if 1 < g < n]
+            shard += [("hsdp", int(g)) for g in groups]
+        else:
+            shard.append((s, 0))
+    rest = list(itertools.product(o["recompute"], o["offload"], o["micro_batch"]))
+    P = np.array(par, dtype=object)
+    S = np.array(shard, dtype=object)
+    R = np.array(rest, dtype=object)
+    ip, is_, ir = (a.ravel() for a in np.meshgrid(np.arange(len(P)), np.arange(len(S)), np.arange(len(R)),
+                                                  indexing="ij"))
+    cols = {
+        "dp": P[ip, 0].astype(int), "tp": P[ip, 1].astype(int), "pp": P[ip, 2].astype(int),
+        "cp": P[ip, 3].astype(int), "sp": P[ip, 4].astype(bool), "pp_schedule": P[ip, 5].astype(str),
+        "vpp": P[ip, 6].astype(int), "cp_kind": P[ip, 7].astype(str), "tp_overlap": P[ip, 8].astype(bool), "sharding": S[is_, 0].astype(str),
+        "shard_group": S[is_, 1].astype(int), "recompute": R[ir, 0].astype(str), "offload": R[ir, 1].astype(str),
+        "micro_batch": R[ir, 2].astype(int),
+    }
+    keep = ~((cols["offload"] == "cpu") & (cols["sharding"] == "none"))  # offload needs a sharded optimizer
+    keep &= (cols["sharding"] != "hsdp") | (cols["shard_group"] < cols["dp"] * cols["cp"])
+    return LayoutTable(**{k: v[keep] for k, v in cols.items()})
+
+
+def structural_reasons(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, L: LayoutTable) -> np.ndarray:
+    """specs.layout_problems, vectorised: one reason string per row ('' = structurally valid)."""
+    s, n = training.seq_len, len(L)
+    dpcp = L.dp * L.cp
+    g = np.where(L.shard_group == 0, cluster.gpus_per_node, L.shard_group)
+    checks = [
+        (L.world_size != cluster.n_gpus, f"dp·tp·pp·cp != {cluster.n_gpus} GPUs"),
+        (model.heads % L.tp != 0, "tp={tp} does not divide heads=" + str(model.heads)),
+        ((model.kv_heads % L.tp != 0) & (L.tp % model.kv_heads != 0), "tp={tp} and kv_heads=" + str(model.kv_heads)
+         + ": neither divides the other"),
+        (model.ffn_hidden % L.tp != 0, "tp={tp} does not divide ffn_hidden=" + str(model.ffn_hidden)),
+        (L.tp > cluster.gpus_per_node, "tp={tp} spans nodes; TP must stay in NVLink"),
+        (L.pp * L.vpp > model.layers, "pp·v = {pp}·{vpp} exceeds layers=" + str(model.layers)),
+        (training.global_batch % (L.dp * L.micro_batch) != 0,
+         "global_batch=" + str(training.global_batch) + " is not a multiple of dp·micro_batch = {dp}·{micro_batch}"),
+        ((L.pp > 1) & (grad_accum(training, L) < L.pp), "fewer micro-batches per step than pp={pp} stages"),
+        (s % (L.cp * np.where((L.cp_kind == "ring") & (L.cp > 1), 2, 1)) != 0,
+         "seq_len=" + str(s) + " not divisible by 2·cp (ring load balancing)"),
+        ((L.cp > 1) & (L.cp_kind == "ulysses") & (model.heads % (L.cp * L.tp) != 0),
+         "ulysses cp·tp does not divide heads=" + str(model.heads)),
+        (L.sp & (s % L.tp != 0), "seq_len not divisible by tp={tp}"),
+        (np.full(n, training.kernels == "eager") & L.tp_overlap.astype(bool), ASYNC_TP_NEEDS),
+        ((L.sharding == "hsdp") & (dpcp % g != 0), "hsdp shard_group must divide dp·cp"),
+        ((L.offload == "cpu") & (L.sharding == "none"), "optimizer offload needs a ZeRO/FSDP sharding"),
+    ]
+    out = np.full(n, "", dtype=object)
+    for mask, msg in checks:
+        idx = np.nonzero(mask & (out == ""))[0]
+        if len(idx) == 0:
+            continue
+        if "{" in msg:
+            vals = {k: getattr(L, k)[idx] for k in ("tp", "pp", "vpp", "dp", "micro_batch")}
+            out[idx] = [msg.format(**{k: v[i] for k, v in vals.items()}) for i in range(len(idx))]
+        else:
+            out[idx] = msg
+    return out
+
+
+def _per_unique(df: pd.DataFrame, cols: list[str], fn: Any) -> np.ndarray:
+    """Apply ``fn(row_dict) -> str`` once per unique combination of ``cols``; map back to every row."""
+    codes = df.groupby(cols, sort=False).ngroup().to_numpy()  # numbered in order of first appearance
+    uniques = df[cols].drop_duplicates().to_dict("records")  # the same order
+    return np.array([fn(u) for u in uniques], dtype=object)[codes]
+
+
+_SHARD_NAMES = {"none": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "FSDP", "hsdp": "HSDP"}
+
+
+def _family_of(r: dict) -> str:
+    """Layout.family for one combination of the fields it depends on (see :attr:`Layout.family`)."""
+    parts = [_SHARD_NAMES[r["sharding"]]]
+    if r["tp"] > 1:
+        parts.append("TP")
+    if r["pp"] > 1:
+        parts.append("PP")
+    return "×".join(parts)
+
+
+def _family(df: pd.DataFrame) -> np.ndarray:
+    """Layout.family, vectorised over the frame's columns."""
+    return _per_unique(df, ["sharding", "tp", "pp"], _family_of)
+
+
+# Techniques that modify a family: each gets a verdict "with vs without" (technique_verdicts).
+TECHNIQUES: dict[str, Any] = {
+    "sequence parallelism (SP)": lambda d: d["sp"].astype(bool),
+    "TP comm overlap (async TP)": lambda d: (d["tp_overlap"].astype(bool) if "tp_overlap" in d
+                                            else pd.Series(False, index=d.index)),
+    "context parallelism (CP)": lambda d: d["cp"] > 1,
+    "optimizer offload to CPU": lambda d: d["offload"] != "none",
+    "selective recompute": lambda d: d["recompute"] == "selective",
+    "full recompute": lambda d: d["recompute"] == "full",
+    "interleaved pipeline": lambda d: d["pp_schedule"] == "interleaved",
+    "micro-batch > 1": lambda d: d["micro_batch"] > 1,
+}
+
+
+def _complexity(df: pd.DataFrame) -> pd.Series:
+    """Simplicity tie-break: count of non-default techniques in use (fewer is simpler)."""
+    return ((df["tp"] > 1).astype(int) + (df["pp"] > 1) + (df["cp"] > 1) + df["sp"].astype(int)
+            + (df["vpp"] > 1) + (df["tp_overlap"].astype(int) if "tp_overlap" in df else 0) + (df["offload"] != "none") + (df["recompute"] != "none") + (df["sharding"] == "hsdp"))
+
+
+def row_layout(row: Any) -> Layout:
+    """The :class:`Layout` of one candidates row (``Layout.from_row``)."""
+    return Layout.from_row(row)
+
+
+def _pareto(tput: np.ndarray, head: np.ndarray) -> np.ndarray:
+    """Non-dominated rows for (max tokens/s, max headroom)."""
+    order = np.lexsort((-head, -tput))
+    best_head = -np.inf
+    out = np.zeros(len(tput), dtype=bool)
+    for i in order:
+        if head[i] > best_head:
+            out[i] = True
+            best_head = head[i]
+    return out
+
+
+def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: Efficiency | None = None,
+           options: dict[str, Any] | None = None) -> pd.DataFrame:
+    """Every enumerated layout with memory, time, feasibility and rank (analytic/candidates.csv)."""
+    eff = eff or Efficiency.for_gpu(cluster.gpu)
+    o = _opts(cluster, options)
+    L = enumerate_layouts(cluster, options)
+    df = pd.DataFrame({k: getattr(L, k) for k in LayoutTable.FIELDS})
+    reason = structural_reasons(model, cluster, training, L)
+    ok = reason == ""
+    idx = np.nonzero(ok)[0]
+    sub = LayoutTable(**{k: getattr(L, k)[idx] for k in LayoutTable.FIELDS})
+    cols: dict[str, np.ndarray] = {}
+    for k in MEMORY_KEYS:
+        cols["mem_" + k + "_gib"] = np.full(len(df), np.nan)
+    for k in timing.TIMING_KEYS:
+        cols[k] = np.full(len(df), np.nan)
+    if len(idx):
+        mem = memory.memory_breakdown(model, cluster, training, sub, eff)
+        for k in MEMORY_KEYS:
+            if k in mem:
+                cols["mem_" + k + "_gib"][idx] = np.broadcast_to(np.asarray(mem[k], dtype=float), len(idx)) / GiB
+        tim = timing.step_time(model, cluster, training, sub, eff)
+        for k in timing.TIMING_KEYS:
+            cols[k][idx] = tim[k]
+    df = pd.concat([df, pd.DataFrame(cols)], axis=1)
+    hbm_gib = cluster.gpu.hbm_bytes / GiB
+    df["headroom_frac"] = 1.0 - df["mem_total_gib"] / hbm_gib
+    oom = ok & (df["mem_total_gib"].to_numpy() > o["max_mem_frac"] * hbm_gib)
+    oom_idx = np.nonzero(oom)[0]
+    reason[oom_idx] = [f"OOM: needs {x:.1f} GiB > {o['max_mem_frac']:.0%} of {hbm_gib:.1f} GiB"
+                       for x in df["mem_total_gib"].to_numpy()[oom_idx]]
+    df["feasible"] = reason == ""
+    df["reason"] = reason
+    df["family"] = _family(df)
+    df["layout_text"] = _describe(df)
+    df["complexity"] = _complexity(df)
+    df["grad_accum"] = np.maximum(1, training.global_batch // df["dp"] // df["micro_batch"])
+    feas = df[df["feasible"]].sort_values(["tokens_per_s", "headroom_frac", "complexity"],
+                                          ascending=[False, False, True], kind="stable")
+    df["rank"] = 0
+    df.loc[feas.index, "rank"] = np.arange(1, len(feas) + 1)
+    df["pareto"] = False
+    if len(feas):
+        df.loc[feas.index, "pareto"] = _pareto(feas["tokens_per_s"].to_numpy(), feas["headroom_frac"].to_numpy())
+    df["_r"] = np.where(df["rank"] > 0, df["rank"], np.iinfo(np.int64).max)
+    return df.sort_values(["_r"], kind="stable").drop(columns="_r").reset_index(drop=True)
+
+
+def _describe(df: pd.DataFrame) -> list[str]:
+    """Layout.describe(), vectorised: the string of each part is built once per unique combination."""
+    def par(r: dict) -> str:
+        x = f"dp{r['dp']}·tp{r['tp']}{'(sp)' if r['sp'] else ''}·pp{r['pp']}"
+        if r["pp"] > 1:
+            x += f"({r['pp_schedule']}{'' if r['vpp'] == 1 else ',v' + str(r['vpp'])})"
+        return (x + f"·cp{r['cp']}" + (f"({r['cp_kind']})" if r["cp"] > 1 else "")
+                + (" async-tp" if r["tp_overlap"] else ""))
+
+    def shard(r: dict) -> str:
+        return " " + r["sharding"] + (f"/{r['shard_group']}" if r["sharding"] == "hsdp" else "")
+
+    def rest(r: dict) -> str:
+        return f" rc={r['recompute']} mb={r['micro_batch']}" + (" offload" if r["offload"] != "none" else "")
+
+    a = _per_unique(df, ["dp", "tp", "sp", "pp", "pp_schedule", "vpp", "cp", "cp_kind", "tp_overlap"], par)
+    b = _per_unique(df, ["sharding", "shard_group"], shard)
+    c = _per_unique(df, ["recompute", "micro_batch", "offload"], rest)
+    return [x + y + z for x, y, z in zip(a, b, c, strict=True)]
+
+
+def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per family: its best layout and why it loses to the chosen one (OOM / slower by x% and the cause)."""
+    feas = df[df["feasible"]]
+    best = feas.loc[feas["tokens_per_s"].idxmax()] if len(feas) else None
+    rows = []
+    for fam, g in df.groupby("family", sort=False):
+        gf = g[g["feasible"]]
+        if len(gf) == 0:
+            oom = g["reason"].str.startswith("OOM")
+            if oom.any():
+                r = g[oom].sort_values("mem_total_gib").iloc[0]
+                verdict, line = "OOM", f"every layout runs out of memory; the leanest ({r['layout_text']}) {r['reason']}"
+            else:
+                verdict, line = "infeasible", str(g["reason"].value_counts().index[0])
+            rows.append({"family": fam, "best_layout": "", "tokens_per_s_per_gpu": np.nan, "mem_total_gib": np.nan,
+                         "verdict": verdict, "line": line})
+            continue
+        r = gf.sort_values(["tokens_per_s", "headroom_frac"], ascending=False).iloc[0]
+        if best is not None and r.name == best.name:
+            verdict, line = "chosen", f"best overall: {r['tokens_per_s_per_gpu']:.0f} tokens/s/GPU"
+        else:
+            slower = 1.0 - r["tokens_per_s"] / best["tokens_per_s"]
+            extra = {"bubble": r["bubble_s"] - best["bubble_s"],
+                     "comm-bound": r["comm_exposed_s"] - best["comm_exposed_s"],
+                     "compute (recompute/small GEMMs)": r["compute_s"] - best["compute_s"],
+                     "optimizer/offload": r["optimizer_s"] + r["offload_s"] - best["optimizer_s"] - best["offload_s"]}
+            cause = max(extra, key=lambda k: extra[k])
+            if slower < 0.005:
+                cause = "a tie on time; ranked lower on headroom or simplicity"
+                extra[cause] = 0.0
+            verdict = "bubble" if cause == "bubble" else f"slower by {slower:.0%}"
+            line = (f"slower by {slower:.1%} ({r['tokens_per_s_per_gpu']:.0f} vs {best['tokens_per_s_per_gpu']:.0f} "
+                    f"tokens/s/GPU), mostly {cause}: +{extra[cause]:.2f} s/step")
+        rows.append({"family": fam, "best_layout": r["layout_text"], "tokens_per_s_per_gpu": r["tokens_per_s_per_gpu"],
+                     "mem_total_gib": r["mem_total_gib"], "verdict": verdict, "line": line})
+    out = pd.DataFrame(rows)
+    return out.sort_values("tokens_per_s_per_gpu", ascending=False, na_position="last").reset_index(drop=True)
+
+
+TIE_FRAC = 0.005  # |Δ throughput| below this is a tie (the ranking then falls to headroom and simplicity)
+
+
+def _extra_cause(r: pd.Series, o: pd.Series) -> str:
+    """The step-time term that grows most from layout ``o`` to layout ``r``."""
+    extra = {"bubble": r["bubble_s"] - o["bubble_s"], "exposed comm": r["comm_exposed_s"] - o["comm_exposed_s"],
+             "compute": r["compute_s"] - o["compute_s"],
+             "optimizer/offload": r["optimizer_s"] + r["offload_s"] - o["optimizer_s"] - o["offload_s"]}
+    return max(extra, key=lambda k: extra[k])
+
+
+FP8_RISK = ("risk for a fine-tune: loss divergence from the bf16 run (FP8's 3-bit mantissa on small updates); "
+            "day-1 check: the first 200 steps' loss within 1% of a bf16 run from the same checkpoint and data")
+
+
+def fp8_technique_rows(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,
+                       eff: Efficiency) -> list[dict[str, Any]]:
+    """The FP8 rows of the technique table for the chosen layout: each torchao recipe against bf16 on the same
+    layout (speed-up; memory unchanged: torchao keeps the bf16 mixed-precision states and casts per GEMM), with the
+    risk for a fine-tune. Empty on GPUs without FP8 tensor cores. The recommendation stays on the configured
+    precision: FP8 is used only when ``training.precision`` opts in."""
+    from dataclasses import replace as _replace
+
+    if not cluster.gpu.fp8:
+        return []
+    base = _replace(training, precision="bf16")
+    b = timing.step_time(model, cluster, base, layout, eff)["tokens_per_s_per_gpu"]
+    mem = float(memory.memory_breakdown(model, cluster, base, layout, eff)["total"]) / 2**30
+    rows = []
+    for recipe in ("fp8-tensorwise", "fp8-rowwise"):
+        f = timing.step_time(model, cluster, _replace(training, precision=recipe), layout, eff)["tokens_per_s_per_gpu"]
+        delta = f / b - 1.0
+        verdict = f"buys {delta:+.1%}" if delta > TIE_FRAC else ("ties" if delta >= -TIE_FRAC else f"costs {-delta:.1%}")
+        used = training.precision == recipe
+        note = ("opted in by training.precision; " if used else "not used: bf16 unless the study opts in; ") + FP8_RISK
+        rows.append({"technique": f"FP8 matmuls ({recipe.split('-')[1]}, torchao Float8)", "used_by_best": used,
+                     "best_with": layout.describe() + f" {recipe}", "tokens_per_s_per_gpu_with": f,
+                     "best_without": layout.describe() + " bf16", "tokens_per_s_per_gpu_without": b,
+                     "delta_frac": delta, "verdict": verdict, "note": note,
+                     "line": f"{verdict} ({f:.0f} vs {b:.0f} tokens/s/GPU, memory {mem:.1f} GiB either way); {note}",
+                     "mem_total_gib": mem, "fp8": True})
+    return rows
+
+
+def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = None) -> pd.DataFrame:
+    """One row per technique (SP, CP, offload, recompute, ...): best feasible layout with it vs without it.
+
+    Families are coarse (data-parallel sharding × TP × PP); this says what each modifier buys or costs.
+    Columns: technique, used_by_best, best_with, tokens_per_s_per_gpu_with, best_without,
+    tokens_per_s_per_gpu_without, delta_frac (with ÷ without − 1), verdict (needed / buys x% / ties / costs x% /
+    never fits), note (why, in a few words), line (one sentence). Techniques no enumerated layout uses are left out.
+    """
+    feas = df[df["feasible"]]
+    top = feas.loc[[feas["tokens_per_s"].idxmax()]] if len(feas) else feas
+    rows = []
+    for name, sel in TECHNIQUES.items():
+        with_t = df[sel(df)]
+        if len(with_t) == 0:
+            continue
+        wf, without = with_t[with_t["feasible"]], feas[~sel(feas)]
+        used = bool(sel(top).iloc[0]) if len(top) else False
+        r = wf.loc[wf["tokens_per_s"].idxmax()] if len(wf) else None
+        o = without.loc[without["tokens_per_s"].idxmax()] if len(without) else None
+        row = {"technique": name, "used_by_best": used,
+               "best_with": r["layout_text"] if r is not None else "",
+               "tokens_per_s_per_gpu_with": r["tokens_per_s_per_gpu"] if r is not None else np.nan,
+               "best_without": o["layout_text"] if o is not None else "",
+               "tokens_per_s_per_gpu_without": o["tokens_per_s_per_gpu"] if o is not None else np.nan,
+               "delta_frac": r["tokens_per_s"] / o["tokens_per_s"] - 1.0 if r is not None and o is not None else np.nan}
+        delta = row["delta_frac"]
+        if r is None:
+            row["verdict"], row["note"] = "never fits", str(with_t["reason"].value_counts().index[0])
+            row["line"] = "every layout using it is infeasible: " + row["note"]
+        elif o is None:
+            row["verdict"], row["note"] = "needed", "no feasible layout without it"
+            row["line"] = "needed: no feasible layout without it"
+        elif delta > TIE_FRAC:
+            row["verdict"] = f"buys {delta:+.1%}"
+            row["note"] = f"cuts {_extra_cause(o, r)}" + ("; the chosen layout uses it" if used else "")
+            row["line"] = (f"buys {delta:+.1%} ({r['tokens_per_s_per_gpu']:.0f} vs {o['tokens_per_s_per_gpu']:.0f} "
+                           f"tokens/s/GPU): {row['note']}")
+        elif delta >= -TIE_FRAC:
+            row["verdict"] = "ties"
+            row["note"] = "the chosen layout uses it" if used else "not worth the extra complexity"
+            row["line"] = f"ties ({delta:+.1%}): best with it {r['tokens_per_s_per_gpu']:.0f} tokens/s/GPU; {row['note']}"
+        else:
+            row["verdict"], row["note"] = f"costs {-delta:.1%}", f"mostly {_extra_cause(r, o)}"
+            row["line"] = (f"costs {-delta:.1%} at best ({r['tokens_per_s_per_gpu']:.0f} vs "
+                           f"{o['tokens_per_s_per_gpu']:.0f} tokens/s/GPU), {row['note']}")
+        rows.append(row)
+    return pd.DataFrame(rows + list(extra or []),
+                        columns=["technique", "used_by_best", "best_with", "tokens_per_s_per_gpu_with",
+                                 "best_without", "tokens_per_s_per_gpu_without", "delta_frac", "verdict",
+                                 "note", "line"])

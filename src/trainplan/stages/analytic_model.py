@@ -1,0 +1,51 @@
+"""Rule ``analytic_model``: candidates.csv, families.csv, techniques.csv, summary.json from ``trainplan.search.layouts``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from trainplan.io import write_csv, write_json
+from trainplan.model.estimate import estimate
+from trainplan.model.flops import train_flops_per_token
+from trainplan.model.specs import Layout
+from trainplan.search.layouts import family_verdicts, fp8_technique_rows, search, technique_verdicts
+from trainplan.stages.common import (
+    sidecars,
+    specs_from_cfg,
+    stage,
+)
+
+
+def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
+    """candidates.csv, families.csv, techniques.csv, summary.json from ``trainplan.search.layouts``."""
+    s = specs_from_cfg(cfg)
+    options = dict(cfg["search"])
+    if s["layout"] is not None:  # a pinned layout: its fields become single-valued search options
+        options.update({k: v for k, v in s["layout"].to_dict().items() if k != "dp"})
+    df = search(s["model"], s["cluster"], s["training"], s["efficiency"], options)
+    fam = family_verdicts(df)
+    summary: dict[str, Any] = {"status": "ok", "layout": None}
+    best = df[df["rank"] == 1] if "rank" in df else df.iloc[:0]
+    if len(best):
+        layout = Layout.from_row(best.iloc[0])
+        summary["layout"] = layout.to_dict()
+        summary["family"] = str(best.iloc[0].get("family", layout.family))
+        summary["estimate"] = estimate(s["model"], s["cluster"], s["training"], layout, s["efficiency"]).to_json()
+    else:
+        summary["status"] = "no feasible layout"
+    m = s["model"]
+    summary.update(model={**m.to_dict(), "n_params": m.n_params, "n_params_nonembedding": m.n_params_nonembedding},
+                   n_params=m.n_params, gpu=s["cluster"].gpu.name, n_gpus=s["cluster"].n_gpus,
+                   hbm_gib=s["cluster"].gpu.hbm_bytes / 2**30,
+                   flops_per_token=train_flops_per_token(m, s["training"]))
+    write_csv(df, out["candidates"])
+    write_csv(fam, out["families"])
+    if "techniques" in out:
+        extra = fp8_technique_rows(s["model"], s["cluster"], s["training"], layout, s["efficiency"]) if len(best) else []
+        write_csv(technique_verdicts(df, extra), out["techniques"])
+    write_json(out["summary"], summary)
+    sidecars("analytic_model", out, cfg, inp)
+
+
+main = stage(run, "analytic_model")

@@ -1,0 +1,38 @@
+"""Rule ``cost_and_risk``: cost.json (``cost.stage_cost_and_risk``) and sensitivity.csv (``sensitivity.stage_sensitivity``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from trainplan.cost.budget import stage_cost_and_risk
+from trainplan.cost.sensitivity import stage_sensitivity
+from trainplan.io import read_json, write_csv, write_json
+from trainplan.model.efficiency import Efficiency
+from trainplan.stages.common import (
+    sidecars,
+    specs_from_cfg,
+    stage,
+)
+
+
+def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
+    """cost.json (``cost.stage_cost_and_risk``) and sensitivity.csv (``sensitivity.stage_sensitivity``)."""
+    s = specs_from_cfg(cfg)
+    production = read_json(inp["production"])
+    m, c, t = s["model"], s["cluster"], s["training"]
+    doc, inputs = stage_cost_and_risk(production, n_params=float(m.n_params), n_gpus=c.n_gpus,
+                                      total_tokens=float(t.total_tokens), d2h_Bps=c.host_to_device_Bps,
+                                      cost_cfg=dict(cfg["cost"]), targets=dict(cfg["targets"]))
+    options = dict(cfg["search"])
+    if s["layout"] is not None:
+        options.update({k: v for k, v in s["layout"].to_dict().items() if k != "dp"})
+    eff = Efficiency.from_dict({k: v for k, v in (production.get("efficiency") or {}).items() if v is not None})
+    sens = stage_sensitivity(production["chosen"], model=m, cluster=c, training=t, eff=eff, options=options,
+                             inputs=inputs, inter_busbw_GBps=float(cfg["cluster"]["inter_busbw_GBps"]))
+    doc["sensitivity_flips"] = sens.loc[sens["changes_recommendation"], "parameter"].tolist()
+    write_json(out["cost"], doc)
+    write_csv(sens, out["sensitivity"])
+    sidecars("cost_and_risk", out, cfg, inp, calibration_source=doc.get("calibration_source"))
+
+
+main = stage(run, "cost_and_risk")

@@ -1,0 +1,28 @@
+"""Rule ``figures``: results/figures/*.svg via ``trainplan.report.figures.make_figures`` (each with caption metadata)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from trainplan.io import write_json
+from trainplan.provenance import write_sidecar
+from trainplan.report.figures import make_figures
+from trainplan.stages.common import (
+    files_of,
+    stage,
+)
+
+
+def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
+    """results/figures/*.svg via ``trainplan.report.figures.make_figures`` (each with caption metadata)."""
+    results = Path(inp["cost"]).parent.parent
+    outdir = Path(out["figures"])
+    outdir.mkdir(parents=True, exist_ok=True)
+    made = make_figures(results, outdir)
+    write_json(outdir / "index.json", {"status": "ok", "figures": {k: str(v) for k, v in made.items()}})
+    for svg in sorted(outdir.glob("*.svg")):
+        write_sidecar(svg, rule="figures", config_slice=cfg, inputs=files_of(inp))
+
+
+main = stage(run, "figures")

@@ -1,0 +1,31 @@
+"""Rule ``memo``: design_memo.pdf via ``trainplan.report.memo.render_memo``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from trainplan.provenance import git_state, study_hash
+from trainplan.report.benchmarks import benchmark_rows, benchmark_summary
+from trainplan.report.memo import render_memo
+from trainplan.stages.common import (
+    sidecars,
+    stage,
+)
+
+
+def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
+    """design_memo.pdf via ``trainplan.report.memo.render_memo``."""
+    results = Path(inp["cost"]).parent.parent
+    os.environ.setdefault("SOURCE_DATE_EPOCH", str(cfg["memo"]["source_date_epoch"]))
+    bench = inp.get("benchmarks")
+    files = [bench] if isinstance(bench, str) else list(bench or [])
+    render_memo(results, out["pdf"], config=dict(cfg), study_hash=study_hash(cfg),
+                git_commit=str(git_state()["commit"]), figures_dir=inp["figures"],
+                benchmarks=benchmark_summary(benchmark_rows(files)) if files else None,
+                template=inp.get("template"), css=inp.get("css"))
+    sidecars("memo", out, cfg, inp)
+
+
+main = stage(run, "memo")
