@@ -7,9 +7,10 @@ rule figures:
     """Every memo figure as SVG with caption metadata (config hash, sources)."""
     input:
         candidates=f"{R}/analytic/candidates.csv",
+        summary=f"{R}/analytic/summary.json",
         records=f"{R}/proxies/records.csv",
         calibration=f"{R}/calibration/calibration.json",
-        production=f"{R}/prediction/production.csv",
+        production=f"{R}/prediction/production.json",
         cost=f"{R}/cost/cost.json",
         sensitivity=f"{R}/cost/sensitivity.csv",
     output:
@@ -33,17 +34,27 @@ rule figures:
 
 
 rule memo:
-    """The PDF design memo (jinja2 + WeasyPrint)."""
+    """The PDF design memo (jinja2 + WeasyPrint). It reads these inputs (names: trainplan.report.memo.MEMO_INPUTS),
+    the SVGs and captions in the figures dir, the launch files manifest.json lists next to it (the rest of the
+    launch_artifacts output set) and the provenance sidecar of each (the provenance appendix); scaling.json and
+    the proxy run records only for their sidecars.
+    """
     input:
         figures=f"{R}/figures",
         summary=f"{R}/analytic/summary.json",
+        candidates=f"{R}/analytic/candidates.csv",
         families=f"{R}/analytic/families.csv",
         techniques=f"{R}/analytic/techniques.csv",
+        proxy_set=f"{R}/proxies/proxy_set.json",
+        proxy_runs=proxy_records,
         records=f"{R}/proxies/records.csv",
+        calibration=f"{R}/calibration/calibration.json",
         heldout=f"{R}/calibration/heldout.csv",
         scaling=f"{R}/calibration/scaling.json",
         production=f"{R}/prediction/production.json",
+        production_table=f"{R}/prediction/production.csv",
         cost=f"{R}/cost/cost.json",
+        sensitivity=f"{R}/cost/sensitivity.csv",
         launch=f"{R}/launch/manifest.json",
         benchmarks=benchmark_files,
         template="report/templates/memo.html.j2",

@@ -57,7 +57,8 @@ def test_the_memo_template_shows_the_table_once_the_context_has_it(bench):
 
     from trainplan.report import memo
 
-    ctx = memo.build_context(Path(__file__).parent / "fixtures" / "results_min", config={"study": {"name": "x"}},
+    ctx = memo.build_context(memo.memo_inputs(Path(__file__).parent / "fixtures" / "results_min"),
+                             config={"study": {"name": "x"}},
                              study_hash="5f" * 32, git_commit="c" * 40)
     assert "sec-benchmarks" not in memo.render_html(ctx)
     html = memo.render_html({**ctx, "benchmarks": benchmark_summary(benchmark_rows(bench))})

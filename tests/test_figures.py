@@ -20,7 +20,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "results_min"
 def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
     root = tmp_path_factory.mktemp("figs") / "results"
     shutil.copytree(FIXTURE, root)
-    return root, F.make_figures(root, root / "figures")
+    return root, F.make_figures(F.figure_inputs(root), root / "figures")
 
 
 def _cand() -> pd.DataFrame:
@@ -126,7 +126,7 @@ def test_missing_inputs_make_no_figure(tmp_path):
     root = tmp_path / "r"
     (root / "analytic").mkdir(parents=True)
     shutil.copy(FIXTURE / "analytic/candidates.csv", root / "analytic/candidates.csv")
-    out = F.make_figures(root, tmp_path / "figs", hbm_gib=79.6)
+    out = F.make_figures(F.figure_inputs(root), tmp_path / "figs", hbm_gib=79.6)
     assert sorted(out) == ["memory", "pareto", "time_breakdown"]
     assert json.loads(F.caption_path(out["memory"]).read_text())["config_hash"] == "no-sidecar"
 

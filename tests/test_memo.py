@@ -17,7 +17,7 @@ from pypdf import PdfReader
 
 from trainplan.model.specs import Layout
 from trainplan.report import memo
-from trainplan.report.figures import make_figures, read_caption
+from trainplan.report.figures import figure_inputs, make_figures, read_caption
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results_min"
 HASH, COMMIT = "5f" * 32, "c0ffee" + "0" * 34
@@ -36,8 +36,8 @@ def _squash(s: str) -> str:
 
 
 def _render(root: Path, out: Path) -> Path:
-    make_figures(root, root / "figures")
-    return memo.render_memo(root, out, config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    make_figures(figure_inputs(root), root / "figures")
+    return memo.render_memo(memo.memo_inputs(root), out, config=CONFIG, study_hash=HASH, git_commit=COMMIT)
 
 
 @pytest.fixture(scope="module")
@@ -246,8 +246,8 @@ def test_resolved_config_and_provenance_are_attached(rendered):
 
 
 def test_rendering_twice_gives_identical_bytes(rendered):
-    again = memo.render_memo(rendered["root"], rendered["base"] / "again.pdf", config=CONFIG, study_hash=HASH,
-                             git_commit=COMMIT)
+    again = memo.render_memo(memo.memo_inputs(rendered["root"]), rendered["base"] / "again.pdf", config=CONFIG,
+                             study_hash=HASH, git_commit=COMMIT)
     assert again.read_bytes() == rendered["pdf"].read_bytes()
 
 
@@ -275,7 +275,7 @@ def test_fmt_is_the_one_formatter():
 def test_template_fails_loudly_on_a_missing_key(rendered):
     import jinja2
 
-    ctx = memo.build_context(rendered["root"], config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    ctx = memo.build_context(memo.memo_inputs(rendered["root"]), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
     del ctx["cost"]
     with pytest.raises(jinja2.UndefinedError):
         memo.render_html(ctx)
@@ -315,14 +315,24 @@ def test_day1_memory_check_names_the_fallback(rendered):
     assert _squash(fb["layout"]) in _squash(rendered["text"])
 
 
-def test_provenance_skips_a_variant_study_nested_in_the_results_tree(tmp_path):
-    """``--configfile config/lora.yaml`` writes to results/lora: the default memo must not list its files."""
+def test_provenance_lists_the_sidecars_of_the_inputs_only(tmp_path):
+    """The appendix lists the sidecar of each file the memo reads (its inputs, the figure SVGs, the launch files
+    manifest.json lists), not every sidecar in the tree: a variant study nested in it (``--configfile
+    config/lora.yaml`` writes to results/lora), a previous memo's own sidecar, a launch file the manifest does not
+    list are not listed."""
+    from trainplan.provenance import write_sidecar
+
     root = tmp_path / "results"
     shutil.copytree(FIXTURE, root)
-    before = [f for f, _ in memo.Results(root).sidecars()]
-    nested = root / "lora"
-    shutil.copytree(FIXTURE / "analytic", nested / "analytic")
-    after = [f for f, _ in memo.Results(root).sidecars()]
+    before = [f for f, _ in memo.Inputs(memo.memo_inputs(root)).sidecars()]
+    assert before == sorted(before, key=lambda f: Path(f + ".provenance.json"))
+    assert {"analytic/summary.json", "launch/manifest.json", "launch/sbatch_4x8.sh"} <= set(before)
+    shutil.copytree(FIXTURE / "analytic", root / "lora" / "analytic")
+    (root / "memo").mkdir()
+    for stale in (root / "memo" / "design_memo.pdf", root / "launch" / "sbatch_2x8.sh"):
+        stale.write_text("stale")
+        write_sidecar(stale, rule="stale", config_slice={})
+    after = [f for f, _ in memo.Inputs(memo.memo_inputs(root)).sidecars()]
     assert before and after == before
-    own = [f for f, _ in memo.Results(nested).sidecars()]
+    own = [f for f, _ in memo.Inputs(memo.memo_inputs(root / "lora")).sidecars()]
     assert "analytic/summary.json" in own and all(f.startswith("analytic/") for f in own)

@@ -3,13 +3,15 @@
 Every figure is drawn from a results table (never from typed-in numbers) with the package style
 (``trainplan.mplstyle``) and saved by :func:`save_figure` as a deterministic SVG (no date, fixed hash salt)
 whose metadata and caption sidecar (``<name>.caption.json``) carry the config hash, the source files and
-the calibration source. :func:`make_figures` draws every figure a results tree has the inputs for.
+the calibration source. :func:`make_figures` draws every figure it is given the inputs for (the figures rule's
+declared inputs, by name; it reads no other file).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -323,26 +325,63 @@ def representative_layouts(cand: pd.DataFrame, n: int = 10, n_infeasible: int = 
     return pd.concat([good_df.head(n - k), bad_df.head(k)]).reset_index(drop=True)
 
 
-def make_figures(results_dir: str | Path, out_dir: str | Path, *, hbm_gib: float | None = None) -> dict[str, Path]:
-    """Draw every figure whose inputs exist under ``results_dir``; return ``{name: svg path}``."""
-    r, out = Path(results_dir), Path(out_dir)
-    calib = r / "calibration/calibration.json"
-    cal_src = read_json(calib).get("source") if calib.exists() else None
+# The named inputs make_figures reads (the figures rule's ``input:`` keys) and where a results tree keeps them.
+FIGURE_INPUTS = {"candidates": "analytic/candidates.csv", "summary": "analytic/summary.json",
+                 "records": "proxies/records.csv", "calibration": "calibration/calibration.json",
+                 "production": "prediction/production.json", "cost": "cost/cost.json",
+                 "sensitivity": "cost/sensitivity.csv"}
+
+
+def figure_inputs(results_dir: str | Path) -> dict[str, Path]:
+    """The input mapping of :func:`make_figures` for a results tree laid out as the study writes it (for tests and
+    ad-hoc use; the figures stage passes its rule's declared inputs)."""
+    r = Path(results_dir)
+    return {k: r / rel for k, rel in FIGURE_INPUTS.items()}
+
+
+def _results_root(paths: Sequence[Path]) -> Path:
+    """The results dir of ``paths`` (each ``<results>/<stage>/<file>``): the common path of their grandparents."""
+    return Path(os.path.commonpath([str(p.parent.parent) for p in paths])) if paths else Path(".")
+
+
+def make_figures(inputs: Mapping[str, str | Path], out_dir: str | Path, *, hbm_gib: float | None = None,
+                 results_root: str | Path | None = None) -> dict[str, Path]:
+    """Draw every figure whose inputs are given and exist; return ``{name: svg path}``.
+
+    ``inputs`` maps the names of :data:`FIGURE_INPUTS` to paths (the figures rule's ``input``); only those paths
+    (and their provenance sidecars, for the config hash) are read. ``results_root`` only names the sources in the
+    caption sidecars (``cost/cost.json``: relative to it); default the common results dir of the inputs.
+    """
+    given = {k: Path(v) for k, v in inputs.items() if k in FIGURE_INPUTS and v}
+    out = Path(out_dir)
+    root = Path(results_root) if results_root is not None else _results_root(list(given.values()))
+
+    def path(name: str) -> Path | None:
+        p = given.get(name)
+        return p if p is not None and p.exists() else None
+
+    calib = path("calibration")
+    cal_src = read_json(calib).get("source") if calib else None
     made: dict[str, Path] = {}
 
-    def emit(name: str, fig: Figure, caption: str, inputs: Sequence[Path]) -> None:
-        rel = [str(p.relative_to(r)) for p in inputs]
-        made[name] = save_figure(fig, out / f"{name}.svg", caption=caption, config_hash=_hash(inputs),
-                                 sources=rel, calibration_source=cal_src)
+    def rel(p: Path) -> str:
+        try:
+            return str(p.relative_to(root))
+        except ValueError:
+            return str(p)
 
-    cand_p = r / "analytic/candidates.csv"
-    if cand_p.exists():
+    def emit(name: str, fig: Figure, caption: str, inputs: Sequence[Path]) -> None:
+        made[name] = save_figure(fig, out / f"{name}.svg", caption=caption, config_hash=_hash(inputs),
+                                 sources=[rel(p) for p in inputs], calibration_source=cal_src)
+
+    cand_p = path("candidates")
+    if cand_p:
         cand = pd.read_csv(cand_p, low_memory=False)
         rep = representative_layouts(cand)
         hbm = hbm_gib
         if hbm is None:
-            s = r / "analytic/summary.json"
-            hbm = read_json(s).get("hbm_gib") if s.exists() else None
+            s = path("summary")
+            hbm = read_json(s).get("hbm_gib") if s else None
         emit("memory", plot_memory(rep, hbm_gib=hbm),
              "Predicted peak memory per GPU by term, for the best layout of each family, against usable HBM.",
              [cand_p])
@@ -352,27 +391,27 @@ def make_figures(results_dir: str | Path, out_dir: str | Path, *, hbm_gib: float
             emit("pareto", plot_pareto(cand),
                  "Every feasible layout: predicted tokens/s per GPU against memory headroom; Pareto front.",
                  [cand_p])
-    rec_p = r / "proxies/records.csv"
-    if rec_p.exists():
+    rec_p = path("records")
+    if rec_p:
         rec = pd.read_csv(rec_p)
         if len(parity_table(rec)):
             emit("parity", plot_parity(rec),
                  "Analytic prediction against proxy measurement for every proxy run and metric.", [rec_p])
-    prod_p = r / "prediction/production.json"
-    if prod_p.exists():
+    prod_p = path("production")
+    if prod_p:
         ext = read_json(prod_p).get("extrapolation") or []
         if ext:
             emit("extrapolation", plot_extrapolation(pd.DataFrame(ext)),
                  "Scaling fits from the proxies to the production model, with prediction intervals.", [prod_p])
-    cost_p = r / "cost/cost.json"
-    if cost_p.exists():
+    cost_p = path("cost")
+    if cost_p:
         targets = pd.DataFrame(read_json(cost_p).get("targets") or [])
         if len(targets):
             emit("cost", plot_cost(targets),
                  "Wall-clock, cost and throughput intervals (p10–p90, dot = p50) against the study's targets.",
                  [cost_p])
-    sens_p = r / "cost/sensitivity.csv"
-    if sens_p.exists():
+    sens_p = path("sensitivity")
+    if sens_p:
         sens = pd.read_csv(sens_p)
         if len(sens):
             emit("tornado", plot_tornado(sens),

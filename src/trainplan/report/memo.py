@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,9 @@ import pandas as pd
 
 from trainplan import pkgdata
 from trainplan.io import read_json, write_bytes
+from trainplan.model.specs import Layout
+from trainplan.provenance import sidecar_path
+from trainplan.report.figures import parity_table, representative_layouts
 from trainplan.report.labels import memo_labels as report_labels  # noqa: F401 (re-exported)
 
 # The template and stylesheet (package data; in a checkout symlinks to report/templates/, which the memo rule
@@ -79,35 +83,105 @@ def source_date() -> dt.datetime:
 
 
 # ---------------------------------------------------------------------------------------- loading
-class Results:
-    """Read-only view of a results tree; a missing file is ``None`` (the memo shows it as missing)."""
+# The named inputs the memo reads (the memo rule's ``input:`` keys) and where a results tree keeps them. Besides
+# these files it reads: the figure SVGs and their caption sidecars in ``figures``; the launch files that
+# ``launch`` (manifest.json, the launch_artifacts rule's declared output) lists, next to it (the rest of that
+# rule's output set); and the provenance sidecar (``<file>.provenance.json``) of each of them.
+MEMO_INPUTS = {
+    "summary": "analytic/summary.json", "candidates": "analytic/candidates.csv",
+    "families": "analytic/families.csv", "techniques": "analytic/techniques.csv",
+    "proxy_set": "proxies/proxy_set.json", "proxy_runs": "proxies/runs/{id}.json", "records": "proxies/records.csv",
+    "calibration": "calibration/calibration.json", "heldout": "calibration/heldout.csv",
+    "scaling": "calibration/scaling.json", "production": "prediction/production.json",
+    "production_table": "prediction/production.csv", "cost": "cost/cost.json", "sensitivity": "cost/sensitivity.csv",
+    "figures": "figures", "launch": "launch/manifest.json",
+}
 
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
 
-    def path(self, rel: str) -> Path:
-        return self.root / rel
+def memo_inputs(results_dir: str | Path) -> dict[str, Any]:
+    """The input mapping of :func:`build_context` for a results tree laid out as the study writes it (for tests
+    and ad-hoc use; the memo stage passes its rule's declared inputs). ``proxy_runs``: the runs proxy_set.json
+    names, if it exists."""
+    r = Path(results_dir)
+    out: dict[str, Any] = {k: r / rel for k, rel in MEMO_INPUTS.items() if k != "proxy_runs"}
+    ps = r / MEMO_INPUTS["proxy_set"]
+    ids = [p["id"] for p in read_json(ps).get("proxies", [])] if ps.exists() else []
+    out["proxy_runs"] = [r / MEMO_INPUTS["proxy_runs"].format(id=i) for i in ids]
+    return out
 
-    def json(self, rel: str) -> dict | None:
-        p = self.path(rel)
-        return read_json(p) if p.exists() else None
 
-    def csv(self, rel: str) -> pd.DataFrame | None:
-        p = self.path(rel)
-        return pd.read_csv(p, low_memory=False) if p.exists() else None
+def _paths(value: Any) -> list[Path]:
+    if value is None or value == "":
+        return []
+    return [Path(v) for v in value] if isinstance(value, list | tuple) else [Path(value)]
+
+
+def _results_root(inputs: Mapping[str, Any]) -> Path:
+    """The results dir of the inputs (each sits at its MEMO_INPUTS place under it): the common path."""
+    roots = [p.parents[len(Path(MEMO_INPUTS[k]).parts) - 1] for k, v in inputs.items() if k in MEMO_INPUTS
+             for p in _paths(v)]
+    return Path(os.path.commonpath([str(r) for r in roots])) if roots else Path(".")
+
+
+def launch_files(manifest: str | Path | None) -> list[Path]:
+    """The launch files manifest.json lists (``artifacts``), next to it: the rest of the launch_artifacts rule's
+    output set (its declared output is the manifest; the sbatch file's name depends on the cluster)."""
+    if manifest is None or not Path(manifest).is_file():
+        return []
+    m = Path(manifest)
+    names = [a["filename"] for a in read_json(m).get("artifacts") or [] if a.get("filename")]
+    return [m.parent / n for n in sorted(set(names))]
+
+
+class Inputs:
+    """Read-only view of the memo's named inputs; a missing one is ``None`` (the memo shows it as missing).
+
+    ``root`` (the results dir) only names files (the provenance table, the figures' ``src``); nothing is found
+    under it."""
+
+    def __init__(self, inputs: Mapping[str, Any], root: str | Path | None = None):
+        self.inputs = dict(inputs)
+        self.root = Path(root) if root is not None else _results_root(self.inputs)
+
+    def path(self, name: str) -> Path | None:
+        v = self.inputs.get(name)
+        return Path(v) if isinstance(v, str | Path) and str(v) else None
+
+    def json(self, name: str) -> dict | None:
+        p = self.path(name)
+        return read_json(p) if p is not None and p.is_file() else None
+
+    def csv(self, name: str) -> pd.DataFrame | None:
+        p = self.path(name)
+        return pd.read_csv(p, low_memory=False) if p is not None and p.is_file() else None
+
+    def files(self) -> list[Path]:
+        """Every results file the memo reads: the inputs, the SVGs of ``figures``, the launch files."""
+        out: list[Path] = []
+        for k, v in self.inputs.items():
+            if k not in MEMO_INPUTS:
+                continue  # template, stylesheet, benchmark TSVs: not results files
+            for p in _paths(v):
+                if k == "figures":
+                    out += sorted(p.glob("*.svg")) if p.is_dir() else []
+                elif k == "launch":
+                    out += [p, *launch_files(p)]
+                else:
+                    out.append(p)
+        return out
+
+    def _name(self, p: Path) -> str:
+        try:
+            return str(p.relative_to(self.root))
+        except ValueError:
+            return str(p)
 
     def sidecars(self) -> list[tuple[str, dict]]:
-        """Every ``<file>.provenance.json`` of this study, with ``git_commit``/``git_dirty`` flattened.
-
-        Another study's tree nested inside this one (the variants write to ``results/lora`` and the like:
-        any sub-directory with its own ``analytic/summary.json``) is not part of this study and is skipped.
-        """
+        """The ``<file>.provenance.json`` of every file in :meth:`files` that has one, with
+        ``git_commit``/``git_dirty`` flattened; named relative to the results dir, in path order."""
         out = []
-        nested = [p.parent.parent for p in self.root.glob("*/**/analytic/summary.json")]
-        for sc in sorted(self.root.rglob("*.provenance.json")):
-            if any(n in sc.parents for n in nested):
-                continue
-            rel = str(sc.relative_to(self.root))[: -len(".provenance.json")]
+        for sc in sorted({sidecar_path(f) for f in self.files() if sidecar_path(f).is_file()}):
+            rel = self._name(sc)[: -len(".provenance.json")]
             d = read_json(sc)
             git = d.get("git") if isinstance(d.get("git"), dict) else {}
             d.setdefault("git_commit", git.get("commit"))
@@ -146,7 +220,6 @@ def _validation(rec: pd.DataFrame | None) -> dict | None:
     """Per metric: how many proxy runs, median and worst relative error of prediction vs measurement."""
     if rec is None:
         return None
-    from trainplan.report.figures import parity_table
 
     long = parity_table(rec)
     metrics = []
@@ -217,13 +290,10 @@ def _techniques(tech: pd.DataFrame | None) -> list[dict] | None:
     return rows
 
 
-def _launch(res: Results) -> list[dict]:
-    d = res.path("launch")
-    if not d.is_dir():
-        return []
+def _launch(manifest: Path | None) -> list[dict]:
     out = []
-    for p in sorted(d.iterdir()):
-        if p.name.endswith(".provenance.json") or p.name.startswith(".") or not p.is_file() or p.name == "manifest.json":
+    for p in launch_files(manifest):
+        if not p.is_file():
             continue
         text = p.read_text(encoding="utf-8", errors="replace")
         n = len(text.splitlines())
@@ -232,9 +302,12 @@ def _launch(res: Results) -> list[dict]:
     return out
 
 
-def _figures(fig_dir: Path, res: Results) -> dict[str, dict | None]:
+def _figures(fig_dir: Path | None, res: Inputs) -> dict[str, dict | None]:
     out: dict[str, dict | None] = {}
     for name in FIGURES:
+        if fig_dir is None:
+            out[name] = None
+            continue
         svg, cap = fig_dir / f"{name}.svg", fig_dir / f"{name}.caption.json"
         if svg.exists() and cap.exists():
             c = read_json(cap)
@@ -245,19 +318,19 @@ def _figures(fig_dir: Path, res: Results) -> dict[str, dict | None]:
     return out
 
 
-def build_context(results_dir: str | Path, *, config: dict, study_hash: str, git_commit: str,
-                  figures_dir: str | Path | None = None) -> dict[str, Any]:
-    """Everything the template shows, read from the results tree (no number is computed from thin air)."""
-    from trainplan.report.figures import representative_layouts
-
-    res = Results(results_dir)
-    summary = res.json("analytic/summary.json")
-    cand = res.csv("analytic/candidates.csv")
-    calib = res.json("calibration/calibration.json")
-    prod = res.json("prediction/production.json")
-    cost = res.json("cost/cost.json")
-    rec = res.csv("proxies/records.csv")
-    families = res.csv("analytic/families.csv")
+def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, git_commit: str,
+                  results_root: str | Path | None = None) -> dict[str, Any]:
+    """Everything the template shows, read from the named ``inputs`` (the memo rule's ``input``; names in
+    :data:`MEMO_INPUTS`) and nothing else (no number is computed from thin air). ``results_root`` only names
+    files (default: the results dir the inputs sit in)."""
+    res = Inputs(inputs, results_root)
+    summary = res.json("summary")
+    cand = res.csv("candidates")
+    calib = res.json("calibration")
+    prod = res.json("production")
+    cost = res.json("cost")
+    rec = res.csv("records")
+    families = res.csv("families")
     chosen_row = None
     rep = None
     fallback = None
@@ -268,12 +341,11 @@ def build_context(results_dir: str | Path, *, config: dict, study_hash: str, git
         fallback = memory_fallback(ok, chosen_row) if chosen_row else None
     layout_str = None
     if summary and "layout" in summary:
-        from trainplan.model.specs import Layout
 
         lay = {k: v for k, v in summary["layout"].items() if k in Layout.__dataclass_fields__}
         layout_str = Layout(**lay).describe()
     source = (calib or {}).get("source") or (prod or {}).get("source")
-    fig_dir = Path(figures_dir) if figures_dir else res.path("figures")
+    fig_dir = res.path("figures")
     date = source_date()
     return {
         "study": {"name": _title(config),
@@ -282,16 +354,16 @@ def build_context(results_dir: str | Path, *, config: dict, study_hash: str, git
         "summary": summary, "layout_str": layout_str, "chosen_row": chosen_row, "representatives": rep,
         "fallback": fallback,
         **_families(families), "runner_up": runner_up(families, (prod or {}).get("chosen")),
-        "techniques": _techniques(res.csv("analytic/techniques.csv")),
+        "techniques": _techniques(res.csv("techniques")),
         "calibration": calib, "source": source, "source_label": ((calib or {}).get("source_detail") if source == "gpu-proxies" else None)
         or SOURCE_LABELS.get(str(source), str(source)),
-        "heldout": _records(res.csv("calibration/heldout.csv")) or None,
+        "heldout": _records(res.csv("heldout")) or None,
         "production": prod, "chosen": (prod or {}).get("chosen"),
-        "production_rows": _records(res.csv("prediction/production.csv")) or None,
+        "production_rows": _records(res.csv("production_table")) or None,
         "cost": cost, "targets": (cost or {}).get("targets") or None,
-        "sensitivity": _records(res.csv("cost/sensitivity.csv")) or None,
-        "validation": _validation(rec), "launch": _launch(res), "figures": _figures(fig_dir, res),
-        "manifest": res.json("launch/manifest.json"),
+        "sensitivity": _records(res.csv("sensitivity")) or None,
+        "validation": _validation(rec), "launch": _launch(res.path("launch")), "figures": _figures(fig_dir, res),
+        "manifest": res.json("launch"),
         "config_rows": _flatten(config),
         "inter_busbw_GBps": (config.get("cluster") or {}).get("inter_busbw_GBps") if config else None,
         "assumptions": [(k, v) for s in ("model", "cluster", "training", "cost", "targets")
@@ -331,27 +403,29 @@ def render_html(context: dict[str, Any], template: str | Path | None = None) -> 
     return env.get_template(tpl.name).render(**context)
 
 
-def render_memo(results_dir: str | Path, out_pdf: str | Path, *, config: dict, study_hash: str, git_commit: str,
-                figures_dir: str | Path | None = None, benchmarks: dict | None = None,
+def render_memo(inputs: Mapping[str, Any], out_pdf: str | Path, *, config: dict, study_hash: str, git_commit: str,
+                results_root: str | Path | None = None, benchmarks: dict | None = None,
                 template: str | Path | None = None, css: str | Path | None = None) -> Path:
-    """Render the design memo PDF from a results tree; attach the resolved config and provenance table.
+    """Render the design memo PDF from the named ``inputs`` (see :func:`build_context`); attach the resolved
+    config and provenance table. ``results_root`` names files and is the HTML's base URL (the figures' ``src``
+    are relative to it; they lie in ``inputs["figures"]``).
     ``benchmarks``: ``benchmarks_report.benchmark_summary`` of the rules' benchmark files (Appendix D).
     ``template``, ``css``: the memo rule's declared inputs; default the package's memo.html.j2 and memo.css."""
     from weasyprint import CSS, HTML, Attachment
 
-    ctx = build_context(results_dir, config=config, study_hash=study_hash, git_commit=git_commit,
-                        figures_dir=figures_dir)
+    root = Path(results_root) if results_root is not None else _results_root(inputs)
+    ctx = build_context(inputs, config=config, study_hash=study_hash, git_commit=git_commit, results_root=root)
     ctx["benchmarks"] = benchmarks
     html = render_html(ctx, template)
     when = source_date()
     att = [("config.resolved.json", json.dumps(config, indent=2, sort_keys=True, default=str),
             "the resolved study config"),
            ("provenance.json", json.dumps(ctx["provenance"], indent=2, sort_keys=True, default=str),
-            "provenance sidecars of every results file")]
+            "provenance sidecars of every results file the memo reads")]
     att += [(a["name"], a["text"], "launch artifact") for a in ctx["launch"] if not a["inline"]]
     attachments = [Attachment(string=text.encode("utf-8"), name=name, description=desc, created=when,
                               modified=when) for name, text, desc in att]
-    doc = HTML(string=html, base_url=str(Path(results_dir).resolve()) + "/")
+    doc = HTML(string=html, base_url=str(root.resolve()) + "/")
     sheet = CSS(filename=str(css if css is not None else pkgdata.path(CSS_FILE)))
     pdf = doc.write_pdf(stylesheets=[sheet], attachments=attachments,
                         pdf_identifier=study_hash[:32].encode() or b"trainplan", uncompressed_pdf=False)

@@ -16,10 +16,10 @@ from trainplan.stages.common import (
 
 def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     """results/figures/*.svg via ``trainplan.report.figures.make_figures`` (each with caption metadata)."""
-    results = Path(inp["cost"]).parent.parent
     outdir = Path(out["figures"])
     outdir.mkdir(parents=True, exist_ok=True)
-    made = make_figures(results, outdir)
+    # reads only the declared inputs; the results dir (the output's parent) only names the caption sources
+    made = make_figures(inp, outdir, results_root=outdir.parent)
     write_json(outdir / "index.json", {"status": "ok", "figures": {k: str(v) for k, v in made.items()}})
     for svg in sorted(outdir.glob("*.svg")):
         write_sidecar(svg, rule="figures", config_slice=cfg, inputs=files_of(inp))

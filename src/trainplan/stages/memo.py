@@ -17,12 +17,14 @@ from trainplan.stages.common import (
 
 def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     """design_memo.pdf via ``trainplan.report.memo.render_memo``."""
-    results = Path(inp["cost"]).parent.parent
+    # reads only the declared inputs (and what they name: the figure SVGs in the figures dir, the launch files
+    # manifest.json lists next to it, each input's provenance sidecar); the results dir only names files
+    results = Path(out["pdf"]).parent.parent
     os.environ.setdefault("SOURCE_DATE_EPOCH", str(cfg["memo"]["source_date_epoch"]))
     bench = inp.get("benchmarks")
     files = [bench] if isinstance(bench, str) else list(bench or [])
-    render_memo(results, out["pdf"], config=dict(cfg), study_hash=study_hash(cfg),
-                git_commit=str(git_state()["commit"]), figures_dir=inp["figures"],
+    render_memo(inp, out["pdf"], config=dict(cfg), study_hash=study_hash(cfg), results_root=results,
+                git_commit=str(git_state()["commit"]),
                 benchmarks=benchmark_summary(benchmark_rows(files)) if files else None,
                 template=inp.get("template"), css=inp.get("css"))
     sidecars("memo", out, cfg, inp)
