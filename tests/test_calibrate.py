@@ -8,34 +8,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainplan.calibration.fit import (
-    alpha_beta,
+from trainplan.calibration.fitting import (
     bootstrap_params,
-    calibrate,
-    choose_source,
-    fit_alpha_beta,
     fit_depth_slice,
     fit_efficiency,
-    fit_memory_overhead,
-    fit_width_ladder,
     linear,
-    parallel_efficiency,
     predict_interval,
-    saturating_eff,
 )
+from trainplan.calibration.sources import calibrate, choose_source
 from trainplan.model.specs import ConfigError
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def test_width_ladder_recovers_emax_and_half_width():
-    rng = np.random.default_rng(1)
-    d = np.array([256, 512, 1024, 2048, 4096, 8192.0])
-    fit = fit_width_ladder(d, saturating_eff(d, 0.78, 700.0) * (1 + rng.normal(0, 0.005, d.size)))
-    emax, d_half = fit.params
-    assert emax == pytest.approx(0.78, rel=0.03)
-    assert d_half == pytest.approx(700.0, rel=0.1)
-    assert fit.r2 > 0.99 and fit.stderr[0] < 0.02 and len(fit.loo_residuals) == d.size
 
 
 def test_depth_slice_recovers_slope_and_intercept_and_extrapolates():
@@ -50,30 +33,6 @@ def test_depth_slice_from_repeated_step_times_uses_medians():
     groups = [np.array([1.0, 1.1, 0.9, 5.0]), np.array([2.0, 2.1, 1.9, 2.0]), np.array([3.0, 3.0, 3.1, 2.9])]
     fit = fit_depth_slice([1, 2, 3], groups=groups)
     assert fit.y == pytest.approx([np.median(g) for g in groups])
-
-
-def test_alpha_beta_per_link_class():
-    rng = np.random.default_rng(3)
-    rows = []
-    for link, a, b in (("intra", 30e-6, 360e9), ("inter", 50e-6, 46e9)):
-        for n in np.logspace(4, 9, 8):
-            rows.append({"link_class": link, "bytes": n, "time_s": alpha_beta(n, a, 1 / b) * (1 + rng.normal(0, 0.01))})
-    out = fit_alpha_beta(pd.DataFrame(rows))
-    assert out["intra"]["beta_Bps"] == pytest.approx(360e9, rel=0.05)
-    assert out["inter"]["beta_Bps"] == pytest.approx(46e9, rel=0.05)
-    assert out["inter"]["alpha_s"] == pytest.approx(50e-6, rel=0.3)
-
-
-def test_parallel_efficiency_is_relative_to_smallest_world():
-    df = parallel_efficiency([4, 1, 2], [360.0, 100.0, 190.0])
-    assert df["n_gpus"].tolist() == [1, 2, 4]
-    assert df["parallel_efficiency"].tolist() == pytest.approx([1.0, 0.95, 0.9])
-
-
-def test_memory_overhead_is_the_intercept():
-    pred = np.array([10e9, 20e9, 40e9, 60e9])
-    fit = fit_memory_overhead(pred, pred + 2.5e9 + np.array([1e7, -1e7, 2e7, -2e7]))
-    assert fit.params[0] == pytest.approx(2.5e9, rel=0.01)
 
 
 def test_too_few_points_names_the_key():
@@ -100,7 +59,7 @@ def test_bootstrap_80pct_interval_covers_new_measurement_at_nominal_rate(kind):
 
 
 def test_bootstrap_is_deterministic_with_a_seed():
-    fit = fit_width_ladder([256, 512, 1024, 2048, 4096], [0.2, 0.35, 0.5, 0.6, 0.7])
+    fit = fit_depth_slice([1, 2, 3, 4, 6], [0.41, 0.52, 0.66, 0.74, 0.99])
     a = bootstrap_params(fit, n_boot=20, seed=7)
     assert np.array_equal(a, bootstrap_params(fit, n_boot=20, seed=7))
     assert not np.array_equal(a, bootstrap_params(fit, n_boot=20, seed=8))
@@ -151,7 +110,7 @@ def test_fit_efficiency_rejects_unknown_field():
 def test_calibrate_records_its_source_and_samples():
     cases = [(f, c) for f in (1.0, 2.0, 4.0) for c in (0.1, 1.0)]
     pub = pd.DataFrame({"case": cases, "tps_per_gpu": [_toy_predict(x, _Eff(gemm=0.6, comm=0.4)) for x in cases]})
-    out = calibrate(pd.DataFrame({"device": ["cpu"]}), pub, eff0=_Eff(), params=("gemm", "comm"),
+    out = calibrate(pub, eff0=_Eff(), params=("gemm", "comm"),
                     predict_published=lambda r, e: _toy_predict(r["case"], e), n_boot=10, seed=0)
     assert out["source"] == "published-h100"
     assert out["efficiency"]["gemm"] == pytest.approx(0.6, rel=1e-3)

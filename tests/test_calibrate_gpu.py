@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainplan.calibration.fit import OPEN_SET, stage_calibrate
 from trainplan.calibration.gpu import (
     calibrate_gpu,
     fit_gpu_memory,
@@ -27,6 +26,7 @@ from trainplan.calibration.gpu import (
     record_specs,
     time_params,
 )
+from trainplan.calibration.sources import OPEN_SET, stage_calibrate
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.memory import memory_breakdown
 from trainplan.model.specs import ClusterSpec, Layout, TrainingSpec, resolve_gpu, resolve_model

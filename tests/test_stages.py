@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainplan.calibration.fit import OPEN_SET, stage_calibrate, stage_fit_scaling
+from trainplan.calibration.scaling import stage_fit_scaling
+from trainplan.calibration.sources import OPEN_SET, stage_calibrate
 from trainplan.config import config_slice, load_config
 from trainplan.cost.budget import CostInputs, stage_cost_and_risk
 from trainplan.cost.sensitivity import stage_sensitivity

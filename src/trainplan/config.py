@@ -26,6 +26,7 @@ import yaml
 
 from trainplan import pkgdata
 from trainplan.io import InputFileError, check_depth, read_text_checked
+from trainplan.model.efficiency import Efficiency
 from trainplan.model.specs import (
     ClusterSpec,
     ConfigError,
@@ -313,7 +314,6 @@ def _build_cluster(c: Mapping[str, Any]) -> ClusterSpec:
 def build_efficiency(overrides: Mapping[str, Any], gpu: Any = None) -> Any:
     """The Efficiency fitted on ``gpu``'s generation (``Efficiency.for_gpu``) with the config's overrides on top;
     without a GPU, the class defaults with the overrides."""
-    from trainplan.model.efficiency import Efficiency
 
     def build(d: dict) -> Any:
         base = Efficiency.from_dict(d)  # checks the keys and values first

@@ -49,6 +49,9 @@ from typing import Any
 
 import numpy as np
 
+from trainplan.model.flops import model_flops_per_token
+from trainplan.model.specs import ConfigError, resolve_model
+
 EXIT_PREEMPTED = 0  # a clean stop on a signal: the checkpoint is written, the sbatch script requeues
 ENV_PREFIX = "TRAINPLAN_"
 
@@ -173,7 +176,6 @@ def decoder_layers(model: Any) -> list[Any]:
 
 def model_spec_of(path: str | Path) -> Any:
     """trainplan's ModelSpec of the same config (for model FLOPs per token, i.e. MFU), or None."""
-    from trainplan.model.specs import ConfigError, resolve_model
 
     p = Path(path)
     try:
@@ -306,7 +308,6 @@ def train(a: argparse.Namespace) -> int:
 
     tokens = load_tokens(a.data, a.token_dtype)
     spec = model_spec_of(a.model_config)
-    from trainplan.model.flops import model_flops_per_token
 
     flops_tok = model_flops_per_token(spec, a.seq_len) if spec is not None else None
     log = open(a.step_log, "a", encoding="utf-8") if (a.step_log and rank == 0) else None  # noqa: SIM115

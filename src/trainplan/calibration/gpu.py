@@ -26,8 +26,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainplan.calibration.fit import FitResult, fit_curve, fit_efficiency
+from trainplan.calibration.fitting import FitResult, fit_curve, fit_efficiency
+from trainplan.model.memory import memory_breakdown
 from trainplan.model.specs import GPUS, ClusterSpec, ConfigError, Layout, ModelSpec, TrainingSpec
+from trainplan.model.timing import step_time
+from trainplan.proxy.aggregate import aggregate, parity_columns
 
 TIME_PARAMS = ("gemm_eff_max", "attn_eff", "membound_eff")  # identified by 1-GPU depth/width runs
 COMM_PARAM = "comm_bw_eff"  # needs a scale-out ladder over more than one GPU count
@@ -109,14 +112,12 @@ def record_specs(row: Any) -> tuple[ModelSpec, ClusterSpec, TrainingSpec, Layout
 
 
 def _step_time_s(specs: tuple[ModelSpec, ClusterSpec, TrainingSpec, Layout], eff: Any) -> float:
-    from trainplan.model.timing import step_time
 
     return float(step_time(*specs, eff)["step_time_s"])
 
 
 def predict_record(row: Any, eff: Any) -> tuple[float, float]:
     """(step_time_s, peak_bytes) the analytic model predicts for one proxy record (timing.step_time, memory)."""
-    from trainplan.model.memory import memory_breakdown
 
     m, c, t, lay, _ = record_specs(row)
     return _step_time_s((m, c, t, lay), eff), float(memory_breakdown(m, c, t, lay, eff)["total"])
@@ -144,7 +145,6 @@ def load_gpu_records(directory: str | Path | None) -> tuple[pd.DataFrame, list[s
     """
     if not directory or not Path(directory).is_dir():
         return pd.DataFrame(), []
-    from trainplan.proxy.aggregate import aggregate, parity_columns
 
     files = sorted(str(p) for p in Path(directory).glob("*.json")
                    if p.name != "environment.json" and not p.name.endswith((".provenance.json", ".spec.json")))
@@ -284,7 +284,6 @@ def fit_gpu_memory(records: pd.DataFrame, eff: Any) -> dict[str, Any] | None:
 
     None (reason: :func:`memory_skip_reason`) with fewer than ``MIN_MEMORY_RECORDS`` records with max
     reserved bytes, or when their predicted dynamic bytes do not vary."""
-    from trainplan.model.memory import memory_breakdown
 
     rec = _reserved_records(records)
     if len(rec) < MIN_MEMORY_RECORDS:

@@ -19,7 +19,9 @@ from typing import Any
 import pandas as pd
 
 from trainplan.cost import budget as C
+from trainplan.model.efficiency import generation_fits
 from trainplan.model.specs import ConfigError
+from trainplan.search.layouts import search
 
 TORNADO_COLUMNS = ("assumption", "base", "low", "high", "cost_base", "cost_low", "cost_high", "swing_usd",
                    "layout_base", "layout_low", "layout_high", "flips")
@@ -95,7 +97,6 @@ UNITS = {"efficiency_x": "× throughput", "price_per_gpu_hour_usd": "$/GPU-h", "
 def search_ranker(model: Any, cluster: Any, training: Any, eff: Any, options: dict[str, Any]
                   ) -> Callable[[dict[str, Any]], tuple[str, float]]:
     """``rank(a)``: re-run the layout search under assumptions ``a``; (best layout, its tokens/s/GPU). Cached."""
-    from trainplan.search.layouts import search
 
     cache: dict[tuple[float, ...], tuple[str, float]] = {}
     fp8_field = f"fp8_gemm_eff_{training.fp8}" if getattr(training, "fp8", None) else None
@@ -129,7 +130,6 @@ def stage_sensitivity(chosen: dict[str, Any], *, model: Any, cluster: Any, train
     base |= {"comm_bw_eff": eff.comm_bw_eff, "runtime_overhead_GiB": eff.runtime_overhead_bytes / 2**30}
     ranges |= {"comm_bw_eff": (0.3, 1.0), "runtime_overhead_GiB": (1.0, 8.0)}
     if getattr(training, "fp8", None):  # the FP8 speed-up's uncertainty: its GEMM efficiency ± 2 standard errors
-        from trainplan.model.efficiency import generation_fits
 
         field = f"fp8_gemm_eff_{training.fp8}"
         v = float(getattr(eff, field))

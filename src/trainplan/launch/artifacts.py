@@ -40,7 +40,8 @@ from typing import Any
 import yaml
 
 from trainplan import __version__
-from trainplan.io import write_json, write_text
+from trainplan.config import load_config
+from trainplan.io import InputFileError, read_json, read_json_checked, write_json, write_text
 from trainplan.launch.trainers import (
     TORCHTITAN_CONFIG_FN,
     TORCHTITAN_MODULE,
@@ -52,6 +53,7 @@ from trainplan.launch.trainers import (
     total_steps,
 )
 from trainplan.model.specs import ClusterSpec, ConfigError, Layout, ModelSpec, TrainingSpec, grad_accum
+from trainplan.provenance import study_hash
 
 __all__ = ["Artifact", "DEEPSPEED_DOCUMENTED_KEYS", "accelerate_config", "bash_syntax_check",
            "deepspeed_config", "deepspeed_unsupported_reason", "main", "sbatch_name", "sbatch_script",
@@ -529,8 +531,6 @@ def _hf_unsupported(model: ModelSpec) -> str | None:
 def load_inputs(summary: str, config: str) -> tuple[Any, ModelSpec, ClusterSpec, TrainingSpec, Layout]:
     """(StudyConfig, model, cluster, training, chosen layout) from a config and an analytic summary.json; the
     launch and preflight CLIs share it."""
-    from trainplan.config import load_config  # the config engineer's module (contract: ARCHITECTURE.md)
-    from trainplan.io import InputFileError, read_json_checked
 
     cfg = load_config(config)
     try:
@@ -546,14 +546,12 @@ def load_inputs(summary: str, config: str) -> tuple[Any, ModelSpec, ClusterSpec,
 
 def study_hash_of(cfg: Any) -> str:
     """The study hash (``provenance.study_hash``: the one definition, also used by the memo and the workflow)."""
-    from trainplan.provenance import study_hash
 
     return study_hash(cfg)
 
 
 def _plan_numbers(summary: str, cost: str | None, production: str | None) -> dict[str, float | None]:
     """checkpoint_interval_s (cost.json), step_time_s (summary's estimate), min tokens/s/GPU (production p10)."""
-    from trainplan.io import read_json
 
     results = Path(summary).resolve().parent.parent
 

@@ -31,7 +31,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trainplan.io import write_json
+from trainplan.model.flops import model_train_step_flops
 from trainplan.model.specs import ConfigError, Layout, ModelSpec, resolve_model
+from trainplan.proxy.schema import validate_record
 
 __all__ = ["check_resume", "main", "parse_torchtitan_log", "read_step_log", "record_from_log"]
 
@@ -103,7 +106,6 @@ def record_from_log(path: str | Path, *, record_id: str | None = None, warmup: i
                     device_name: str | None = None, fmt: str = "auto", seq_len: int | None = None,
                     global_batch: int | None = None, world_size: int | None = None) -> dict[str, Any]:
     """A RECORD (schema_version 1, family ``production``) from a step log; see the module docstring."""
-    from trainplan.model.flops import model_train_step_flops
 
     p = Path(path)
     kind = fmt if fmt != "auto" else ("jsonl" if p.read_text(encoding="utf-8", errors="replace").lstrip()
@@ -234,12 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, OSError, json.JSONDecodeError, KeyError) as e:
         print(f"trainplan ingest: {e}", file=sys.stderr)
         return 2
-    from trainplan.proxy.schema import validate_record
 
     validate_record(rec)
     tps = rec["timing"]["tokens_per_s"] / rec["environment"]["world_size"]
     if a.out:
-        from trainplan.io import write_json
 
         write_json(a.out, rec)
         print(f"{a.out}: {rec['message']}; median step {rec['timing']['step_time_median_s']:.4g} s, "

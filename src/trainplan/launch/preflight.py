@@ -28,8 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from trainplan.io import read_json, write_json
+from trainplan.launch.artifacts import load_inputs
+from trainplan.model.memory import memory_breakdown
 from trainplan.model.specs import ClusterSpec, ConfigError, Layout, ModelSpec, TrainingSpec, resolve_model
+from trainplan.model.timing import step_time
 from trainplan.proxy.record import predicted_state_terms
+from trainplan.report.memo import memory_fallback
 
 __all__ = ["ACT_REL_TOL", "HEADROOM_FRAC", "PEAK_REL_TOL", "STATE_REL_TOL", "TIME_REL_TOL", "Check",
            "evaluate", "fallback_line", "format_report", "main", "preflight_fallback", "preflight_layout",
@@ -135,8 +139,6 @@ def preflight_spec(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
 # ------------------------------------------------------------------------------------- evaluation
 def _predicted_cuda(record: dict, cluster: ClusterSpec, eff: Any) -> tuple[float, float]:
     """(predicted peak bytes, predicted step seconds) for the slice on one node of this cluster's GPUs."""
-    from trainplan.model.memory import memory_breakdown
-    from trainplan.model.timing import step_time
 
     spec = record["spec"]
     model, layout = ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"])
@@ -279,7 +281,6 @@ def preflight_fallback(candidates: str | Path) -> dict[str, Any] | None:
     switch to when the preflight fails; ``None`` when there is none (or no candidates file): no-go, re-plan."""
     import pandas as pd
 
-    from trainplan.report.memo import memory_fallback
 
     path = Path(candidates)
     if not path.exists():
@@ -321,7 +322,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=int, default=900, help="proxy timeout (default 900)")
     a = ap.parse_args(argv)
     try:
-        from trainplan.launch.artifacts import load_inputs
 
         cfg, model, cluster, training, layout = load_inputs(a.summary, a.config)
         eff = cfg.efficiency if not isinstance(cfg.efficiency, dict) else None

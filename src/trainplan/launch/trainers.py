@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainplan.model.specs import ClusterSpec, Layout, ModelSpec, TrainingSpec, grad_accum
+from trainplan.train_entry import checkpoint_interval_s_from_cost
 
 __all__ = ["TORCHTITAN_VERSION", "TORCHTITAN_MODULE", "TORCHTITAN_CONFIG_FN", "checkpoint_interval_steps",
            "choose_trainer", "torchtitan_model_problems", "torchtitan_settings", "torchtitan_job_module",
@@ -267,7 +268,6 @@ def settings_summary(settings: Mapping[str, Any]) -> str:
 
 def interval_from_results(cost_json: str, summary_json: str | None = None) -> tuple[int, int]:
     """(checkpoint interval s, in steps of the summary's predicted step time) from the study's result files."""
-    from trainplan.train_entry import checkpoint_interval_s_from_cost
 
     s = checkpoint_interval_s_from_cost(cost_json)
     step = None

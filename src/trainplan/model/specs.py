@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from trainplan.io import InputFileError, read_json_checked
+
 GiB = 1024**3
 GB = 1000**3
 
@@ -400,7 +402,6 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
 
 def model_from_hf_config(path: str | Path) -> ModelSpec:
     """A ModelSpec from a Hugging Face ``config.json`` file (see :func:`model_from_hf_dict`)."""
-    from trainplan.io import InputFileError, read_json_checked
 
     p = Path(path)
     try:

@@ -22,7 +22,10 @@ import numpy as np
 import pandas as pd
 
 from trainplan import pkgdata
-from trainplan.calibration.fit import fit_efficiency
+from trainplan.calibration.fitting import fit_efficiency
+from trainplan.io import write_csv
+from trainplan.model.efficiency import Efficiency
+from trainplan.model.memory import memory_breakdown
 from trainplan.model.specs import (
     ClusterSpec,
     ConfigError,
@@ -32,7 +35,14 @@ from trainplan.model.specs import (
     resolve_gpu,
     resolve_model,
 )
-from trainplan.published.validate import error_pool, family_class, predictive_error_draws
+from trainplan.model.timing import step_time
+from trainplan.published.validate import (
+    comparable_runs,
+    error_pool,
+    family_class,
+    predictive_error_draws,
+    validate_all,
+)
 
 DATA_DIRS = (pkgdata.path(pkgdata.DATA),)
 H100_FILE = "torchtitan_h100_202412.csv"  # pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md
@@ -104,7 +114,6 @@ def case_specs(row: Any) -> tuple[ModelSpec, ClusterSpec, TrainingSpec, Layout]:
 
 def predict_tps_per_gpu(row: Any, eff: Any) -> float:
     """The analytic model's tokens/s/GPU for a published row (trainplan.model.timing.step_time)."""
-    from trainplan.model.timing import step_time
 
     return float(step_time(*case_specs(row), eff)["tokens_per_s_per_gpu"])
 
@@ -118,7 +127,6 @@ def heldout_report(eff0: Any = None, *, params: Sequence[str] = DEFAULT_PARAMS, 
     and the fitted parameters.
     """
     if eff0 is None:
-        from trainplan.model.efficiency import Efficiency
 
         eff0 = Efficiency()
     df = published_frame() if frame is None else frame
@@ -157,7 +165,6 @@ def main_heldout(argv: Sequence[str] | None = None) -> int:
     with pd.option_context("display.float_format", "{:.3f}".format, "display.width", 160):
         print(rep.drop(columns="fit_on").to_string(index=False))
     if a.csv:
-        from trainplan.io import write_csv
 
         write_csv(rep, a.csv)
     return 0
@@ -170,15 +177,8 @@ def predict_production(candidates: pd.DataFrame, model: ModelSpec, cluster: Clus
                        step_time_fn: Callable[..., dict[str, Any]] | None = None,
                        memory_fn: Callable[..., dict[str, Any]] | None = None) -> pd.DataFrame:
     """Top feasible layouts with p10/p50/p90 of tokens/s, tokens/s/GPU, MFU and peak memory per GPU."""
-    from trainplan.model.efficiency import Efficiency
-
-    if step_time_fn is None:
-        from trainplan.model.timing import step_time as step_time_fn
-    if memory_fn is None:
-        try:
-            from trainplan.model.memory import memory_breakdown as memory_fn
-        except ImportError:  # memory.py not there yet: fall back to the candidates' column
-            memory_fn = None
+    step_time_fn = step_time_fn or step_time
+    memory_fn = memory_fn or memory_breakdown
     base = {k: v for k, v in (calibration.get("efficiency") or {}).items() if v is not None}
     eff = Efficiency.from_dict(base)
     samples = [eff.replace(**s) for s in calibration.get("efficiency_samples") or []] or [eff]
@@ -236,7 +236,6 @@ def _comparable(rows: list[dict[str, Any]], candidates: pd.DataFrame, model: Mod
                 training: TrainingSpec) -> list[dict[str, Any]]:
     """Closest open published runs (validate.comparable_runs) for the chosen layout and the best feasible layout
     of another family class: the public evidence next to each prediction."""
-    from trainplan.published.validate import comparable_runs, validate_all
 
     if not rows:
         return []

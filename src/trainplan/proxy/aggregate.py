@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from trainplan.proxy.record import STATE_TERMS, predicted_state_terms
+from trainplan.proxy.schema import validate_record
 
 
 def _rel(measured: Any, predicted: Any) -> float | None:
@@ -110,7 +111,6 @@ def check_record(path: str | Path, expected_id: str | None = None) -> dict[str, 
     not JSON (truncated), not an object, off the schema, another run's, or missing what a row needs."""
     import jsonschema
 
-    from trainplan.proxy.schema import validate_record
 
     p = Path(path)
 

@@ -16,6 +16,9 @@ import sys
 
 from trainplan.io import read_json_checked, write_json
 from trainplan.model.specs import ConfigError
+from trainplan.proxy.fakemem import fakemem, format_fakemem
+from trainplan.proxy.schema import normalize_run_spec
+from trainplan.proxy.torchrun import launch
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -47,19 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] == "fakemem":
             a = _fakemem_parser().parse_args(argv[1:])
-            from trainplan.proxy.fakemem import fakemem
 
             res = fakemem(a.model, world=a.world, seq_len=a.seq_len, micro_batch=a.mb, dtype=a.dtype,
                           recompute=a.recompute)
             if a.out:
                 write_json(a.out, res)
-            from trainplan.proxy.fakemem import format_fakemem
 
             print(format_fakemem(res))
             return 0
         a = _run_parser().parse_args(argv)
-        from trainplan.proxy.schema import normalize_run_spec
-        from trainplan.proxy.torchrun import launch
 
         try:
             raw = read_json_checked(a.spec)

@@ -12,6 +12,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from trainplan.model import memory
+from trainplan.model.efficiency import Efficiency
+from trainplan.model.specs import ClusterSpec, ConfigError, Layout, TrainingSpec, resolve_model
+from trainplan.proxy.model import Transformer
+from trainplan.proxy.parallelize import apply_ac, apply_fsdp
+
 GiB = 1024**3
 
 
@@ -26,9 +32,6 @@ def fakemem(model: str, *, world: int = 32, seq_len: int = 4096, micro_batch: in
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from trainplan.model.specs import ConfigError, Layout, resolve_model
-    from trainplan.proxy.model import Transformer
-    from trainplan.proxy.parallelize import apply_ac, apply_fsdp
 
     spec = resolve_model(model)
     if world < 1:
@@ -74,12 +77,6 @@ def fakemem(model: str, *, world: int = 32, seq_len: int = 4096, micro_batch: in
 
 
 def _analytic(spec: Any, layout: Any, seq_len: int, dtype: str) -> dict[str, Any] | None:
-    try:
-        from trainplan.model import memory
-        from trainplan.model.efficiency import Efficiency
-        from trainplan.model.specs import ClusterSpec, TrainingSpec
-    except ImportError:
-        return None
     cluster = ClusterSpec(nodes=max(1, layout.dp // 8), gpus_per_node=min(8, layout.dp), gpu="h100-sxm-80gb")
     training = TrainingSpec(seq_len=seq_len, global_batch=layout.dp * layout.micro_batch,
                             precision="bf16" if dtype == "bf16" else "fp32")

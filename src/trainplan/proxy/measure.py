@@ -27,6 +27,8 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
 )
 
+from trainplan.proxy.parallelize import SAVE_OPS
+
 aten = torch.ops.aten
 
 
@@ -124,7 +126,6 @@ class SavedTensorTracker:
         self._ctx.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t))
         if any(_is_selective(m) for m in self.model.modules()):
             if self.sac_save_ops is None:
-                from trainplan.proxy.parallelize import SAVE_OPS
 
                 self.sac_save_ops = frozenset(SAVE_OPS)
             self._ctx.enter_context(_SACOutputs(self))

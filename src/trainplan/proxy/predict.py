@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from trainplan.model import flops, memory
+from trainplan.model.efficiency import Efficiency
 from trainplan.model.specs import ClusterSpec, Layout, ModelSpec, TrainingSpec, shard_degree
 
 ADAM_STATES = 2  # exp_avg, exp_avg_sq (Kingma & Ba 2015); ZeRO's "12Ψ" = fp32 master + these two
@@ -38,17 +40,12 @@ def analytic_memory(spec: ModelSpec, layout: Layout, seq_len: int, global_batch:
                     finetune: str, lora_rank: int, lora_targets: list[str],
                     device: str = "cpu") -> dict[str, Any] | None:
     """``trainplan.model.memory.memory_breakdown`` and the per-layer activation term, if that module exists."""
-    try:
-        from trainplan.model import memory
-    except ImportError:
-        return None
     out: dict[str, Any] = {"source": "trainplan.model.memory"}
     cluster = ClusterSpec(nodes=1, gpus_per_node=layout.world_size, gpu="h100-sxm-80gb")
     training = TrainingSpec(seq_len=seq_len, global_batch=global_batch, precision="bf16" if dtype == "bf16" else "fp32",
                             finetune=finetune, lora_rank=lora_rank,
                             lora_targets=tuple(lora_targets) or ("q", "k", "v", "o"))
     try:
-        from trainplan.model.efficiency import Efficiency
 
         out["breakdown_bytes"] = memory.memory_breakdown(spec, cluster, training, layout, Efficiency())
         # The harness measures state between steps. FSDP2's ZeRO-2 (reshard_after_forward=False) holds the
@@ -90,10 +87,6 @@ def analytic_flops(spec: ModelSpec, seq_len: int, micro_batch: int, accum: int, 
     Hardware FLOPs add what the proxies' non-reentrant checkpoint recomputes (full: every block matmul but
     the last, and the attention core; selective with the harness's save-every-matmul policy: none).
     """
-    try:
-        from trainplan.model import flops
-    except ImportError:
-        return None
     if finetune != "full":
         per_mb = float(flops.lora_train_step_flops(spec, seq_len, micro_batch, lora_rank, tuple(lora_targets)))
         source = "trainplan.model.flops.lora_train_step_flops"

@@ -27,9 +27,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainplan.io import read_json, write_json
-from trainplan.model.specs import Layout, ModelSpec, grad_accum
+from trainplan.model.specs import Layout, ModelSpec, TrainingSpec, grad_accum
 from trainplan.proxy import measure, predict
+from trainplan.proxy.lora import apply_lora, lora_trainable_params
 from trainplan.proxy.model import build_model, n_params
+from trainplan.proxy.parallelize import build_mesh, parallelize
 from trainplan.proxy.schema import normalize_run_spec
 
 
@@ -96,7 +98,6 @@ def _percentile(xs: list[float], q: float) -> float:
 
 def train(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     """Build, parallelise, train and measure; returns this rank's result dict (raises ProxyOOM)."""
-    from trainplan.proxy.parallelize import build_mesh, parallelize
 
     mspec = ModelSpec.from_dict(spec["model"])
     layout = Layout.from_dict(spec["layout"])
@@ -106,7 +107,6 @@ def train(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     bf16 = spec["dtype"] == "bf16"
     limit = spec["mem_limit_bytes"]
     lora = spec["finetune"] == "lora"
-    from trainplan.proxy.lora import lora_trainable_params
 
     trainable = lora_trainable_params(mspec, spec["lora_rank"], spec["lora_targets"]) if lora else None
     exact = predict.exact_state_bytes(mspec, layout, trainable_params=trainable)
@@ -124,7 +124,6 @@ def train(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     model = build_model(mspec, device=dev, seed=spec["seed"], impl=spec.get("model_impl", "trainplan"))
     n_module = n_params(model)
     if lora:
-        from trainplan.proxy.lora import apply_lora
 
         apply_lora(model, spec["lora_rank"], spec["lora_targets"], seed=spec["seed"])
     n_trainable_full = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -218,7 +217,6 @@ def _grad_sync(model: Any, *, last: bool) -> Any:
 
 
 def grad_accum_of(spec: dict[str, Any], layout: Layout) -> int:
-    from trainplan.model.specs import TrainingSpec
 
     return int(grad_accum(TrainingSpec(seq_len=spec["seq_len"], global_batch=spec["global_batch"]), layout))
 

@@ -33,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from trainplan.io import read_json, write_json
+from trainplan.model.specs import ConfigError
+from trainplan.proxy.record import assemble_record
+from trainplan.proxy.run import main
 
 RDZV_PORT = 29517
 GRACE_S = 3.0  # SIGTERM → SIGKILL for the process tree of an interrupted or timed-out run
@@ -59,7 +62,6 @@ def torchrun_command(spec: dict[str, Any], spec_path: str, rank_dir: str, env: d
     nodes = int(env.get("SLURM_JOB_NUM_NODES", "1"))
     if spec["nnodes"] > 1 or nodes > 1:
         if nodes < spec["nnodes"]:
-            from trainplan.model.specs import ConfigError
 
             raise ConfigError("nnodes", spec["nnodes"], f"the Slurm allocation has {nodes} node(s)")
         host = first_slurm_host()
@@ -263,7 +265,6 @@ def _stale_work_dirs(out: Path, run_id: str) -> None:
 
 def launch(spec: dict[str, Any], out: str | Path, *, log=sys.stderr) -> tuple[dict[str, Any], int]:
     """Run the proxy, write the RECORD to ``out`` atomically; returns (record, exit code)."""
-    from trainplan.proxy.record import assemble_record
 
     out = Path(out)
     _stale_work_dirs(out, spec["id"])
@@ -336,7 +337,6 @@ def _worker_main(argv: list[str]) -> int:
     _set_pdeathsig(signal.SIGKILL)
     if os.getppid() == 1:  # torchrun already gone between fork and prctl
         return 1
-    from trainplan.proxy.run import main
 
     return main(argv)
 

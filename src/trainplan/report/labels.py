@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from trainplan.provenance import read_sidecar
+
 
 def caption_path(svg: str | Path) -> Path:
     """The caption sidecar of a saved figure: ``<name>.caption.json`` beside ``<name>.svg``."""
@@ -26,7 +28,6 @@ def figure_labels(fig_dir: str | Path, name: str) -> dict[str, str]:
 
 def memo_labels(pdf: str | Path) -> dict[str, str]:
     """Labels of the memo: the study's config hash and commit, from its provenance sidecar."""
-    from trainplan.provenance import read_sidecar
 
     sc = read_sidecar(pdf)
     commit = (sc.get("git") or {}).get("commit") if isinstance(sc.get("git"), dict) else None

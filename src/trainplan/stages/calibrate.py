@@ -1,10 +1,10 @@
-"""Rule ``calibrate``: calibration.json and heldout.csv from ``trainplan.calibration.fit.stage_calibrate``."""
+"""Rule ``calibrate``: calibration.json and heldout.csv from ``trainplan.calibration.sources.stage_calibrate``."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from trainplan.calibration.fit import stage_calibrate
+from trainplan.calibration.sources import stage_calibrate
 from trainplan.io import write_csv, write_json
 from trainplan.stages.common import (
     files_of,
@@ -16,7 +16,7 @@ from trainplan.stages.common import (
 
 
 def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
-    """calibration.json and heldout.csv from ``trainplan.calibration.fit.stage_calibrate``."""
+    """calibration.json and heldout.csv from ``trainplan.calibration.sources.stage_calibrate``."""
     s = specs_from_cfg(cfg)
     result, heldout = stage_calibrate(read_table(inp["records"]), s["efficiency"], dict(cfg["calibration"]))
     write_json(out["calibration"], result)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from trainplan.calibration.fit import stage_fit_scaling
+from trainplan.calibration.scaling import stage_fit_scaling
 from trainplan.io import write_json
 from trainplan.stages.common import (
     read_table,

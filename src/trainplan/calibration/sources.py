@@ -1,0 +1,274 @@
+"""The calibrate rule: which source sets the analytic model's Efficiency, and the held-out report.
+
+Calibration sources (:func:`choose_source`): ``gpu-proxies`` (device=cuda records from the user's cluster) beat
+``published-h100`` (bundled torchtitan H100 table) beat the shipped per-generation fit of the published open set
+(``published-open-set``) and ``defaults``. CPU proxy records calibrate only device-independent terms (bytes,
+FLOPs, communication volume), never H100 time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from trainplan.calibration.fitting import (
+    bootstrap_params,
+    cpu_only,
+    fit_efficiency,
+    relative_errors,
+)
+from trainplan.calibration.gpu import calibrate_gpu, load_gpu_records
+from trainplan.model.efficiency import Efficiency, generation_fits
+from trainplan.prediction.production import DEFAULT_PARAMS, predict_tps_per_gpu, published_frame
+from trainplan.published.validate import (
+    FIT_PARAMS,
+    GEN_FIT,
+    TABLE_GENERATION,
+    mape_table,
+    throughput_rel_errors,
+    validate_all,
+)
+
+
+# ----------------------------------------------------------------------------------------- sources
+def choose_source(records_df: pd.DataFrame | None, published_df: pd.DataFrame | None) -> str:
+    """Which measurements calibrate H100 *time*: GPU proxies, else published H100 rows, else defaults.
+
+    CPU proxy records never count here: their timings say nothing about an H100 (DESIGN §2).
+    """
+    if records_df is not None and len(records_df) and "device" in records_df.columns:
+        ok = records_df["device"].astype(str).str.startswith("cuda")
+        if "status" in records_df.columns:
+            ok &= records_df["status"].astype(str) == "ok"
+        if int(ok.sum()) >= 2:
+            return "gpu-proxies"
+    if published_df is not None and len(published_df):
+        return "published-h100"
+    return "defaults"
+
+
+
+# ------------------------------------------------------------------------------------ orchestration
+def calibrate(published_df: pd.DataFrame, *, eff0: Any, params: Sequence[str],
+              predict_published: Callable[[Any, Any], float],
+              bounds: dict[str, tuple[float, float]] | None = None,
+              published_target: str = "tps_per_gpu", n_boot: int = 50, seed: int = 0) -> dict[str, Any]:
+    """The ``published-h100`` fit: Efficiency ``params`` fitted to published rows through ``predict_published``,
+    with goodness of fit, leave-one-out errors and bootstrap samples (GPU proxy records: ``calibration.gpu``)."""
+    out: dict[str, Any] = {"source": "published-h100", "params": list(params), "seed": seed, "n_boot": n_boot,
+                           "fits": {}, "efficiency": eff0.to_dict() if hasattr(eff0, "to_dict") else None,
+                           "efficiency_samples": [], "loo_relative_errors": []}
+    cases = [r for _, r in published_df.iterrows()]
+    if len(cases) > len(params):
+        measured = published_df[published_target].to_numpy(float)
+        eff, fit = fit_efficiency(cases, measured, predict_published, eff0, params, bounds=bounds)
+        out["efficiency"] = eff.to_dict() if hasattr(eff, "to_dict") else dict(zip(params, fit.params, strict=True))
+        out["fits"]["efficiency"] = fit.to_dict()
+        out["loo_relative_errors"] = relative_errors(fit).tolist()
+        samples = bootstrap_params(fit, n_boot=n_boot, seed=seed)
+        out["efficiency_samples"] = [dict(zip(params, map(float, s), strict=True)) for s in samples]
+    return out
+
+
+# ---------------------------------------------------------------------------- Snakemake stage glue
+# ``open-set``: the Efficiency defaults, fitted on the published A100 open set (validate.fit_defaults,
+# docs/timing-model.md §7), checked on the held-out torchtitan H100 rows. What ``auto`` resolves to when no
+# GPU proxy ran: CPU records never calibrate time.
+OPEN_SET = "published-open-set"
+
+
+def _throughput_rel_errors(df: pd.DataFrame) -> np.ndarray:
+    """predicted/measured − 1 of *throughput* per published row (time metrics inverted)."""
+    return throughput_rel_errors(df[df["in_mape"] & (df["metric"] != "memory_gib")])
+
+
+def heldout_errors_by_family(generation: str | None) -> dict[str, list[float]]:
+    """Leave-one-table-out throughput errors (predicted/measured − 1) of ``generation``'s published rows, per
+    family class (FSDP/ZeRO, TP, PP, CP), as shipped in trainplan/data/efficiency_fits.json."""
+    out: dict[str, list[float]] = {}
+    for r in (generation_fits().get(str(generation)) or {}).get("heldout", []):
+        ratio = float(r["predicted"]) / float(r["published"])
+        out.setdefault(r["family"], []).append((1.0 / ratio if str(r.get("metric", "")).endswith("_s") else ratio) - 1.0)
+    return out
+
+
+def open_set_report(eff: Any, generation: str | None = None) -> tuple[dict[str, Any], pd.DataFrame, np.ndarray, np.ndarray]:
+    """Fits (per fitted Efficiency field: value, stderr, R² of log throughput, MAPE, n), MAPE per table, errors.
+
+    ``heldout``: one row per published table and metric, ``role`` = fit (``generation``'s parameters were fitted
+    on it), ``other generation`` or held out; ``mape`` and ``bias`` are fractions; ``loto_mape`` the error when
+    that table is left out of its generation's fit (shipped in efficiency_fits.json; ``trainplan validate --heldout``
+    recomputes it). The errors (predicted/measured − 1) are those of every scored throughput row, and of the
+    published peak memory rows.
+    """
+    gen = generation if generation in GEN_FIT else "a100"
+    rows = validate_all({gen: eff})
+    m = mape_table(rows)
+    fit_tables = GEN_FIT[gen]["tables"]
+    heldout = pd.DataFrame({"table": m["table"], "metric": m["metric"], "n": m["rows"],
+                            "mape": m["mape_pct"] / 100.0, "bias": m["bias_pct"] / 100.0,
+                            "role": np.where(m["table"].isin(fit_tables), "fit",
+                                             np.where(m["table"].map(TABLE_GENERATION) == gen, "held out",
+                                                      "other generation"))})
+    loto: dict[str, list[float]] = {}
+    for f in generation_fits().values():
+        for r in f.get("heldout", []):
+            loto.setdefault(r["table"], []).append(abs(float(r["err_pct"])) / 100.0)
+    heldout["loto_mape"] = [float(np.mean(loto[t])) if t in loto and mt != "memory_gib" else np.nan
+                            for t, mt in zip(heldout["table"], heldout["metric"], strict=True)]
+    fit_rows = rows[rows["in_mape"] & rows["table"].isin(fit_tables) & (rows["metric"] != "memory_gib")]
+    lp, lm = np.log(fit_rows["predicted"].to_numpy(float)), np.log(fit_rows["published"].to_numpy(float))
+    r2 = 1.0 - float(((lm - lp) ** 2).sum()) / float(((lm - lm.mean()) ** 2).sum())
+    mape = float(np.mean(np.abs(_throughput_rel_errors(fit_rows))))
+    loo = float(np.mean([v for t in fit_tables for v in loto.get(t, [])] or [np.nan]))
+    shipped = generation_fits().get(gen) or {}
+    fits = {p: {"value": float(getattr(eff, p)), "stderr": shipped.get("stderr", {}).get(p), "r2": r2,
+                "loo_mape": loo, "mape": mape, "n": len(fit_rows), "fitted_on": "+".join(fit_tables),
+                "loo": "leave one published table out"} for p in GEN_FIT[gen]["params"] if hasattr(eff, p)}
+    mem = rows[rows["in_mape"] & (rows["metric"] == "memory_gib")]
+    mem_rel = mem["predicted"].to_numpy(float) / mem["published"].to_numpy(float) - 1.0
+    return fits, heldout, _throughput_rel_errors(rows), mem_rel
+
+
+def _memory_rel_errors(records: pd.DataFrame) -> list[float]:
+    """predicted/measured − 1 of saved activation bytes per layer on ok CPU runs (device-independent).
+
+    Per-rank state bytes are left out: the proxies run fp32 without a master copy and FSDP2's ZeRO-2 keeps
+    parameters sharded at rest, so they measure a different quantity than the bf16 production peak.
+    """
+    ok = cpu_only(records) if len(records) else records
+    out: list[float] = []
+    for p, m in (("saved_act_bytes_pred", "saved_act_bytes_meas"),):
+        if {p, m} <= set(ok.columns):
+            d = ok[[p, m]].dropna()
+            d = d[d[m] > 0]
+            out += (d[p] / d[m] - 1.0).tolist()
+    return out
+
+
+def stage_calibrate(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any],
+                    generation: str | None = None) -> tuple[dict[str, Any], pd.DataFrame]:
+    """calibration.json content and heldout.csv for the ``calibrate`` rule (``cfg``: the calibration section).
+
+    Sources: ``gpu-proxies`` fits the time parameters to ok CUDA records (records.csv plus the committed
+    ``calibration.gpu_records_dir``; ``trainplan.calibration.gpu``), falling back with a note when they cannot
+    be used; ``published-h100`` refits ``gemm_eff_max`` on torchtitan's (500 W-capped) H100 rows; ``auto`` and
+    ``published-open-set`` keep the Efficiency defaults fitted on the A100 open set (docs/timing-model.md §7);
+    with config overrides of fitted fields the source is ``defaults``. Without GPU records the prediction
+    interval uses the throughput errors of every in-scope published row (fitted A100 and held-out H100 alike).
+    """
+    if generation is None and str(getattr(eff0, "source", "")).startswith("fit:"):
+        generation = str(eff0.source).split(":", 1)[1]
+    # What "not overridden" means: the generation's shipped fit (the class defaults without a generation).
+    baseline = type(eff0).for_gpu(generation) if generation in GEN_FIT else type(eff0)()
+    fit_params = tuple(p for p in GEN_FIT.get(str(generation), GEN_FIT["a100"])["params"] if hasattr(eff0, p))
+
+    requested = str(cfg.get("source", "auto"))
+    notes: list[str] = []
+    source = OPEN_SET
+    eff = eff0
+    extra: dict[str, Any] = {}
+    gpu: dict[str, Any] | None = None
+    committed, committed_files = load_gpu_records(cfg.get("gpu_records_dir"))
+    pool = pd.concat([d for d in (records, committed) if len(d)], ignore_index=True) if len(committed) else records
+    if requested in ("auto", "gpu-proxies"):
+        if choose_source(pool, None) == "gpu-proxies":
+            gpu, why = calibrate_gpu(pool, eff0, cfg)
+            if gpu is None:
+                notes.append(f"GPU proxy records present but not usable for the time fit ({why}); the open-set fit "
+                             "is used")
+        elif requested == "gpu-proxies":
+            notes.append("source gpu-proxies requested, but fewer than 2 ok CUDA records exist (records.csv, "
+                         f"{cfg.get('gpu_records_dir')}); the open-set fit is used")
+    if gpu is not None:
+        eff, source = gpu["efficiency"], "gpu-proxies"
+        notes += gpu["notes"]
+        if any(getattr(eff0, p) != getattr(baseline, p) for p in fit_params):
+            notes.append("config overrides of fitted Efficiency fields were refitted to the GPU records")
+    elif requested == "published-h100":
+        pub = published_frame()
+        pub = pub[pub["in_scope"] & pub["group"].str.startswith("h100")].reset_index(drop=True)
+        extra = calibrate(pub, eff0=eff0, params=DEFAULT_PARAMS, predict_published=predict_tps_per_gpu,
+                          n_boot=int(cfg.get("bootstrap", 50)), seed=int(cfg.get("seed", 0)))
+        eff = Efficiency.from_dict(extra["efficiency"])
+        source = "published-h100"
+        notes.append("fitted on torchtitan's H100 rows, which ran on 500 W power-capped parts")
+    elif requested == "defaults" or any(getattr(eff0, p) != getattr(baseline, p) for p in fit_params):
+        source = "defaults"
+        notes.append("Efficiency from the config (overrides of fitted fields) or the uncalibrated defaults")
+    fits, heldout, rel, mem_rel = open_set_report(eff, generation)
+    by_family = heldout_errors_by_family(generation)
+    if by_family and gpu is None and not extra:
+        # The interval rests on leave-one-table-out errors of this GPU generation (per family class where a
+        # family has enough rows: validate.error_pool), not on the in-sample errors of every table.
+        rel = np.asarray([e for v in by_family.values() for e in v], dtype=float)
+    doc: dict[str, Any] = {
+        "source": source, "requested": requested, "notes": notes, "efficiency": eff.to_dict(),
+        "fits": fits, "loo_relative_errors": rel.tolist(), "efficiency_samples": [],
+        "memory_relative_errors": _memory_rel_errors(records) + mem_rel.tolist(),
+        "generation": generation, "heldout_errors_by_family": by_family,
+        "heldout_coverage": (generation_fits().get(str(generation)) or {}).get("coverage"),
+        "cpu_records": {"n": int(len(cpu_only(records))) if len(records) else 0,
+                        "use": "bytes, FLOPs, communication volume and loss parity only; never H100 time"},
+    }
+    if extra:
+        doc["fits"]["efficiency_h100"] = {"value": extra["efficiency"].get("gemm_eff_max"),
+                                          **{k: extra["fits"]["efficiency"].get(k) for k in ("r2", "loo_mape", "n")}}
+        doc["loo_relative_errors"] = extra["loo_relative_errors"] or doc["loo_relative_errors"]
+        doc["efficiency_samples"] = extra["efficiency_samples"]
+    if gpu is not None:
+        _apply_gpu(doc, heldout, gpu, committed_files)
+    doc["efficiency_sources"] = _efficiency_sources(eff, eff0, source, doc.get("source_detail"), gpu, baseline,
+                                                    fit_params)
+    return doc, heldout
+
+
+def _apply_gpu(doc: dict[str, Any], heldout: pd.DataFrame, gpu: dict[str, Any], files: list[str]) -> None:
+    """Fold the gpu-proxies fit into calibration.json: fits, LOO errors, bootstrap samples, memory errors."""
+    f = gpu["fit"]
+    for p in gpu["params"]:
+        doc["fits"][p] = {"value": float(doc["efficiency"][p]), "r2": f["r2"], "loo_mape": f["loo_mape"],
+                          "stderr": f["stderr"][p], "n": f["n"], "fitted_on": gpu["label"]}
+    mem = gpu["memory"]
+    if mem is not None:
+        for p in gpu["memory_params"]:
+            doc["fits"][p] = {"value": float(doc["efficiency"][p]), "r2": mem["fit"]["r2"],
+                              "loo_mape": mem["fit"]["loo_mape"], "n": mem["fit"]["n"], "fitted_on": gpu["label"]}
+        doc["memory_relative_errors"] = mem["reserved_rel_errors"] + doc["memory_relative_errors"]
+    doc["source_detail"] = gpu["label"]
+    doc["loo_relative_errors"] = gpu["throughput_rel_errors"]
+    doc["efficiency_samples"] = gpu["samples"]
+    doc["gpu"] = {"n": gpu["n"], "params": gpu["params"], "bootstrap": gpu["bootstrap"],
+                  "per_record": gpu["per_record"], "memory": mem, "records_files": files}
+    heldout["role"] = "held out"  # the published tables check the GPU-calibrated model; none was fitted on
+
+
+def _efficiency_sources(eff: Any, eff0: Any, source: str, detail: str | None,
+                        gpu: dict[str, Any] | None, default: Any = None,
+                        fit_params: tuple[str, ...] | None = None) -> dict[str, str]:
+    """Where each Efficiency number came from: the GPU fit, the open-set fit of the generation, the config, or a
+    prior (``default``: the generation's shipped fit; ``fit_params``: the fields that fit sets)."""
+    fitted = set(gpu["params"]) | set(gpu["memory_params"]) if gpu else set()
+    default = default if default is not None else type(eff0)()
+    params = fit_params or FIT_PARAMS
+    out = {}
+    for k in eff.to_dict():
+        if k == "source":
+            continue
+        if k in fitted:
+            out[k] = detail or source
+        elif getattr(eff0, k) != getattr(default, k):
+            out[k] = "config (efficiency override)"
+        elif source == "published-h100" and k == "gemm_eff_max":
+            out[k] = "published-h100"
+        elif k in params:
+            out[k] = OPEN_SET
+        else:
+            out[k] = "prior (efficiency.py default, [I])"
+    return out
+
+
+# Scaling fits on CPU proxy records: device-independent quantities only (bytes, FLOPs, comm volume).
