@@ -255,7 +255,7 @@ def ring_overhead_bytes(cp: Array, q_width: Array, kv_width: Array, e: float) ->
     cp = np.asarray(cp, dtype=float)
     kv = 2.0 * np.asarray(kv_width, dtype=float)  # K and V
     q = np.asarray(q_width, dtype=float)
-    fwd = kv * 2.0 * e * cp + q * (2.0 * (e + 4.0) + (cp - 1.0) * (e + 32.0))
+    fwd = kv * 2.0 * e * cp + q * (2.0 * (e + 4.0) + (cp - 1.0) * (e + 36.0))
     bwd = (kv * (4.0 + 2.0 * e * cp + (8.0 + e) + 13.0 * (cp - 1.0) + 8.0 * cp + (4.0 + e))
            + q * (4.0 + (8.0 + e) * cp + (4.0 + e)))
     ring = cp > 1
