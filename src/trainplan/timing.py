@@ -293,7 +293,7 @@ def cp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, tokens: Array, layout: 
         # fp32 dK, dV one hop per step (overlapped with the next step; the last one exposed).
         step_f = attn_layer_s / (1.0 + ATTN_BWD_FACTOR) / np.maximum(cp, 1)
         step_b = step_f * ATTN_BWD_FACTOR
-        hop = lat + 2.0 * kv_chunk / act_bytes * GRAD_REDUCE_BYTES / (bw * eff.comm_bw_eff)
+        hop = lat + kv_chunk / act_bytes * GRAD_REDUCE_BYTES / (bw * eff.comm_bw_eff)  # fp32 dK, dV
         fwd = np.maximum(0.0, ag - step_f)
         ring = (fwd * (1.0 + np.where(layout.recompute == "full", 1.0, 0.0)) + np.maximum(0.0, ag - step_b)
                 + (cp - 1) * np.maximum(0.0, hop - step_b) + hop)
