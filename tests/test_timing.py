@@ -167,3 +167,52 @@ def test_qlora_pays_the_nf4_dequantisation_and_lora_does_not(recompute, passes):
                / (CLUSTER.gpu.hbm_bw_Bps * eff.membound_eff))
     assert d == pytest.approx(float(by_hand), rel=1e-9)
     assert timing.qlora_dequant_mb_s(MODEL, lora, lay, MODEL.layers, 3.35e12, eff, 2.0) == 0.0
+
+
+# --- PyTorch ring attention (docs/timing-model.md §7.4) ---------------------------------------------------------
+def test_ring_overhead_bytes_zero_at_cp1_monotone_and_hand_counted():
+    """Merge / fp32-accumulate traffic of torch's ring attention: none without CP, growing with the ring steps, and
+    equal to the kernel-by-kernel count for cp = 4, q = kv = 1 (K and V: 2 elements per token), bf16."""
+    f1, b1 = timing.ring_overhead_bytes(1, 1.0, 1.0, 2.0)
+    assert f1 == 0.0 and b1 == 0.0
+    cps = np.array([2, 4, 8, 16])
+    f, b = timing.ring_overhead_bytes(cps, 1.0, 1.0, 2.0)
+    assert np.all(np.diff(f) > 0) and np.all(np.diff(b) > 0)
+    # forward: K,V contiguous + 3 concatenations (2e each, 4 times, for K and V); upcast of step 0 and final cast
+    # (6 + 6); 3 merges of 38 B (upcast 6, difference 12, product 8, subtraction 12)
+    want_f = 2 * (2 * 2.0 * 4) + 2 * 6.0 + 3 * 38.0
+    # backward per K/V element: zeros 4, contiguous + 3 cats 16, first add 10, 3 half-adds with cat 39, 4 send cats 32,
+    # final cast 6; per q element: zeros 4, 4 adds of 10, final cast 6
+    want_b = 2 * (4 + 16 + 10 + 39 + 32 + 6) + (4 + 40 + 6)
+    fb = timing.ring_overhead_bytes(4, 1.0, 1.0, 2.0)
+    assert fb[0] == pytest.approx(want_f) and fb[1] == pytest.approx(want_b)
+
+
+def test_ring_overhead_only_for_pytorch_cp_and_grows_with_cp():
+    """eager/compiled ring CP pays the merge traffic (more at cp 8 than cp 2 per token and block, with the same
+    per-rank tokens); fused (TE / Meta) and Ulysses pay none; full recompute reruns the forward ring."""
+    m = resolve_model("llama3.1-8b")
+    eff = Efficiency()
+    hbm = 3.35e12
+    t = TrainingSpec(seq_len=65536, global_batch=8, kernels="compiled")
+    tokens = 8192.0
+    lays = [Layout(dp=8 // c, cp=c, sharding="zero3", recompute="full") for c in (1, 2, 8)]
+    got = [float(timing.ring_overhead_mb_s(m, t, tokens, lay, 32, hbm, eff, 2.0)) for lay in lays]
+    assert got[0] == 0.0 and 0.0 < got[1] < got[2]
+    fused = TrainingSpec(seq_len=65536, global_batch=8, kernels="fused")
+    assert timing.ring_overhead_mb_s(m, fused, tokens, lays[2], 32, hbm, eff, 2.0) == 0.0
+    uly = Layout(dp=1, cp=8, cp_kind="ulysses", sharding="zero3", recompute="full")
+    assert float(timing.ring_overhead_mb_s(m, t, tokens, uly, 32, hbm, eff, 2.0)) == 0.0
+    none = Layout(dp=1, cp=8, sharding="zero3", recompute="none")
+    f, b = timing.ring_overhead_bytes(8, m.heads * m.head_dim, m.heads * m.head_dim, 2.0)
+    assert got[2] - float(timing.ring_overhead_mb_s(m, t, tokens, none, 32, hbm, eff, 2.0)) == pytest.approx(
+        32 * tokens * f / (hbm * eff.membound_eff))
+    # vectorised over a LayoutTable like every other term
+    table = LayoutTable.from_layouts(lays)
+    assert np.allclose(timing.ring_overhead_mb_s(m, t, tokens, table, 32, hbm, eff, 2.0), got)
+
+
+def test_pytorch_ring_passes_gqa_repeated_kv():
+    """torchtitan/HF call SDPA after repeat_kv, so PyTorch CP rotates q-wide K, V; Megatron/TE the GQA kv_dim."""
+    m = resolve_model("llama3.1-8b")
+    assert timing.ring_kv_width(m, "compiled") == m.heads * m.head_dim == 4 * timing.ring_kv_width(m, "fused")

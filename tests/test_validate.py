@@ -23,11 +23,11 @@ from trainplan.published.validate import (
 )
 
 # In-sample MAPE per table (each generation's own fit; bf16 and FP8 rows). Reached: Megatron 2021 T1 4.0%,
-# Korthikanti 3.7%, torchtitan A100 2.5%; torchtitan H100 9.3%, async TP 9.0%, Megatron 2024 6.7%, Llama 3 405B
-# 2.6%; NeMo 24.07 FP8 (held out of every fit) 16.5%.
+# Korthikanti 3.7%, torchtitan A100 2.5%; torchtitan H100 6.7%, async TP 9.0%, Megatron 2024 6.7%, Llama 3 405B
+# 2.6%; NeMo 24.07 FP8 (held out of every fit) 15.3%.
 MAPE_TOL_PCT = {"megatron2021_t1": 5.0, "korthikanti2022_t3_5": 5.0, "torchtitan_a100": 5.0,
-                "torchtitan_h100": 10.0, "torchtitan_asynctp_h100": 10.0, "megatron2024_h100": 8.0,
-                "llama3_405b_h100": 5.0, "nemo2407_h100": 18.0}
+                "torchtitan_h100": 7.5, "torchtitan_asynctp_h100": 10.0, "megatron2024_h100": 8.0,
+                "llama3_405b_h100": 4.0, "nemo2407_h100": 16.5}
 # Memory vs torchtitan's peak reserved GiB (the two eager seq-8192 FSDP rows in scope): reached 6.3%.
 TORCHTITAN_H100_MEM_MAPE_TOL_PCT = 10.0
 
@@ -129,16 +129,16 @@ def test_shipped_fits_are_the_documented_fit():
 
 
 # Leave one table out per generation (the fit without the table predicts it), shipped in efficiency_fits.json.
-# Reached: A100 Megatron 4.2%, Korthikanti 5.3%, torchtitan A100 10.5%; H100 torchtitan 10.3%, async TP 8.6%,
-# Megatron 2024 7.7%, Llama 3 405B 2.5%. The issue's target is 10% per table: torchtitan H100 misses by 0.3.
-HELDOUT_MAPE_TOL_PCT = {"megatron2021_t1": 7.0, "korthikanti2022_t3_5": 8.0, "torchtitan_a100": 13.0,
-                        "torchtitan_h100": 11.0, "torchtitan_asynctp_h100": 10.0, "megatron2024_h100": 10.0,
-                        "llama3_405b_h100": 5.0}
-# Worst held-out row: 27.3% (torchtitan 405B CP8 at 262,144 tokens; the CP rows at 131k–262k are over-predicted),
-# 19.5% on A100. The issue's target is 20%: missed on the long-context CP rows.
-HELDOUT_WORST_ROW_TOL_PCT = 30.0
-# H100 held-out bias per family class: CP +11.9, FSDP/ZeRO −5.5, PP −4.5, TP +2.8 (issue: ±5; CP misses)
-FAMILY_BIAS_TOL_PCT = {"CP": 13.0, "FSDP/ZeRO": 6.5, "PP": 6.0, "TP": 4.0}
+# Reached: A100 Megatron 4.2%, Korthikanti 5.3%, torchtitan A100 10.5%; H100 torchtitan 7.9%, async TP 8.2%,
+# Megatron 2024 7.7%, Llama 3 405B 2.5% (issue target: 10% per table; met on H100).
+HELDOUT_MAPE_TOL_PCT = {"megatron2021_t1": 5.0, "korthikanti2022_t3_5": 6.5, "torchtitan_a100": 11.5,
+                        "torchtitan_h100": 8.5, "torchtitan_asynctp_h100": 9.0, "megatron2024_h100": 8.5,
+                        "llama3_405b_h100": 3.5}
+# Worst held-out row: H100 20.4% (async-TP table, Llama 3 8B float8 FSDP8·TP8 with async TP, over-predicted),
+# A100 19.5%. The issue's target is 20%: missed by 0.4 on that row (the CP rows' worst is now 17.1%).
+HELDOUT_WORST_ROW_TOL_PCT = 22.0
+# H100 held-out bias per family class: CP +3.2, FSDP/ZeRO −5.5, PP −4.5, TP +3.6 (issue: ±5; FSDP misses by 0.5)
+FAMILY_BIAS_TOL_PCT = {"CP": 4.0, "FSDP/ZeRO": 6.5, "PP": 5.5, "TP": 4.5}
 
 
 def _heldout_frame():

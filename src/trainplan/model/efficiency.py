@@ -75,7 +75,10 @@ class Efficiency:
     # collective that the decomposed AG→GEMM / GEMM→RS pipeline hides behind its GEMM, capped by that GEMM's
     # time (timing.tp_comm_mb_s). Fitted on the vanilla/async pairs of torchtitan_asynctp_H100_202506 [F].
     tp_async_overlap: float = 0.7
-    cp_overlap: float = 0.90  # ring attention overlaps the K/V pass with the block compute
+    # Ring attention overlaps the K/V pass with the block's attention (Megatron/TE p2p ring, kernels=fused). PyTorch's
+    # pass-KV CP (eager/compiled) is timed from its code instead: the all-gather hides behind one ring step only
+    # (timing.cp_comm_mb_s). Not identifiable on the open rows (every CP row's exchange is hidden) [I].
+    cp_overlap: float = 0.90
     pp_p2p_overlap: float = 0.50  # Megatron overlaps part of the stage-to-stage sends [I]
     # CUDA context + NCCL buffers + cuBLAS workspaces per GPU [I: ~1 GiB context, 1–2 GiB NCCL].
     runtime_overhead_bytes: float = 2.5 * GiB

@@ -232,15 +232,71 @@ def tp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, tokens: Array, layout: 
     return layers * (fwd + bwd + np.where(layout.recompute == "full", fwd, 0.0))
 
 
+def ring_kv_width(model: ModelSpec, kernels: str) -> int:
+    """Width (features per token, before TP) of the K and V that ring attention passes: PyTorch's context
+    parallel wraps SDPA, and torchtitan/HF call SDPA after ``repeat_kv``, so eager/compiled runs pass the
+    GQA-repeated K, V (q width); Megatron/TE and Meta's CP pass the kv_dim-wide GQA tensors (fused)."""
+    return model.kv_dim if kernels == "fused" else model.heads * model.head_dim
+
+
+# PyTorch ring attention (torch.distributed.tensor.experimental._attention, torch 2.6: the CP torchtitan runs;
+# docs/timing-model.md §7.4): HBM bytes per local token of the ops around the flash kernels, per element of the
+# local q width (Q) or of each of K and V (KV), e = activation bytes. Counted on the last CP rank (every ring step
+# uses its full q), which the others wait for at the next collective [derived from the code].
+def ring_overhead_bytes(cp: Array, q_width: Array, kv_width: Array, e: float) -> tuple[Array, Array]:
+    """(forward, backward) HBM bytes per local token and block of PyTorch's ring attention beyond the flash kernels
+    (zero at cp = 1). Forward: K, V made contiguous and concatenated for the all-gather (2e per element, once + once
+    per step but the last); the first step's output upcast to fp32 (e + 4); each later step's online-softmax merge
+    in fp32, ``out − σ(lse_b − lse)·(out − out_b)`` as four kernels (upcast e + 4, difference 12, product 8,
+    subtraction 12); the final cast back (4 + e). Backward: fp32 zero buffers for dQ, dK, dV (4); K, V contiguous
+    and concatenated per step (2e); dK, dV accumulated in fp32 (first step 4 + e + 4, later steps a half-chunk add
+    plus the ``torch.cat`` of _partial_update: 13) and concatenated for the ring send (8) every step; dQ
+    accumulated (4 + e + 4) every step; the final casts of dQ, dK, dV (4 + e)."""
+    cp = np.asarray(cp, dtype=float)
+    kv = 2.0 * np.asarray(kv_width, dtype=float)  # K and V
+    q = np.asarray(q_width, dtype=float)
+    fwd = kv * 2.0 * e * cp + q * (2.0 * (e + 4.0) + (cp - 1.0) * (e + 36.0))
+    bwd = (kv * (4.0 + 2.0 * e * cp + (8.0 + e) + 13.0 * (cp - 1.0) + 8.0 * cp + (4.0 + e))
+           + q * (4.0 + (8.0 + e) * cp + (4.0 + e)))
+    ring = cp > 1
+    return np.where(ring, fwd, 0.0), np.where(ring, bwd, 0.0)
+
+
+def ring_overhead_mb_s(model: ModelSpec, training: TrainingSpec, tokens: Array, layout: LayoutLike, layers: Array,
+                       hbm_Bps: float, eff: Efficiency, act_bytes: float) -> Array:
+    """PyTorch ring attention's merge/accumulate traffic per micro-batch (ring_overhead_bytes) over the stage's
+    blocks, at ``membound_eff`` of HBM bandwidth; full recompute reruns the forward ring. Only the PyTorch kernel
+    classes (eager/compiled): Transformer Engine fuses the output correction, Meta's all-gather CP has none."""
+    if training.kernels == "fused":
+        return 0.0
+    tp, cp = np.asarray(layout.tp), np.asarray(layout.cp)
+    on = (cp > 1) & (np.asarray(layout.cp_kind) == "ring")
+    q = model.heads * model.head_dim / tp
+    f, b = ring_overhead_bytes(cp, q, ring_kv_width(model, training.kernels) / tp, act_bytes)
+    passes = f * (1.0 + np.where(np.asarray(layout.recompute) == "full", 1.0, 0.0)) + b
+    return np.where(on, layers * tokens * passes / (hbm_Bps * eff.membound_eff), 0.0)
+
+
 def cp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, tokens: Array, layout: LayoutLike, layers: Array,
-                 attn_layer_s: Array, eff: Efficiency, act_bytes: float) -> Array:
+                 attn_layer_s: Array, eff: Efficiency, act_bytes: float, kernels: str = "fused") -> Array:
     """CP: ring passes K,V (c−1 hops fwd, K,V and dK,dV bwd; Liu 2023 Ring Attention) overlapped with the
-    block's attention; Ulysses does 4 all-to-alls fwd and 4 bwd on the critical path (Jacobs 2023)."""
+    block's attention; Ulysses does 4 all-to-alls fwd and 4 bwd on the critical path (Jacobs 2023).
+    Eager/compiled (PyTorch CP) pass the GQA-repeated K, V (ring_kv_width)."""
     cp, tp = np.asarray(layout.cp), np.asarray(layout.tp)
     bw, lat = comm.group_link(cluster, cp, tp)
-    kv_chunk = tokens * 2 * model.kv_dim / tp * act_bytes
-    ring = 3.0 * comm.all_gather_s(cp * kv_chunk, cp, bw, lat, eff)
-    ring = np.maximum(0.0, ring - eff.cp_overlap * attn_layer_s)
+    kv_chunk = tokens * 2 * ring_kv_width(model, kernels) / tp * act_bytes
+    ag = comm.all_gather_s(cp * kv_chunk, cp, bw, lat, eff)
+    ring = np.maximum(0.0, 3.0 * ag - eff.cp_overlap * attn_layer_s)
+    if kernels != "fused":
+        # PyTorch pass-KV (torch 2.6 _AllGatherRotater): one all-gather of K, V per pass, launched with the first ring
+        # step and awaited before the second, so it hides behind one step's attention only; the backward sends the
+        # fp32 dK, dV one hop per step (overlapped with the next step; the last one exposed).
+        step_f = attn_layer_s / (1.0 + ATTN_BWD_FACTOR) / np.maximum(cp, 1)
+        step_b = step_f * ATTN_BWD_FACTOR
+        hop = lat + kv_chunk / act_bytes * GRAD_REDUCE_BYTES / (bw * eff.comm_bw_eff)  # fp32 dK, dV
+        fwd = np.maximum(0.0, ag - step_f)
+        ring = (fwd * (1.0 + np.where(layout.recompute == "full", 1.0, 0.0)) + np.maximum(0.0, ag - step_b)
+                + (cp - 1) * np.maximum(0.0, hop - step_b) + hop)
     a2a_bytes = tokens * (2 * model.hidden + 2 * model.kv_dim) / tp * act_bytes
     uly = (2.0 + np.where(layout.recompute == "full", 1.0, 0.0)) * comm.all_to_all_s(a2a_bytes, cp, bw, lat, eff)
     return layers * np.where(cp > 1, np.where(layout.cp_kind == "ring", ring, uly), 0.0)
@@ -413,11 +469,12 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     shard = np.asarray(shard_degree(layout, cluster))
     copy = fsdp_copy_mb_s(model, training, layout, hbm, eff)
     dequant = qlora_dequant_mb_s(model, training, layout, layers, hbm, eff, act)
+    ring = ring_overhead_mb_s(model, training, tokens, layout, layers, hbm, eff, act)
     compute_mb = (layers * (fwd + bwd + redo) + logits_s(model, tokens, tp, peak, hbm, eff, wgrad, kernels) + copy
-                  + dequant)
+                  + dequant + ring)
 
     tp_mb = tp_comm_mb_s(model, cluster, tokens, layout, layers, eff, act, g)
-    cp_mb = cp_comm_mb_s(model, cluster, tokens, layout, layers, a + a_bwd, eff, act)
+    cp_mb = cp_comm_mb_s(model, cluster, tokens, layout, layers, a + a_bwd, eff, act, kernels)
     rs_copy = fsdp_copy_mb_s(model, training, layout, hbm, eff, stream=1)
     fsdp_mb = fsdp_comm_mb_s(model, cluster, training, layout, shard, compute_mb, eff, rs_copy)
     p2p_mb = pp_p2p_mb_s(model, cluster, tokens, layout, eff, act)
