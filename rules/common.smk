@@ -6,7 +6,7 @@ from trainplan import pkgdata
 from trainplan.config import config_slice, load_config, schema_path
 from trainplan.provenance import study_hash
 from trainplan.proxy.slurm_resources import proxy_job_resources
-from trainplan.model.specs import ConfigError
+from trainplan.model.base import ConfigError
 
 try:
     STUDY = load_config(

@@ -66,6 +66,7 @@ INPUTS_CHANGED = ("figures", "memo")
 ORDER = ("analytic_model", "select_proxies", "aggregate", "calibrate", "fit_scaling", "predict_production",
          "cost_and_risk", "launch_artifacts", "figures", "memo")
 MEASURED = ("proxies/runs/", "benchmarks/", "logs/")
+_CHECKOUT = re.compile(r'"/[^"]*?/src/trainplan/')  # package data named by absolute path
 _DOTTED = re.compile(r"(?<![\w/.])trainplan(?:\.[A-Za-z_][A-Za-z_0-9]*)+")
 
 
@@ -172,8 +173,8 @@ def compare(base: Path, new: Path) -> list[str]:
             diff = (ta, tb)
         elif s.endswith(".provenance.json"):
             # package data is named by absolute path: the two checkouts differ in location only
-            ta = _rehash(renamed(a.read_text()), hashes).replace(str(base.parent) + "/", "<checkout>/")
-            da, db = json.loads(ta), json.loads(b.read_text().replace(str(ROOT) + "/", "<checkout>/"))
+            ta = _CHECKOUT.sub('"<checkout>/src/trainplan/', _rehash(renamed(a.read_text()), hashes))
+            da, db = json.loads(ta), json.loads(_CHECKOUT.sub('"<checkout>/src/trainplan/', b.read_text()))
             for d in (da, db):
                 d.pop("git", None)
             if s.endswith(".pdf.provenance.json"):  # the PDF is compared by its text above

@@ -16,7 +16,7 @@ from trainplan.calibration.fitting import (
     predict_interval,
 )
 from trainplan.calibration.sources import calibrate, choose_source
-from trainplan.model.specs import ConfigError
+from trainplan.model.base import ConfigError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -132,8 +132,11 @@ def test_heldout_report_one_row_per_heldout_table():
 
 
 def test_predict_production_intervals_bracket_the_point():
+    from trainplan.model.arch import resolve_model
     from trainplan.model.efficiency import Efficiency
-    from trainplan.model.specs import ClusterSpec, Layout, TrainingSpec, resolve_gpu, resolve_model
+    from trainplan.model.hardware import ClusterSpec, resolve_gpu
+    from trainplan.model.layout import Layout
+    from trainplan.model.training import TrainingSpec
     from trainplan.prediction.production import predict_production
 
     model = resolve_model("llama2-13b")

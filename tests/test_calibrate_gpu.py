@@ -27,10 +27,13 @@ from trainplan.calibration.gpu import (
     time_params,
 )
 from trainplan.calibration.sources import OPEN_SET, stage_calibrate
+from trainplan.model.arch import resolve_model
 from trainplan.model.efficiency import Efficiency
+from trainplan.model.hardware import ClusterSpec, resolve_gpu
+from trainplan.model.layout import Layout
 from trainplan.model.memory import memory_breakdown
-from trainplan.model.specs import ClusterSpec, Layout, TrainingSpec, resolve_gpu, resolve_model
 from trainplan.model.timing import step_time
+from trainplan.model.training import TrainingSpec
 from trainplan.prediction.production import predict_production
 from trainplan.proxy.aggregate import record_row
 

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from trainplan.config import RULE_SECTIONS, config_slice, load_config, load_schema
-from trainplan.model.specs import ClusterSpec, ConfigError
+from trainplan.model.base import ConfigError
+from trainplan.model.hardware import ClusterSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "config" / "config.yaml"

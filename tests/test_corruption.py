@@ -35,7 +35,8 @@ def _spec(i: str) -> dict:
 
 
 def _record(spec: dict) -> dict:
-    from trainplan.model.specs import Layout, ModelSpec
+    from trainplan.model.arch import ModelSpec
+    from trainplan.model.layout import Layout
     from trainplan.proxy import predict
 
     exact = predict.exact_state_bytes(ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"]))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trainplan.cost import budget as C
-from trainplan.model.specs import ConfigError
+from trainplan.model.base import ConfigError
 
 pytestmark = pytest.mark.timeout(60)
 N13B = 13_015_864_320  # Llama-2-13B parameter count (meta-llama/Llama-2-13b-hf config.json; SOURCES.md)

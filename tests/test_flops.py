@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from trainplan.model import flops
-from trainplan.model.specs import MODEL_PRESETS, ConfigError, ModelSpec
+from trainplan.model.arch import MODEL_PRESETS, ModelSpec
+from trainplan.model.base import ConfigError
 
 A100_PEAK_BF16 = 312e12  # NVIDIA A100 datasheet; the peak both Megatron papers and torchtitan divide by
 
@@ -193,8 +194,9 @@ def test_lora_flops_drop_the_weight_gradient_gemms() -> None:
 def test_frozen_base_model_flops_drop_the_weight_gradient(finetune):
     """4·N + 12·L·h·s + 6·N_adapters agrees with the op-by-op LoRA count (which FlopCounterMode checks) to
     exactly up to the first block's skipped q/k/v input gradient and the norm weights in N; full keeps 6·N."""
+    from trainplan.model.arch import resolve_model
     from trainplan.model.flops import lora_train_step_flops, model_flops_per_token, train_flops_per_token
-    from trainplan.model.specs import TrainingSpec, resolve_model
+    from trainplan.model.training import TrainingSpec
 
     m = resolve_model("llama2-13b")
     t = TrainingSpec(seq_len=4096, global_batch=256, finetune=finetune, lora_rank=16, lora_targets=("q", "k", "v", "o"))

@@ -6,17 +6,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from trainplan.model.arch import resolve_model
+from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
-from trainplan.model.specs import (
-    ClusterSpec,
-    ConfigError,
-    Layout,
-    TrainingSpec,
-    check_layout,
-    resolve_gpu,
-    resolve_model,
-)
+from trainplan.model.hardware import ClusterSpec, resolve_gpu
+from trainplan.model.layout import Layout, check_layout
 from trainplan.model.timing import fp8_cast_bytes_mb, step_time
+from trainplan.model.training import TrainingSpec
 
 H100 = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
 A100 = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("a100-80gb"))

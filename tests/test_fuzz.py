@@ -26,17 +26,13 @@ from hypothesis import strategies as st
 
 from trainplan.cli import main
 from trainplan.config import load_config
+from trainplan.model.arch import model_from_hf_dict
+from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.estimate import estimate
-from trainplan.model.specs import (
-    ClusterSpec,
-    ConfigError,
-    Layout,
-    TrainingSpec,
-    layout_problems,
-    model_from_hf_dict,
-    resolve_gpu,
-)
+from trainplan.model.hardware import ClusterSpec, resolve_gpu
+from trainplan.model.layout import Layout, layout_problems
+from trainplan.model.training import TrainingSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RAW = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())

@@ -4,17 +4,13 @@ sequences beyond a preset's context window, per-generation Efficiency in the pla
 import numpy as np
 import pytest
 
+from trainplan.model.arch import resolve_model
+from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency, generation_fits
-from trainplan.model.specs import (
-    ClusterSpec,
-    ConfigError,
-    Layout,
-    TrainingSpec,
-    layout_problems,
-    resolve_gpu,
-    resolve_model,
-)
+from trainplan.model.hardware import ClusterSpec, resolve_gpu
+from trainplan.model.layout import Layout, layout_problems
 from trainplan.model.timing import step_time
+from trainplan.model.training import TrainingSpec
 
 H100 = resolve_gpu("h100-sxm-80gb")
 

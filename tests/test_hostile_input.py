@@ -17,7 +17,8 @@ import yaml
 from trainplan.cli import main
 from trainplan.config import load_config, read_yaml
 from trainplan.io import InputFileError, read_json_checked, read_text_checked
-from trainplan.model.specs import ConfigError, model_from_hf_config
+from trainplan.model.arch import model_from_hf_config
+from trainplan.model.base import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "config" / "config.yaml"
@@ -191,7 +192,7 @@ def test_launch_values_never_reach_a_shell_unquoted(tmp_path):
     from trainplan.launch.artifacts import write_artifacts
 
     c = load_config(DEFAULT)
-    from trainplan.model.specs import Layout
+    from trainplan.model.layout import Layout
 
     evil = f"train.py; touch {tmp_path}/PWNED1 $(touch {tmp_path}/PWNED2) `touch {tmp_path}/PWNED3`"
     write_artifacts(c.model, c.cluster, c.training, Layout(dp=32), tmp_path / "out", study_hash="abc123",

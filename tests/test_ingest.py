@@ -11,9 +11,12 @@ import pytest
 
 from trainplan.calibration.gpu import calibrate_gpu, load_gpu_records, predict_record
 from trainplan.launch import ingest
+from trainplan.model.arch import resolve_model
 from trainplan.model.efficiency import Efficiency
-from trainplan.model.specs import ClusterSpec, Layout, TrainingSpec, resolve_model
+from trainplan.model.hardware import ClusterSpec
+from trainplan.model.layout import Layout
 from trainplan.model.timing import step_time
+from trainplan.model.training import TrainingSpec
 from trainplan.proxy.aggregate import record_row
 from trainplan.proxy.schema import validate_record
 

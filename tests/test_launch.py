@@ -12,7 +12,11 @@ import pytest
 
 from trainplan.launch import artifacts as launch
 from trainplan.launch import trainers
-from trainplan.model.specs import ClusterSpec, ConfigError, Layout, TrainingSpec, resolve_model
+from trainplan.model.arch import resolve_model
+from trainplan.model.base import ConfigError
+from trainplan.model.hardware import ClusterSpec
+from trainplan.model.layout import Layout
+from trainplan.model.training import TrainingSpec
 
 MODEL = resolve_model("llama2-13b")
 CLUSTER = ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb")

@@ -14,7 +14,10 @@ import pytest
 
 from trainplan import train_entry
 from trainplan.launch import artifacts as launch
-from trainplan.model.specs import MODEL_PRESETS, ClusterSpec, Layout, TrainingSpec, resolve_model
+from trainplan.model.arch import MODEL_PRESETS, resolve_model
+from trainplan.model.hardware import ClusterSpec
+from trainplan.model.layout import Layout
+from trainplan.model.training import TrainingSpec
 
 HASH = "abc123def456"
 

@@ -19,7 +19,10 @@ from cluster import PARTITION, available, local_slurm  # noqa: E402
 
 from trainplan import train_entry  # noqa: E402
 from trainplan.launch import artifacts as launch
-from trainplan.model.specs import MODEL_PRESETS, ClusterSpec, Layout, TrainingSpec  # noqa: E402
+from trainplan.model.arch import MODEL_PRESETS
+from trainplan.model.hardware import ClusterSpec
+from trainplan.model.layout import Layout
+from trainplan.model.training import TrainingSpec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SEQ, GB, STEPS = 32, 8, 20

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pypdf import PdfReader
 
-from trainplan.model.specs import Layout
+from trainplan.model.layout import Layout
 from trainplan.report import memo
 from trainplan.report.figures import figure_inputs, make_figures, read_caption
 

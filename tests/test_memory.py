@@ -9,17 +9,11 @@ import pandas as pd
 import pytest
 
 from trainplan.model import memory as M
-from trainplan.model.specs import (
-    GB,
-    MODEL_PRESETS,
-    ClusterSpec,
-    ConfigError,
-    Layout,
-    LayoutTable,
-    ModelSpec,
-    TrainingSpec,
-    resolve_gpu,
-)
+from trainplan.model.arch import MODEL_PRESETS, ModelSpec
+from trainplan.model.base import GB, ConfigError
+from trainplan.model.hardware import ClusterSpec, resolve_gpu
+from trainplan.model.layout import Layout, LayoutTable
+from trainplan.model.training import TrainingSpec
 
 LLAMA13 = MODEL_PRESETS["llama2-13b"]
 TRAIN = TrainingSpec(seq_len=4096, global_batch=256)

@@ -11,13 +11,8 @@ import json
 
 import pytest
 
-from trainplan.model.specs import (
-    ConfigError,
-    ModelSpec,
-    model_from_hf_config,
-    model_from_hf_dict,
-    resolve_model,
-)
+from trainplan.model.arch import ModelSpec, model_from_hf_config, model_from_hf_dict, resolve_model
+from trainplan.model.base import ConfigError
 
 LLAMA = dict(model_type="llama", hidden_act="silu", rms_norm_eps=1e-5, rope_theta=10000.0)
 

@@ -8,7 +8,11 @@ import pytest
 
 from trainplan.io import read_json
 from trainplan.launch import preflight as pf
-from trainplan.model.specs import ClusterSpec, ConfigError, Layout, ModelSpec, TrainingSpec, resolve_model
+from trainplan.model.arch import ModelSpec, resolve_model
+from trainplan.model.base import ConfigError
+from trainplan.model.hardware import ClusterSpec
+from trainplan.model.layout import Layout
+from trainplan.model.training import TrainingSpec
 
 MODEL = resolve_model("llama2-13b")
 CLUSTER = ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb")

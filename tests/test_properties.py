@@ -8,7 +8,10 @@ from hypothesis import strategies as st
 
 from trainplan.model import flops
 from trainplan.model import memory as M
-from trainplan.model.specs import MODEL_PRESETS, ClusterSpec, Layout, LayoutTable, TrainingSpec, grad_accum
+from trainplan.model.arch import MODEL_PRESETS
+from trainplan.model.hardware import ClusterSpec
+from trainplan.model.layout import Layout, LayoutTable, grad_accum
+from trainplan.model.training import TrainingSpec
 
 MODELS = [MODEL_PRESETS[k] for k in ("debug", "llama2-7b", "llama2-13b", "llama3-8b", "llama2-70b")]
 CLUSTER = ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb")

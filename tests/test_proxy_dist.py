@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from trainplan.model.specs import MODEL_PRESETS
+from trainplan.model.arch import MODEL_PRESETS
 from trainplan.proxy.schema import normalize_run_spec
 from trainplan.proxy.torchrun import launch
 

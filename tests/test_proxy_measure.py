@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from trainplan.model import flops, memory
-from trainplan.model.specs import MODEL_PRESETS, Layout
+from trainplan.model.arch import MODEL_PRESETS
+from trainplan.model.layout import Layout
 from trainplan.proxy.measure import CommCounter, SavedTensorTracker, count_flops, state_bytes
 from trainplan.proxy.model import build_model
 from trainplan.proxy.predict import exact_state_bytes
@@ -112,7 +113,8 @@ def test_lora_saved_activations_and_flops_match_the_analytic_terms(targets):
 
 def test_zero2_state_at_rest_is_sharded_like_fsdp2():
     """FSDP2 ZeRO-2 (reshard_after_forward=False) is sharded between steps; its peak keeps full weights."""
-    from trainplan.model.specs import MODEL_PRESETS, Layout
+    from trainplan.model.arch import MODEL_PRESETS
+    from trainplan.model.layout import Layout
     from trainplan.proxy import predict
 
     m = MODEL_PRESETS["debug"]

@@ -4,7 +4,10 @@ import pandas as pd
 import pytest
 import torch
 
-from trainplan.model.specs import MODEL_PRESETS, ConfigError, Layout, ModelSpec, TrainingSpec
+from trainplan.model.arch import MODEL_PRESETS, ModelSpec
+from trainplan.model.base import ConfigError
+from trainplan.model.layout import Layout
+from trainplan.model.training import TrainingSpec
 from trainplan.proxy.lora import apply_lora, lora_trainable_params
 from trainplan.proxy.model import build_model, n_params
 from trainplan.proxy.schema import normalize_run_spec

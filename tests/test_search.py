@@ -3,16 +3,13 @@
 import numpy as np
 import pytest
 
+from trainplan.model.arch import resolve_model
+from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.estimate import estimate
-from trainplan.model.specs import (
-    ClusterSpec,
-    ConfigError,
-    TrainingSpec,
-    layout_problems,
-    resolve_gpu,
-    resolve_model,
-)
+from trainplan.model.hardware import ClusterSpec, resolve_gpu
+from trainplan.model.layout import layout_problems
+from trainplan.model.training import TrainingSpec
 from trainplan.search.layouts import enumerate_layouts, family_verdicts, row_layout, search
 
 MODEL = resolve_model("llama2-13b")
@@ -76,7 +73,9 @@ def test_bad_option_names_key():
 
 
 def test_technique_verdicts_one_line_each_and_families_are_coarse():
-    from trainplan.model.specs import MODEL_PRESETS, ClusterSpec, TrainingSpec, resolve_gpu
+    from trainplan.model.arch import MODEL_PRESETS
+    from trainplan.model.hardware import ClusterSpec, resolve_gpu
+    from trainplan.model.training import TrainingSpec
     from trainplan.search.layouts import family_verdicts, search, technique_verdicts
 
     c = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
@@ -95,9 +94,12 @@ def test_zero2_reduces_every_microbatch():
     """ZeRO-2 keeps a gradient shard only, so its reduce-scatter repeats per micro-batch; ZeRO-1 once per step."""
     import dataclasses
 
+    from trainplan.model.arch import MODEL_PRESETS
     from trainplan.model.efficiency import Efficiency
-    from trainplan.model.specs import MODEL_PRESETS, ClusterSpec, Layout, TrainingSpec, resolve_gpu
+    from trainplan.model.hardware import ClusterSpec, resolve_gpu
+    from trainplan.model.layout import Layout
     from trainplan.model.timing import step_time
+    from trainplan.model.training import TrainingSpec
 
     # A slow network makes the communication visible.
     c = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"), inter_busbw_Bps=1e9)

@@ -6,7 +6,7 @@ import pytest
 
 from trainplan.cost import budget as C
 from trainplan.cost.sensitivity import TORNADO_COLUMNS, cost_evaluator, default_ranges, tornado
-from trainplan.model.specs import ConfigError
+from trainplan.model.base import ConfigError
 
 pytestmark = pytest.mark.timeout(60)
 

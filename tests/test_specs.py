@@ -4,22 +4,18 @@ import json
 
 import pytest
 
-from trainplan.model.specs import (
-    MODEL_PRESETS,
-    ClusterSpec,
-    ConfigError,
+from trainplan.model.arch import MODEL_PRESETS, ModelSpec, model_from_hf_config, resolve_model
+from trainplan.model.base import ConfigError
+from trainplan.model.hardware import ClusterSpec, resolve_gpu
+from trainplan.model.layout import (
     Layout,
     LayoutTable,
-    ModelSpec,
-    TrainingSpec,
     check_layout,
     grad_accum,
     layout_problems,
-    model_from_hf_config,
-    resolve_gpu,
-    resolve_model,
     shard_degree,
 )
+from trainplan.model.training import TrainingSpec
 
 # Published parameter counts (the models' own model cards / config-derived counts).
 LLAMA2_13B_PARAMS = 13_015_864_320
@@ -125,7 +121,7 @@ def test_layout_from_row_is_the_one_row_mapping():
     import numpy as np
     import pandas as pd
 
-    from trainplan.model.specs import Layout
+    from trainplan.model.layout import Layout
 
     want = Layout(dp=4, tp=2, sp=True, sharding="hsdp", shard_group=2, micro_batch=2)
     row = pd.Series({**want.to_dict(), "family": "HSDP×TP", "tokens_per_s": 1.0})

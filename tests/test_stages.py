@@ -14,8 +14,8 @@ from trainplan.config import config_slice, load_config
 from trainplan.cost.budget import CostInputs, stage_cost_and_risk
 from trainplan.cost.sensitivity import stage_sensitivity
 from trainplan.io import read_json
+from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
-from trainplan.model.specs import ConfigError
 from trainplan.proxy.aggregate import parity_columns
 from trainplan.proxy.select import cpu_model
 from trainplan.stages import analytic_model, launch_artifacts

@@ -4,17 +4,13 @@ import numpy as np
 import pytest
 
 from trainplan.model import comm, timing
+from trainplan.model.arch import resolve_model
+from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
-from trainplan.model.specs import (
-    ClusterSpec,
-    ConfigError,
-    Layout,
-    LayoutTable,
-    TrainingSpec,
-    resolve_gpu,
-    resolve_model,
-)
+from trainplan.model.hardware import ClusterSpec, resolve_gpu
+from trainplan.model.layout import Layout, LayoutTable
 from trainplan.model.timing import TIMING_KEYS, step_time
+from trainplan.model.training import TrainingSpec
 
 MODEL = resolve_model("llama2-13b")
 CLUSTER = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))

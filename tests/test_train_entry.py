@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from trainplan import train_entry as te
-from trainplan.model.specs import MODEL_PRESETS
+from trainplan.model.arch import MODEL_PRESETS
 from trainplan.proxy.model import hf_config_dict
 
 STEPS = 20
@@ -174,7 +174,9 @@ def test_accelerate_launch_with_the_generated_config_on_cpu(job, reference, tmp_
     import yaml
 
     from trainplan.launch import artifacts as launch
-    from trainplan.model.specs import ClusterSpec, Layout, TrainingSpec
+    from trainplan.model.hardware import ClusterSpec
+    from trainplan.model.layout import Layout
+    from trainplan.model.training import TrainingSpec
 
     text = launch.accelerate_config(MODEL_PRESETS["debug"], ClusterSpec(nodes=1, gpus_per_node=2, gpu="h100-sxm-80gb"),
                                     TrainingSpec(seq_len=32, global_batch=8), Layout(dp=2, sharding="zero3",

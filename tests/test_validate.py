@@ -80,7 +80,7 @@ def test_500w_peak_is_the_middle_of_the_stated_bracket():
 
 
 def test_h100_peak_outside_the_stated_bracket_is_refused():
-    from trainplan.model.specs import ConfigError
+    from trainplan.model.base import ConfigError
 
     with pytest.raises(ConfigError, match="h100_peak_tflops.*835"):
         validate_all(h100_peak_flops=700e12)

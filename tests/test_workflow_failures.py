@@ -20,7 +20,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent / "slurm"))
 from workflow_copy import copy_workflow, planned_jobs, snakemake  # noqa: E402
 
-from trainplan.model.specs import Layout, ModelSpec  # noqa: E402
+from trainplan.model.arch import ModelSpec
+from trainplan.model.layout import Layout
 from trainplan.provenance import read_sidecar  # noqa: E402
 from trainplan.proxy import predict  # noqa: E402
 from trainplan.proxy.schema import normalize_run_spec, validate_record  # noqa: E402

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, NoReturn
 
-from trainplan.model.specs import ConfigError
+from trainplan.model.base import ConfigError
 
 __all__ = ["main"]
 
@@ -108,15 +108,10 @@ def _arch_model(make: Any) -> Any:
 
 def _build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     from trainplan.config import seq_len_notes
-    from trainplan.model.specs import (
-        ClusterSpec,
-        Layout,
-        ModelSpec,
-        TrainingSpec,
-        check_layout,
-        resolve_gpu,
-        resolve_model,
-    )
+    from trainplan.model.arch import ModelSpec, resolve_model
+    from trainplan.model.hardware import ClusterSpec, resolve_gpu
+    from trainplan.model.layout import Layout, check_layout
+    from trainplan.model.training import TrainingSpec
 
     for key, hi in INT_FLAGS.items():
         v = getattr(args, key)

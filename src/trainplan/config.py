@@ -4,7 +4,7 @@
 ``snakemake --configfile variant.yaml`` layers a variant on ``config/config.yaml``) or a dict (what the
 Snakefile passes). It validates against the package's ``config.schema.yaml`` (filling its defaults), builds the
 specs, and checks a pinned layout against model and cluster. Any problem raises
-:class:`~trainplan.model.specs.ConfigError` naming the key, the value and what is valid — before any job runs.
+:class:`~trainplan.model.base.ConfigError` naming the key, the value and what is valid — before any job runs.
 
 Human units in the file (GB/s, µs, GB), SI inside (``*_Bps``, ``*_s``, ``*_bytes``).
 This module imports neither torch nor snakemake.
@@ -26,18 +26,12 @@ import yaml
 
 from trainplan import pkgdata
 from trainplan.io import InputFileError, check_depth, read_text_checked
+from trainplan.model.arch import ModelSpec, resolve_model
+from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
-from trainplan.model.specs import (
-    ClusterSpec,
-    ConfigError,
-    Layout,
-    ModelSpec,
-    TrainingSpec,
-    check_layout,
-    check_precision,
-    resolve_gpu,
-    resolve_model,
-)
+from trainplan.model.hardware import ClusterSpec, resolve_gpu
+from trainplan.model.layout import Layout, check_layout, check_precision
+from trainplan.model.training import TrainingSpec
 
 
 def schema_path() -> Path:

@@ -49,8 +49,9 @@ from typing import Any
 
 import numpy as np
 
+from trainplan.model.arch import resolve_model
+from trainplan.model.base import ConfigError
 from trainplan.model.flops import model_flops_per_token
-from trainplan.model.specs import ConfigError, resolve_model
 
 EXIT_PREEMPTED = 0  # a clean stop on a signal: the checkpoint is written, the sbatch script requeues
 ENV_PREFIX = "TRAINPLAN_"

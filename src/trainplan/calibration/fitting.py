@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from trainplan.model.specs import ConfigError
+from trainplan.model.base import ConfigError
 
 Model = Callable[..., Any]  # fn(x, *params) -> y (numpy broadcasting)
 

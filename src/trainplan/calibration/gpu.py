@@ -27,9 +27,13 @@ import numpy as np
 import pandas as pd
 
 from trainplan.calibration.fitting import FitResult, fit_curve, fit_efficiency
+from trainplan.model.arch import ModelSpec
+from trainplan.model.base import ConfigError
+from trainplan.model.hardware import GPUS, ClusterSpec
+from trainplan.model.layout import Layout
 from trainplan.model.memory import memory_breakdown
-from trainplan.model.specs import GPUS, ClusterSpec, ConfigError, Layout, ModelSpec, TrainingSpec
 from trainplan.model.timing import step_time
+from trainplan.model.training import TrainingSpec
 from trainplan.proxy.aggregate import aggregate, parity_columns
 
 TIME_PARAMS = ("gemm_eff_max", "attn_eff", "membound_eff")  # identified by 1-GPU depth/width runs

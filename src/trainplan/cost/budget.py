@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from trainplan.model.specs import ConfigError
+from trainplan.model.base import ConfigError
 
 HOUR = 3600.0
 DAY = 24 * HOUR

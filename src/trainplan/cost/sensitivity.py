@@ -19,8 +19,8 @@ from typing import Any
 import pandas as pd
 
 from trainplan.cost import budget as C
+from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import generation_fits
-from trainplan.model.specs import ConfigError
 from trainplan.search.layouts import search
 
 TORNADO_COLUMNS = ("assumption", "base", "low", "high", "cost_base", "cost_low", "cost_high", "swing_usd",

@@ -1,6 +1,6 @@
 """Launch artifacts for the production run, generated from the chosen layout.
 
-From a :class:`~trainplan.model.specs.Layout` (plus model, cluster and training specs) this writes, under one
+From a :class:`~trainplan.model.layout.Layout` (plus model, cluster and training specs) this writes, under one
 output directory:
 
 * ``sbatch_{nodes}x{gpus}.sh`` -- the Slurm batch script. It runs **one** existing trainer, the one
@@ -52,7 +52,11 @@ from trainplan.launch.trainers import (
     torchtitan_settings,
     total_steps,
 )
-from trainplan.model.specs import ClusterSpec, ConfigError, Layout, ModelSpec, TrainingSpec, grad_accum
+from trainplan.model.arch import ModelSpec
+from trainplan.model.base import ConfigError
+from trainplan.model.hardware import ClusterSpec
+from trainplan.model.layout import Layout, grad_accum
+from trainplan.model.training import TrainingSpec
 from trainplan.provenance import study_hash
 
 __all__ = ["Artifact", "DEEPSPEED_DOCUMENTED_KEYS", "accelerate_config", "bash_syntax_check",

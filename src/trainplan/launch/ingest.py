@@ -32,8 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from trainplan.io import write_json
+from trainplan.model.arch import ModelSpec, resolve_model
+from trainplan.model.base import ConfigError
 from trainplan.model.flops import model_train_step_flops
-from trainplan.model.specs import ConfigError, Layout, ModelSpec, resolve_model
+from trainplan.model.layout import Layout
 from trainplan.proxy.schema import validate_record
 
 __all__ = ["check_resume", "main", "parse_torchtitan_log", "read_step_log", "record_from_log"]

@@ -29,9 +29,13 @@ from typing import Any
 
 from trainplan.io import read_json, write_json
 from trainplan.launch.artifacts import load_inputs
+from trainplan.model.arch import ModelSpec, resolve_model
+from trainplan.model.base import ConfigError
+from trainplan.model.hardware import ClusterSpec
+from trainplan.model.layout import Layout
 from trainplan.model.memory import memory_breakdown
-from trainplan.model.specs import ClusterSpec, ConfigError, Layout, ModelSpec, TrainingSpec, resolve_model
 from trainplan.model.timing import step_time
+from trainplan.model.training import TrainingSpec
 from trainplan.proxy.record import predicted_state_terms
 from trainplan.report.memo import memory_fallback
 

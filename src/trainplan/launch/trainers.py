@@ -27,7 +27,10 @@ import pprint
 from collections.abc import Mapping
 from typing import Any
 
-from trainplan.model.specs import ClusterSpec, Layout, ModelSpec, TrainingSpec, grad_accum
+from trainplan.model.arch import ModelSpec
+from trainplan.model.hardware import ClusterSpec
+from trainplan.model.layout import Layout, grad_accum
+from trainplan.model.training import TrainingSpec
 from trainplan.train_entry import checkpoint_interval_s_from_cost
 
 __all__ = ["TORCHTITAN_VERSION", "TORCHTITAN_MODULE", "TORCHTITAN_CONFIG_FN", "checkpoint_interval_steps",

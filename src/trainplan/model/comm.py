@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from trainplan.model.efficiency import Efficiency
-from trainplan.model.specs import ClusterSpec
+from trainplan.model.hardware import ClusterSpec
 
 __all__ = [
     "all_gather_s", "all_reduce_s", "all_to_all_s", "group_link", "p2p_s", "reduce_scatter_s",

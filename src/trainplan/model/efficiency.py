@@ -14,7 +14,7 @@ from functools import cache
 from importlib import resources
 from typing import Any, ClassVar
 
-from trainplan.model.specs import ConfigError, GiB
+from trainplan.model.base import ConfigError, GiB
 
 __all__ = ["Efficiency", "generation_fits", "FITS_FILE"]
 

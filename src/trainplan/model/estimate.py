@@ -6,8 +6,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainplan.model import flops, memory, timing
+from trainplan.model.arch import ModelSpec
+from trainplan.model.base import GiB
 from trainplan.model.efficiency import Efficiency
-from trainplan.model.specs import ClusterSpec, GiB, Layout, ModelSpec, TrainingSpec, layout_problems
+from trainplan.model.hardware import ClusterSpec
+from trainplan.model.layout import Layout, layout_problems
+from trainplan.model.training import TrainingSpec
 
 __all__ = ["Estimate", "estimate", "MEMORY_KEYS", "DEFAULT_MAX_MEM_FRAC"]
 

@@ -15,12 +15,14 @@ Conventions (stated in the memo; see docs/analytic-model.md):
 * **Hardware FLOPs** add what activation recompute runs again (full: one more forward of the blocks;
   selective: the attention core ``QKᵀ`` and ``PV``), as Korthikanti 2022 (arXiv 2205.05198) defines HFU.
 
-Pure functions of a :class:`~trainplan.model.specs.ModelSpec`; no torch, no numpy needed.
+Pure functions of a :class:`~trainplan.model.arch.ModelSpec`; no torch, no numpy needed.
 """
 
 from __future__ import annotations
 
-from trainplan.model.specs import ConfigError, ModelSpec, TrainingSpec
+from trainplan.model.arch import ModelSpec
+from trainplan.model.base import ConfigError
+from trainplan.model.training import TrainingSpec
 
 ATTN_FLOP_MODES = ("full", "causal", "none")
 RECOMPUTES = ("none", "selective", "full")

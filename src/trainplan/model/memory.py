@@ -1,7 +1,7 @@
 """Per-GPU memory: one pure function per term, each citing its formula (derivations: docs/analytic-model.md).
 
 Every layout-dependent function is written with numpy broadcasting, so ``layout`` may be one
-:class:`~trainplan.model.specs.Layout` (results are Python floats) or a :class:`~trainplan.model.specs.LayoutTable`
+:class:`~trainplan.model.layout.Layout` (results are Python floats) or a :class:`~trainplan.model.layout.LayoutTable`
 (results are arrays, one entry per row). Bytes everywhere. The analytic core: no torch.
 
 :func:`memory_breakdown` returns the terms of the peak rank: the first pipeline stage (most micro-batches
@@ -14,7 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from trainplan.model.specs import ConfigError, GiB, GPUSpec, ModelSpec, TrainingSpec, grad_accum, shard_degree
+from trainplan.model.arch import ModelSpec
+from trainplan.model.base import ConfigError, GiB
+from trainplan.model.hardware import GPUSpec
+from trainplan.model.layout import grad_accum, shard_degree
+from trainplan.model.training import TrainingSpec
 
 MiB = 1024**2
 TERMS = ("weights", "gradients", "optimizer", "activations", "logits", "buffers", "overhead", "total")
@@ -247,7 +251,7 @@ def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch
     TP divides heads, ``kv_dim`` (over ``min(tp, kv_heads)``) and ``f``; SP also divides the norm and
     linear-input parts (Korthikanti 2022 §4.2.2); ``sp_impl='pytorch'`` (DTensor) keeps the all-gathered
     QKV and MLP-in inputs instead (``+2h(1−1/tp)``). ``recompute='full'`` keeps only the layer input ``h``;
-    ``'selective'`` keeps what ``sac_policy`` says (:data:`~trainplan.model.specs.SAC_POLICIES`; §3.2).
+    ``'selective'`` keeps what ``sac_policy`` says (:data:`~trainplan.model.training.SAC_POLICIES`; §3.2).
     LoRA (``lora_rank > 0``): frozen linears keep no input (no weight gradient), each adapter keeps its
     input and its rank-``r`` intermediate, SwiGLU's down input is kept only if ``down`` is adapted.
     The proxy harness compares this with ``saved_tensors_hooks`` (unique storages, parameters excluded).

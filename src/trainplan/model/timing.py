@@ -1,7 +1,7 @@
 """Time per optimizer step: per-op roofline compute, exposed communication, bubble, optimizer, offload.
 
 One pure function per term, each citing its formula; all broadcast over numpy arrays so ``layout`` may
-be a :class:`~trainplan.model.specs.Layout` or a :class:`~trainplan.model.specs.LayoutTable` (no Python branching
+be a :class:`~trainplan.model.layout.Layout` or a :class:`~trainplan.model.layout.LayoutTable` (no Python branching
 on layout fields). Times are per rank of the slowest pipeline stage (the last: it holds the logits).
 
 Conventions: T = micro_batch·seq_len/cp tokens per rank per micro-batch; GEMM backward = 2× forward
@@ -19,18 +19,12 @@ from typing import Any
 import numpy as np
 
 from trainplan.model import comm, flops
+from trainplan.model.arch import ModelSpec
 from trainplan.model.efficiency import Efficiency
+from trainplan.model.hardware import ClusterSpec
+from trainplan.model.layout import Layout, LayoutTable, check_precision, grad_accum, shard_degree
 from trainplan.model.memory import NF4_BYTES_PER_PARAM, layer_matmul_params_per_rank
-from trainplan.model.specs import (
-    ClusterSpec,
-    Layout,
-    LayoutTable,
-    ModelSpec,
-    TrainingSpec,
-    check_precision,
-    grad_accum,
-    shard_degree,
-)
+from trainplan.model.training import TrainingSpec
 
 __all__ = ["step_time", "gemm_eff", "TIMING_KEYS"]
 

@@ -24,18 +24,14 @@ import pandas as pd
 from trainplan import pkgdata
 from trainplan.calibration.fitting import fit_efficiency
 from trainplan.io import write_csv
+from trainplan.model.arch import ModelSpec, resolve_model
+from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
+from trainplan.model.hardware import ClusterSpec, resolve_gpu
+from trainplan.model.layout import Layout
 from trainplan.model.memory import memory_breakdown
-from trainplan.model.specs import (
-    ClusterSpec,
-    ConfigError,
-    Layout,
-    ModelSpec,
-    TrainingSpec,
-    resolve_gpu,
-    resolve_model,
-)
 from trainplan.model.timing import step_time
+from trainplan.model.training import TrainingSpec
 from trainplan.published.validate import (
     comparable_runs,
     error_pool,

@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from trainplan.io import read_json_checked, write_json
-from trainplan.model.specs import ConfigError
+from trainplan.model.base import ConfigError
 from trainplan.proxy.fakemem import fakemem, format_fakemem
 from trainplan.proxy.schema import normalize_run_spec
 from trainplan.proxy.torchrun import launch

@@ -13,8 +13,12 @@ import time
 from typing import Any
 
 from trainplan.model import memory
+from trainplan.model.arch import resolve_model
+from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
-from trainplan.model.specs import ClusterSpec, ConfigError, Layout, TrainingSpec, resolve_model
+from trainplan.model.hardware import ClusterSpec
+from trainplan.model.layout import Layout
+from trainplan.model.training import TrainingSpec
 from trainplan.proxy.model import Transformer
 from trainplan.proxy.parallelize import apply_ac, apply_fsdp
 

@@ -12,7 +12,9 @@ import math
 import torch
 from torch import nn
 
-from trainplan.model.specs import LORA_TARGETS, ConfigError, ModelSpec
+from trainplan.model.arch import ModelSpec
+from trainplan.model.base import ConfigError
+from trainplan.model.training import LORA_TARGETS
 
 # LoRA target name → attribute path inside a TransformerBlock
 TARGET_PATHS = {"q": "attention.wq", "k": "attention.wk", "v": "attention.wv", "o": "attention.wo",

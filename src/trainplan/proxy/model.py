@@ -1,4 +1,4 @@
-"""A Llama-architecture decoder sized from a :class:`~trainplan.model.specs.ModelSpec`.
+"""A Llama-architecture decoder sized from a :class:`~trainplan.model.arch.ModelSpec`.
 
 RMSNorm (or LayerNorm), RoPE (or learned positions), grouped-query attention through
 ``F.scaled_dot_product_attention(is_causal=True)``, SwiGLU (or GELU) MLP, tied or untied embeddings.
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainplan.model.specs import ModelSpec
+from trainplan.model.arch import ModelSpec
 
 ROPE_THETA = 10000.0  # Llama 2 (Touvron et al. 2023); Llama 3 uses 500000 — irrelevant to cost
 

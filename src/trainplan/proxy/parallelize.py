@@ -1,4 +1,4 @@
-"""Apply a :class:`~trainplan.model.specs.Layout` to the proxy model, torchtitan style.
+"""Apply a :class:`~trainplan.model.layout.Layout` to the proxy model, torchtitan style.
 
 One :func:`parallelize` calls one ``apply_*`` per technique in a fixed order — the order matters:
 
@@ -21,7 +21,8 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from trainplan.model.specs import ConfigError, Layout
+from trainplan.model.base import ConfigError
+from trainplan.model.layout import Layout
 
 
 def mesh_dims(layout: Layout) -> dict[str, int]:

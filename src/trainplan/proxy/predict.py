@@ -11,8 +11,11 @@ from dataclasses import replace
 from typing import Any
 
 from trainplan.model import flops, memory
+from trainplan.model.arch import ModelSpec
 from trainplan.model.efficiency import Efficiency
-from trainplan.model.specs import ClusterSpec, Layout, ModelSpec, TrainingSpec, shard_degree
+from trainplan.model.hardware import ClusterSpec
+from trainplan.model.layout import Layout, shard_degree
+from trainplan.model.training import TrainingSpec
 
 ADAM_STATES = 2  # exp_avg, exp_avg_sq (Kingma & Ba 2015); ZeRO's "12Ψ" = fp32 master + these two
 

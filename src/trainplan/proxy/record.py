@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainplan.model.specs import Layout, ModelSpec
+from trainplan.model.arch import ModelSpec
+from trainplan.model.layout import Layout
 from trainplan.proxy import predict
 from trainplan.proxy.schema import validate_record
 

@@ -27,7 +27,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainplan.io import read_json, write_json
-from trainplan.model.specs import Layout, ModelSpec, TrainingSpec, grad_accum
+from trainplan.model.arch import ModelSpec
+from trainplan.model.layout import Layout, grad_accum
+from trainplan.model.training import TrainingSpec
 from trainplan.proxy import measure, predict
 from trainplan.proxy.lora import apply_lora, lora_trainable_params
 from trainplan.proxy.model import build_model, n_params

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainplan.model.specs import ConfigError, Layout, ModelSpec, resolve_model
+from trainplan.model.arch import ModelSpec, resolve_model
+from trainplan.model.base import ConfigError
+from trainplan.model.layout import Layout
 
 FAMILIES = ("depth", "width", "scaleout", "layout", "preflight")
 RUN_DEFAULTS: dict[str, Any] = {

@@ -22,7 +22,10 @@ from typing import Any
 
 import pandas as pd
 
-from trainplan.model.specs import ConfigError, Layout, ModelSpec, TrainingSpec
+from trainplan.model.arch import ModelSpec
+from trainplan.model.base import ConfigError
+from trainplan.model.layout import Layout
+from trainplan.model.training import TrainingSpec
 
 CPU_VOCAB = 256
 CPU_HEAD_DIM = 16

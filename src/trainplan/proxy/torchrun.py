@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from trainplan.io import read_json, write_json
-from trainplan.model.specs import ConfigError
+from trainplan.model.base import ConfigError
 from trainplan.proxy.record import assemble_record
 from trainplan.proxy.run import main
 

@@ -17,19 +17,12 @@ import numpy as np
 import pandas as pd
 
 from trainplan.model import flops, memory, timing
+from trainplan.model.arch import ModelSpec, resolve_model
+from trainplan.model.base import ConfigError, GiB
 from trainplan.model.efficiency import Efficiency, generation_fits
-from trainplan.model.specs import (
-    ClusterSpec,
-    ConfigError,
-    GiB,
-    GPUSpec,
-    Layout,
-    ModelSpec,
-    TrainingSpec,
-    layout_problems,
-    resolve_gpu,
-    resolve_model,
-)
+from trainplan.model.hardware import ClusterSpec, GPUSpec, resolve_gpu
+from trainplan.model.layout import Layout, layout_problems
+from trainplan.model.training import TrainingSpec
 
 __all__ = ["validate_all", "family_bias", "fp8_speedups", "comparable_runs", "interval_coverage", "interval_bounds", "error_pool", "predictive_error_draws", "heldout_rows", "fit_generation", "write_fits", "GEN_FIT", "mape_table", "load_table", "fit_defaults", "TABLES", "FIT_TABLES", "FIT_PARAMS"]
 

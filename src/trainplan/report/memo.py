@@ -21,7 +21,7 @@ import pandas as pd
 
 from trainplan import pkgdata
 from trainplan.io import read_json, write_bytes
-from trainplan.model.specs import Layout
+from trainplan.model.layout import Layout
 from trainplan.provenance import sidecar_path
 from trainplan.report.figures import parity_table, representative_layouts
 from trainplan.report.labels import memo_labels as report_labels  # noqa: F401 (re-exported)

@@ -16,23 +16,22 @@ import numpy as np
 import pandas as pd
 
 from trainplan.model import memory, timing
+from trainplan.model.arch import ModelSpec
+from trainplan.model.base import ConfigError, GiB
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.estimate import DEFAULT_MAX_MEM_FRAC, MEMORY_KEYS
-from trainplan.model.specs import (
+from trainplan.model.hardware import ClusterSpec
+from trainplan.model.layout import (
     CP_KINDS,
     OFFLOADS,
     PP_SCHEDULES,
     RECOMPUTES,
     SHARDINGS,
-    ClusterSpec,
-    ConfigError,
-    GiB,
     Layout,
     LayoutTable,
-    ModelSpec,
-    TrainingSpec,
     grad_accum,
 )
+from trainplan.model.training import TrainingSpec
 
 __all__ = ["row_layout", "search", "enumerate_layouts", "family_verdicts", "technique_verdicts", "structural_reasons", "OPTION_KEYS"]
 

@@ -8,7 +8,7 @@ from typing import Any
 from trainplan.io import write_csv, write_json
 from trainplan.model.estimate import estimate
 from trainplan.model.flops import train_flops_per_token
-from trainplan.model.specs import Layout
+from trainplan.model.layout import Layout
 from trainplan.search.layouts import family_verdicts, fp8_technique_rows, search, technique_verdicts
 from trainplan.stages.common import (
     sidecars,

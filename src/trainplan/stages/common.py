@@ -21,7 +21,9 @@ import pandas as pd
 
 from trainplan.config import build_cluster, build_efficiency
 from trainplan.io import read_json
-from trainplan.model.specs import Layout, TrainingSpec, resolve_model
+from trainplan.model.arch import resolve_model
+from trainplan.model.layout import Layout
+from trainplan.model.training import TrainingSpec
 from trainplan.provenance import file_sha256, sidecar_path, write_sidecar
 
 log = logging.getLogger("trainplan.stages")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from trainplan.io import read_json
 from trainplan.launch.artifacts import write_artifacts
-from trainplan.model.specs import Layout
+from trainplan.model.layout import Layout
 from trainplan.provenance import study_hash, write_sidecar
 from trainplan.stages.common import (
     files_of,

@@ -1,0 +1,403 @@
+"""The model architecture: :class:`ModelSpec`, the presets (from the models' published ``config.json``), and
+reading a Hugging Face ``config.json`` (dense decoder-only families; anything else is refused by name)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from trainplan.io import InputFileError, read_json_checked
+from trainplan.model.base import ConfigError, one_of
+
+# --------------------------------------------------------------------------------------------- model
+MLP_KINDS = ("swiglu", "gelu")  # swiglu = any gated 3-matrix MLP (SwiGLU, GeGLU); gelu = 2-matrix (GPT)
+NORM_KINDS = ("rmsnorm", "layernorm")
+POS_KINDS = ("rope", "learned", "alibi")  # only "learned" has parameters (a max_seq_len × hidden table)
+BIAS_KINDS = ("none", "qkv", "all")
+# Upper bounds of the architecture fields: far above any published dense model, low enough that every
+# product the analytic model forms stays exact in int64/float64 (no overflow, no OverflowError).
+MODEL_LIMITS = {"layers": 4096, "hidden": 2**18, "heads": 4096, "kv_heads": 4096, "ffn_hidden": 2**21,
+                "vocab": 2**24, "max_seq_len": 2**31, "head_dim_override": 4096, "norms_per_layer": 8,
+                "sliding_window": 2**31}
+
+
+def bounded_int(obj: object, name: str, lo: int, hi: int) -> None:
+    v = getattr(obj, name)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ConfigError(name, v, f"must be an integer in {lo}..{hi}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A dense decoder-only transformer.
+
+    ``mlp='swiglu'`` is any gated MLP (Llama/Mistral/Qwen SwiGLU, Gemma GeGLU: three h×f matrices); ``'gelu'``
+    is the 2-matrix GPT/NeoX/MPT MLP. ``head_dim_override`` is the per-head width when it is not
+    ``hidden/heads`` (Gemma: 3072/16 = 192 but head_dim 256; Qwen3-0.6B: 1024/16 = 64 but 128), so the q/o
+    projections are ``hidden × heads·head_dim``. ``norms_per_layer`` counts the block's norms (2; Gemma 2/3
+    sandwich norms: 4); ``qk_norm`` adds a per-head norm on q and k (Qwen3, Gemma 3). ``sliding_window`` is
+    set only when *every* layer attends within that window (Mistral v0.1): the planner models full causal
+    attention, so a sequence above the window is refused (config/CLI), at or below it the two are equal.
+    """
+
+    name: str = "custom"
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int | None = None  # None → heads (multi-head attention)
+    ffn_hidden: int | None = None  # None → 4·hidden (gelu) or Llama's rounding of 8/3·hidden (swiglu)
+    vocab: int
+    mlp: str = "swiglu"
+    tied_embeddings: bool = False
+    norm: str = "rmsnorm"
+    pos_embedding: str = "rope"
+    bias: str = "none"
+    max_seq_len: int = 4096
+    head_dim_override: int | None = None  # None → hidden // heads
+    qk_norm: bool = False
+    norms_per_layer: int = 2
+    sliding_window: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ConfigError("name", self.name, "must be a string")
+        for k in ("layers", "hidden", "heads", "vocab", "max_seq_len", "norms_per_layer"):
+            bounded_int(self, k, 1, MODEL_LIMITS[k])
+        one_of(self, "mlp", MLP_KINDS)
+        one_of(self, "norm", NORM_KINDS)
+        one_of(self, "pos_embedding", POS_KINDS)
+        one_of(self, "bias", BIAS_KINDS)
+        for k in ("tied_embeddings", "qk_norm"):
+            if not isinstance(getattr(self, k), bool):
+                raise ConfigError(k, getattr(self, k), "must be true or false")
+        for k in ("head_dim_override", "sliding_window"):
+            if getattr(self, k) is not None:
+                bounded_int(self, k, 1, MODEL_LIMITS[k])
+        hd = self.head_dim_override
+        if hd is not None and self.hidden % self.heads == 0 and hd == self.hidden // self.heads:
+            object.__setattr__(self, "head_dim_override", None)  # the default spelled out: one canonical spec
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.ffn_hidden is None:
+            if self.mlp == "gelu":
+                ffn = 4 * self.hidden
+            else:  # Llama: 2/3 of 4h, rounded up to a multiple of 256
+                ffn = 256 * -(-int(8 * self.hidden / 3) // 256)
+            object.__setattr__(self, "ffn_hidden", ffn)
+        bounded_int(self, "kv_heads", 1, MODEL_LIMITS["kv_heads"])
+        bounded_int(self, "ffn_hidden", 1, MODEL_LIMITS["ffn_hidden"])
+        if self.head_dim_override is None and self.hidden % self.heads:
+            raise ConfigError("hidden", self.hidden, f"must be divisible by heads={self.heads} (or give head_dim)")
+        if self.heads % self.kv_heads:
+            raise ConfigError("kv_heads", self.kv_heads, f"must divide heads={self.heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.head_dim_override or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the q projection's output and the o projection's input: heads · head_dim."""
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    # Parameter counts: exact, checked against the proxy model's nn.Module and published counts in tests.
+    @property
+    def n_params_per_layer(self) -> int:
+        h, f, q, kv = self.hidden, self.ffn_hidden, self.q_dim, self.kv_dim
+        attn = h * q + 2 * h * kv + q * h  # q, k, v, o
+        mlp = (3 if self.mlp == "swiglu" else 2) * h * f
+        per_norm = 2 if self.norm == "layernorm" else 1  # weight (+ bias)
+        norms = self.norms_per_layer * h * per_norm + (2 * self.head_dim * per_norm if self.qk_norm else 0)
+        if self.bias == "qkv":
+            attn += q + 2 * kv
+        elif self.bias == "all":
+            attn += q + 2 * kv + h
+            mlp += (2 if self.mlp == "swiglu" else 1) * f + h
+        return attn + mlp + norms
+
+    @property
+    def n_params_embedding(self) -> int:
+        """Input embedding (+ learned positions) and, if untied, the output projection."""
+        emb = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        if self.pos_embedding == "learned":
+            emb += self.max_seq_len * self.hidden
+        return emb
+
+    @property
+    def n_params_final_norm(self) -> int:
+        return self.hidden * (2 if self.norm == "layernorm" else 1)
+
+    @property
+    def n_params(self) -> int:
+        return self.layers * self.n_params_per_layer + self.n_params_embedding + self.n_params_final_norm
+
+    @property
+    def n_params_nonembedding(self) -> int:
+        return self.n_params - self.n_params_embedding
+
+    def with_layers(self, layers: int) -> ModelSpec:
+        """The depth slice: same widths, fewer (or more) layers."""
+        return replace(self, layers=layers, name=f"{self.name}-L{layers}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelSpec:
+        d = _model_aliases(d)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known, key=str)
+        if unknown:
+            raise ConfigError("model." + str(unknown[0]), d[unknown[0]],
+                              "unknown key; valid: " + ", ".join(sorted(known | {"head_dim"})))
+        missing = [f.name for f in fields(cls) if f.name not in d and f.default is f.default_factory]
+        if missing:
+            raise ConfigError("model." + missing[0], None, "required (layers, hidden, heads and vocab)")
+        return cls(**d)
+
+
+def _model_aliases(d: dict) -> dict:
+    """``head_dim`` (the Hugging Face name) is stored as ``head_dim_override``."""
+    if "head_dim" in d:
+        d = dict(d)
+        if "head_dim_override" in d:
+            raise ConfigError("model.head_dim", d["head_dim"], "give head_dim or head_dim_override, not both")
+        d["head_dim_override"] = d.pop("head_dim")
+    return d
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, seq: int,
+           tied: bool = False) -> ModelSpec:
+    return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv, ffn_hidden=ffn,
+                     vocab=vocab, mlp="swiglu", tied_embeddings=tied, max_seq_len=seq)
+
+
+# Sources: the models' Hugging Face config.json files (meta-llama/*); debug presets are ours.
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in [
+        _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+        _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+        _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+        _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+        _llama("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256, 131072),
+        _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+        _llama("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256, 131072),
+        _llama("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256, 131072),
+        # Tiny models that run end to end on a CPU in CI (torchtitan's debugmodel idea).
+        _llama("debug", 2, 64, 4, 2, 176, 256, 128),
+        _llama("debug-wide", 2, 128, 8, 4, 352, 256, 128),
+    ]
+}
+
+# ------------------------------------------------------------------------ Hugging Face config.json
+MAX_HF_CONFIG_BYTES = 4 * 1024**2  # published config.json files are a few KB
+HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gpt2", "gpt_neox",
+                  "mpt")
+_DENSE = ("trainplan plans dense decoder-only models (model_type " + ", ".join(HF_MODEL_TYPES) + ")")
+# Keys whose presence means an architecture the planner does not model; checked before model_type.
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
+_MULTIMODAL_KEYS = ("vision_config", "text_config", "audio_config", "vision_tower", "mm_vision_tower")
+_MISSING = object()
+
+
+class _HF:
+    """Typed access to one config.json: every error names the file and the field."""
+
+    def __init__(self, cfg: dict, where: str, mt: str):
+        self.cfg, self.where, self.mt = cfg, where, mt
+
+    def err(self, key: str, value: Any, valid: str) -> ConfigError:
+        return ConfigError(f"{self.where}:{key}", value, valid)
+
+    def int(self, *keys: str, default: Any = _MISSING, hi: int = 2**31, nullable: bool = False) -> Any:
+        for k in keys:
+            if k in self.cfg:
+                v = self.cfg[k]
+                if v is None and (nullable or default is not _MISSING):
+                    return default if not nullable else None
+                if isinstance(v, float) and v.is_integer() and abs(v) <= hi:
+                    v = int(v)  # 4096.0 is 4096 (as transformers would read it)
+                if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+                    raise self.err(k, v, f"must be an integer in 1..{hi}")
+                return v
+        if default is _MISSING:
+            raise self.err(keys[0], None, f"missing; a {self.mt} config.json needs it")
+        return default
+
+    def bool(self, key: str, default: bool) -> bool:
+        v = self.cfg.get(key, default)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise self.err(key, v, "must be true or false")
+        return v
+
+
+def _hf_refusals(cfg: dict, where: str) -> None:
+    """Refuse what the planner does not model, naming the field (before model_type is even looked at)."""
+    if cfg.get("is_encoder_decoder"):
+        raise ConfigError(f"{where}:is_encoder_decoder", cfg["is_encoder_decoder"],
+                          f"encoder-decoder models are not modelled; {_DENSE}")
+    for k in _MOE_KEYS:
+        v = cfg.get(k)
+        if v is not None and not (isinstance(v, int | float) and not isinstance(v, bool) and v <= 1):
+            raise ConfigError(f"{where}:{k}", v, f"mixture-of-experts is not modelled (MoE planning is not "
+                                                 f"supported); {_DENSE}")
+    for k in _MULTIMODAL_KEYS:
+        if cfg.get(k) is not None:
+            raise ConfigError(f"{where}:{k}", "{...}" if isinstance(cfg[k], dict) else cfg[k],
+                              "multimodal models are not modelled (the vision/audio tower is not planned); "
+                              f"give the language model's own config.json; {_DENSE}")
+
+
+def _hf_bias(hf: _HF, *, qkv_default: bool = False) -> str:
+    """Llama-style ``attention_bias`` (q, k, v and o) and ``mlp_bias`` → a BIAS_KINDS value."""
+    attn, mlp = hf.bool("attention_bias", False), hf.bool("mlp_bias", False)
+    if attn and mlp:
+        return "all"
+    if attn or mlp:
+        key = "attention_bias" if attn else "mlp_bias"
+        raise hf.err(key, True, "biases on only the attention (q, k, v, o) or only the MLP are not modelled; "
+                                "modelled: none, q/k/v only (Qwen2), or every linear layer (attention_bias "
+                                "and mlp_bias both true)")
+    return "qkv" if qkv_default else "none"
+
+
+_HF_FIELDS = {  # ModelSpec field → the config.json key it is read from, per family (errors name the key)
+    "llama": {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+              "kv_heads": "num_key_value_heads", "ffn_hidden": "intermediate_size", "vocab": "vocab_size",
+              "head_dim_override": "head_dim", "max_seq_len": "max_position_embeddings",
+              "sliding_window": "sliding_window"},
+    "gpt2": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "kv_heads": "n_head", "ffn_hidden": "n_inner",
+             "vocab": "vocab_size", "max_seq_len": "n_positions"},
+    "mpt": {"layers": "n_layers", "hidden": "d_model", "heads": "n_heads", "kv_heads": "n_heads",
+            "ffn_hidden": "expansion_ratio", "vocab": "vocab_size", "max_seq_len": "max_seq_len"},
+}
+
+
+def _hf_spec(kw: dict, where: str, mt: str) -> ModelSpec:
+    """ModelSpec(**kw); a cross-field error (hidden not divisible by heads, ...) names the config.json key."""
+    try:
+        return ModelSpec(**kw)
+    except ConfigError as e:
+        keys = _HF_FIELDS.get(mt, _HF_FIELDS["llama"])
+        raise ConfigError(f"{where}:{keys.get(e.key, e.key)}", e.value, e.valid) from None
+
+
+def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None = None) -> ModelSpec:
+    """A ModelSpec from the fields of a Hugging Face ``config.json``.
+
+    Every field of the dense families is read with transformers' default when absent (Llama 2/3.x, Mistral,
+    Qwen2/3, Gemma 1/2/3, GPT-2, GPT-NeoX, MPT). Mixture-of-experts, encoder-decoder, multimodal and unknown
+    ``model_type`` configs are refused with one ConfigError naming the field.
+    """
+    if not isinstance(cfg, dict):
+        raise ConfigError(where, type(cfg).__name__, "config.json must hold a JSON object")
+    _hf_refusals(cfg, where)
+    mt = cfg.get("model_type", _MISSING)
+    if mt is _MISSING:
+        raise ConfigError(f"{where}:model_type", None, "missing; one of " + ", ".join(HF_MODEL_TYPES))
+    if mt not in HF_MODEL_TYPES:
+        raise ConfigError(f"{where}:model_type", mt if isinstance(mt, str) else type(mt).__name__,
+                          "not supported; " + _DENSE)
+    hf = _HF(cfg, where, mt)
+    raw_name = name if name is not None else cfg.get("_name_or_path")
+    nm = "".join(c if c.isprintable() else "?" for c in str(raw_name or "hf-model"))[:80] or "hf-model"
+    kw: dict[str, Any] = {"name": nm}
+    lim = MODEL_LIMITS
+    if mt == "gpt2":  # GPT-2: learned positions, LayerNorm, biased Conv1D layers, 4h GELU MLP, tied head
+        h = hf.int("n_embd", hi=lim["hidden"])
+        kw |= dict(layers=hf.int("n_layer", hi=lim["layers"]), hidden=h, heads=hf.int("n_head", hi=lim["heads"]),
+                   ffn_hidden=hf.int("n_inner", default=4 * h, hi=lim["ffn_hidden"]),
+                   vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="gelu", norm="layernorm", bias="all",
+                   pos_embedding="learned", tied_embeddings=hf.bool("tie_word_embeddings", True),
+                   max_seq_len=hf.int("n_positions", "n_ctx", default=1024))
+        return _hf_spec(kw, where, mt)
+    if mt == "gpt_neox":
+        kw |= dict(layers=hf.int("num_hidden_layers", hi=lim["layers"]), hidden=hf.int("hidden_size", hi=lim["hidden"]),
+                   heads=hf.int("num_attention_heads", hi=lim["heads"]),
+                   ffn_hidden=hf.int("intermediate_size", hi=lim["ffn_hidden"]),
+                   vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="gelu", norm="layernorm", bias="all",
+                   tied_embeddings=hf.bool("tie_word_embeddings", False),
+                   max_seq_len=hf.int("max_position_embeddings", default=2048))
+        return _hf_spec(kw, where, mt)
+    if mt == "mpt":
+        d = hf.int("d_model", hi=lim["hidden"])
+        ratio = cfg.get("expansion_ratio", 4)
+        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio <= 64:
+            raise hf.err("expansion_ratio", ratio, "must be a number in (0, 64]")
+        kw |= dict(layers=hf.int("n_layers", hi=lim["layers"]), hidden=d, heads=hf.int("n_heads", hi=lim["heads"]),
+                   ffn_hidden=max(1, int(ratio * d)), vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="gelu",
+                   norm="layernorm", tied_embeddings=True, pos_embedding="alibi",
+                   max_seq_len=hf.int("max_seq_len", default=2048))
+        return _hf_spec(kw, where, mt)
+    # The Llama lineage: gated MLP, RMSNorm, RoPE. transformers' per-family defaults for absent fields.
+    gemma = mt.startswith("gemma")
+    layers, hidden = hf.int("num_hidden_layers", hi=lim["layers"]), hf.int("hidden_size", hi=lim["hidden"])
+    heads = hf.int("num_attention_heads", hi=lim["heads"])
+    kw |= dict(layers=layers, hidden=hidden, heads=heads, kv_heads=hf.int("num_key_value_heads", default=heads, hi=lim["kv_heads"]),
+               ffn_hidden=hf.int("intermediate_size", hi=lim["ffn_hidden"]),
+               vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="swiglu",
+               head_dim_override=hf.int("head_dim", default=256 if gemma else (128 if mt == "qwen3" else None),
+                                        hi=lim["head_dim_override"], nullable=not (gemma or mt == "qwen3")),
+               tied_embeddings=hf.bool("tie_word_embeddings", gemma),
+               bias=_hf_bias(hf, qkv_default=mt == "qwen2") if mt != "qwen2" else "qkv",
+               qk_norm=mt in ("qwen3", "gemma3_text"), norms_per_layer=4 if mt in ("gemma2", "gemma3_text") else 2,
+               max_seq_len=hf.int("max_position_embeddings", default={
+                   "llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768, "gemma": 8192,
+                   "gemma2": 8192, "gemma3_text": 131072}[mt]))
+    if mt == "mistral":  # every layer windowed (v0.1: 4096; v0.2+ null); transformers' default is 4096
+        kw["sliding_window"] = hf.int("sliding_window", default=4096, nullable="sliding_window" in cfg)
+    elif mt in ("qwen2", "qwen3") and hf.bool("use_sliding_window", False):
+        kw["sliding_window"] = hf.int("sliding_window", default=4096)
+    # gemma2 / gemma3_text interleave windowed and global layers: the global ones attend over the whole
+    # sequence, so full attention is modelled (an upper bound on the windowed layers' attention work).
+    return _hf_spec(kw, where, mt)
+
+
+def model_from_hf_config(path: str | Path) -> ModelSpec:
+    """A ModelSpec from a Hugging Face ``config.json`` file (see :func:`model_from_hf_dict`)."""
+
+    p = Path(path)
+    try:
+        cfg = read_json_checked(p, max_bytes=MAX_HF_CONFIG_BYTES)
+    except FileNotFoundError:
+        raise ConfigError("model", str(path), "no such file; give a preset name or a config.json path") from None
+    except InputFileError as e:
+        raise ConfigError("model", str(path), f"not a readable JSON config.json ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError("model", str(path), "config.json must hold a JSON object")
+    return model_from_hf_dict(cfg, where=p.name, name=cfg.get("_name_or_path") or p.parent.name or "hf-model")
+
+
+def resolve_model(ref: str | dict | ModelSpec) -> ModelSpec:
+    """A preset name, a path to config.json, a dict of fields, or a ModelSpec."""
+    if isinstance(ref, ModelSpec):
+        return ref
+    if isinstance(ref, dict):
+        if "preset" in ref:
+            base = resolve_model(ref["preset"])
+            over = _model_aliases({k: v for k, v in ref.items() if k != "preset"})
+            known = {f.name for f in fields(ModelSpec)}
+            unknown = sorted(set(over) - known, key=str)
+            if unknown:
+                raise ConfigError("model." + str(unknown[0]), over[unknown[0]],
+                                  "unknown key; valid: " + ", ".join(sorted(known | {"head_dim"})))
+            if "hidden" in over or "heads" in over:  # a new width: the preset's head_dim no longer applies
+                over.setdefault("head_dim_override", None)
+            return replace(base, **over)
+        return ModelSpec.from_dict(ref)
+    if isinstance(ref, str):
+        if ref in MODEL_PRESETS:
+            return MODEL_PRESETS[ref]
+        if "\0" not in ref and (ref.endswith(".json") or Path(ref).exists()):
+            p = Path(ref)
+            return model_from_hf_config(p / "config.json" if p.is_dir() else p)
+    shown = ref if isinstance(ref, str) and len(ref) <= 200 else (f"{ref[:200]}…" if isinstance(ref, str) else ref)
+    raise ConfigError("model", shown, "must be a preset (" + ", ".join(MODEL_PRESETS) + ") or a config.json path")

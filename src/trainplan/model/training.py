@@ -1,0 +1,86 @@
+"""What is trained and how: :class:`TrainingSpec` (sequence, batch, tokens, precision, optimizer, fine-tune kind,
+kernel class, attention implementation, selective-recompute policy, SP implementation)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainplan.model.base import ConfigError, one_of, positive_int, positive_num
+
+# ------------------------------------------------------------------------------------------ training
+FINETUNE_KINDS = ("full", "lora", "qlora")
+# fp8-*: bf16 mixed precision with the block linears' GEMMs in FP8 (torchao Float8Linear recipes "tensorwise" /
+# "rowwise", as torchtitan's float8 converter applies them; Transformer Engine's per-tensor delayed scaling is
+# tensorwise). Attention, norms, embeddings and the output projection stay bf16; weights and optimizer states
+# keep the bf16 mixed-precision layout.
+PRECISIONS = ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp32")
+FP8_RECIPES = {"fp8-tensorwise": "tensorwise", "fp8-rowwise": "rowwise"}
+OPTIMIZERS = ("adamw", "sgd")
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+# How the block's elementwise ops run (timing.py, docs/timing-model.md): "eager" = PyTorch eager ops
+# (torchtitan / HF transformers without torch.compile), "compiled" = torch.compile (Inductor fuses the
+# elementwise chains), "fused" = hand-fused kernels (Megatron-LM / Transformer Engine).
+KERNEL_KINDS = ("eager", "compiled", "fused")
+# Attention core: "flash" = FlashAttention/SDPA (no s×s matrix); "math" = materialised scores + softmax
+# (Megatron-LM 2021/2022 before flash attention).
+ATTN_IMPL_KINDS = ("flash", "math")
+# What ``recompute='selective'`` keeps (memory.py, docs/analytic-model.md §3): "attention" = Megatron's
+# selective recompute (reruns the attention core; Korthikanti 2022 §5), "torchtitan_op" = torchtitan's
+# op-level SAC (saves every other mm output + SDPA outputs; ``_save_list`` at 9dec370), "matmul" = saves
+# every mm/addmm and SDPA output (the proxy harness's policy). "auto": fused kernels → "attention", else
+# "torchtitan_op" (the same assumption timing.py makes).
+SAC_POLICIES = ("auto", "attention", "torchtitan_op", "matmul")
+# How sequence parallelism keeps the QKV / MLP-in inputs for backward: "megatron" keeps the s/t shards and
+# re-gathers in backward (Korthikanti 2022 §4.2.2); "pytorch" (DTensor SequenceParallel + Colwise) saves the
+# all-gathered full-sequence input. "auto": fused kernels → "megatron", else "pytorch".
+SP_IMPLS = ("auto", "megatron", "pytorch")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingSpec:
+    seq_len: int
+    global_batch: int  # sequences per optimizer step
+    dataset_tokens: float = 10e9
+    epochs: float = 1.0
+    precision: str = "bf16"  # bf16 = mixed precision: bf16 compute, fp32 master weights and Adam states
+    optimizer: str = "adamw"
+    finetune: str = "full"
+    lora_rank: int = 16
+    lora_targets: tuple[str, ...] = ("q", "k", "v", "o")
+    kernels: str = "eager"  # KERNEL_KINDS; the default study runs HF transformers under Accelerate FSDP2
+    attn_impl: str = "flash"  # ATTN_IMPL_KINDS
+    sac_policy: str = "auto"  # SAC_POLICIES: what recompute='selective' keeps
+    sp_impl: str = "auto"  # SP_IMPLS: sharded (Megatron) or gathered (PyTorch DTensor) linear inputs under SP
+
+    def __post_init__(self) -> None:
+        positive_int(self, "seq_len", "global_batch", "lora_rank")
+        positive_num(self, "dataset_tokens", "epochs")
+        one_of(self, "kernels", KERNEL_KINDS)
+        one_of(self, "attn_impl", ATTN_IMPL_KINDS)
+        one_of(self, "sac_policy", SAC_POLICIES)
+        one_of(self, "sp_impl", SP_IMPLS)
+        one_of(self, "precision", PRECISIONS)
+        one_of(self, "optimizer", OPTIMIZERS)
+        one_of(self, "finetune", FINETUNE_KINDS)
+        object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
+        bad = [t for t in self.lora_targets if t not in LORA_TARGETS]
+        if bad or not self.lora_targets:
+            raise ConfigError("lora_targets", list(self.lora_targets), "a non-empty subset of " + ", ".join(LORA_TARGETS))
+
+    @property
+    def fp8(self) -> str | None:
+        """The FP8 recipe (tensorwise | rowwise), or None for bf16/fp32 GEMMs."""
+        return FP8_RECIPES.get(self.precision)
+
+    @property
+    def half(self) -> bool:
+        """bf16 activations and the mixed-precision state layout (bf16 and both FP8 recipes)."""
+        return self.precision != "fp32"
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch
+
+    @property
+    def total_tokens(self) -> float:
+        return self.dataset_tokens * self.epochs
