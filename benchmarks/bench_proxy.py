@@ -21,7 +21,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from trainplan.model.specs import resolve_model  # noqa: E402
+from trainplan.model.arch import resolve_model
 from trainplan.proxy.model import build_model  # noqa: E402
 from trainplan.proxy.run import synthetic_tokens  # noqa: E402
 from trainplan.proxy.schema import normalize_run_spec  # noqa: E402

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import time
 
+from trainplan.model.arch import resolve_model
 from trainplan.model.efficiency import Efficiency
-from trainplan.model.specs import ClusterSpec, TrainingSpec, resolve_gpu, resolve_model
+from trainplan.model.hardware import ClusterSpec, resolve_gpu
+from trainplan.model.training import TrainingSpec
 from trainplan.search.layouts import search
 
 
