@@ -117,19 +117,6 @@ def test_calibrate_records_its_source_and_samples():
     assert len(out["efficiency_samples"]) == 10 and len(out["loo_relative_errors"]) == len(cases)
 
 
-def test_heldout_report_one_row_per_heldout_table():
-    from trainplan.prediction.production import heldout_report, published_frame
-
-    try:
-        frame = published_frame()
-    except ConfigError:
-        pytest.skip("published torchtitan tables not yet copied into data/")
-    rep = heldout_report(frame=frame)
-    in_scope = sorted(frame[frame["in_scope"]]["group"].unique())
-    loto = rep[rep["scheme"] == "leave-one-table-out"]
-    assert sorted(loto["heldout"]) == in_scope
-    assert (rep["mape"] >= 0).all() and rep["mape"].notna().all()
-
 
 def test_predict_production_intervals_bracket_the_point():
     from trainplan.model.arch import resolve_model
@@ -154,3 +141,22 @@ def test_predict_production_intervals_bracket_the_point():
     assert r["tokens_per_s_per_gpu_p10"] < r["tokens_per_s_per_gpu_p90"]
     assert r["calibration_source"] == "published-h100"
     assert out.equals(predict_production(cand, model, cluster, training, cal, seed=0))
+
+
+def test_published_h100_source_refits_gemm_on_validates_torchtitan_rows():
+    """``calibration.source: published-h100`` uses published.validate's torchtitan H100 rows and specs (one loader):
+    the fitted gemm_eff_max predicts those rows better than a deliberately wrong start."""
+    from trainplan.calibration.sources import H100_SOURCE_PARAMS, published_h100_cases
+    from trainplan.model.efficiency import Efficiency
+
+    eff0 = Efficiency.for_gpu("h100").replace(gemm_eff_max=0.62)
+    pub, predict = published_h100_cases(eff0)
+    assert len(pub) >= 4 and pub["tps_per_gpu"].gt(0).all()
+    out = calibrate(pub, eff0=eff0, params=H100_SOURCE_PARAMS, predict_published=predict, n_boot=5, seed=0)
+    fitted = Efficiency.from_dict(out["efficiency"])
+    assert fitted.gemm_eff_max != pytest.approx(0.62, abs=0.01)
+
+    def mape(e):
+        return np.mean([abs(predict(r, e) / r["tps_per_gpu"] - 1) for _, r in pub.iterrows()])
+
+    assert mape(fitted) < mape(eff0)

@@ -9,6 +9,7 @@ FLOPs, communication volume), never H100 time.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,6 @@ from trainplan.calibration.fitting import (
 )
 from trainplan.calibration.gpu import calibrate_gpu, load_gpu_records
 from trainplan.model.efficiency import Efficiency, generation_fits
-from trainplan.prediction.production import DEFAULT_PARAMS, predict_tps_per_gpu, published_frame
 from trainplan.published.validate import (
     FIT_PARAMS,
     GEN_FIT,
@@ -52,6 +52,29 @@ def choose_source(records_df: pd.DataFrame | None, published_df: pd.DataFrame | 
 
 
 # ------------------------------------------------------------------------------------ orchestration
+# ``published-h100``: gemm_eff_max alone, refitted on the bf16 rows of torchtitan's H100 table (the rows and
+# their specs are published.validate's: one loader, one mapping). More parameters are not identified by that table.
+H100_SOURCE_TABLE = "torchtitan_h100"
+H100_SOURCE_PARAMS = ("gemm_eff_max",)
+
+
+def published_h100_cases(eff0: Any) -> tuple[pd.DataFrame, Callable[[Any, Any], float]]:
+    """The scored bf16 throughput rows of torchtitan's H100 table (``row``, ``tps_per_gpu``) and a predictor
+    ``(row, Efficiency) -> tokens/s/GPU`` through ``published.validate`` (one table evaluation per Efficiency)."""
+
+    @lru_cache(maxsize=64)
+    def table(eff: Any) -> np.ndarray:  # predicted tokens/s/GPU, in the table's row order
+        df = validate_all({"h100": eff, "a100": eff}, tables=(H100_SOURCE_TABLE,))
+        return df.loc[df["metric"] == "tokens_per_s_per_gpu", "predicted"].to_numpy(float)
+
+    rows = validate_all({"h100": eff0, "a100": eff0}, tables=(H100_SOURCE_TABLE,))
+    rows = rows[rows["metric"] == "tokens_per_s_per_gpu"].reset_index(drop=True)
+    rows = rows[rows["in_mape"] & (rows["precision"] == "bf16")]
+    pub = pd.DataFrame({"pos": rows.index.to_numpy(), "row": rows["row"].to_numpy(),
+                        "tps_per_gpu": rows["published"].to_numpy(float)})
+    return pub, lambda r, eff: float(table(eff)[int(r["pos"])])
+
+
 def calibrate(published_df: pd.DataFrame, *, eff0: Any, params: Sequence[str],
               predict_published: Callable[[Any, Any], float],
               bounds: dict[str, tuple[float, float]] | None = None,
@@ -189,9 +212,8 @@ def stage_calibrate(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any],
         if any(getattr(eff0, p) != getattr(baseline, p) for p in fit_params):
             notes.append("config overrides of fitted Efficiency fields were refitted to the GPU records")
     elif requested == "published-h100":
-        pub = published_frame()
-        pub = pub[pub["in_scope"] & pub["group"].str.startswith("h100")].reset_index(drop=True)
-        extra = calibrate(pub, eff0=eff0, params=DEFAULT_PARAMS, predict_published=predict_tps_per_gpu,
+        pub, predict = published_h100_cases(eff0)
+        extra = calibrate(pub, eff0=eff0, params=H100_SOURCE_PARAMS, predict_published=predict,
                           n_boot=int(cfg.get("bootstrap", 50)), seed=int(cfg.get("seed", 0)))
         eff = Efficiency.from_dict(extra["efficiency"])
         source = "published-h100"
