@@ -123,11 +123,8 @@ def _lazy() -> set[tuple[str, str]]:
 
 
 LAZY = _lazy()
-# The only function-level imports of trainplan modules, each for a reason: proxy.model imports torch, and these
-# three are used where torch is not needed (config checks, proxy selection, writing the launch files), so they
-# load it only for a Hugging Face model spec.
-LAZY_ALLOWED = {("trainplan.launch.artifacts", "trainplan.proxy.model"), ("trainplan.proxy.schema", "trainplan.proxy.model"),
-                ("trainplan.proxy.select", "trainplan.proxy.model")}
+# Function-level imports of trainplan modules: none, except in cli.py (below).
+LAZY_ALLOWED: set[tuple[str, str]] = set()
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
@@ -175,7 +172,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 def test_the_graph_sees_the_package():
     assert {"trainplan.config", "trainplan.stages.memo", "trainplan.proxy.run"} <= set(MODULES)
     assert "trainplan.model.layout" in TOP["trainplan.config"]  # module level
-    assert ("trainplan.launch.artifacts", "trainplan.proxy.model") in LAZY  # inside a function
+    assert any(m == "trainplan.cli" for m, _ in LAZY)  # cli.py imports each subcommand's modules in its function
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
 
 

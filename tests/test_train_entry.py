@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 
 from trainplan import train_entry as te
-from trainplan.model.arch import MODEL_PRESETS
-from trainplan.proxy.model import hf_config_dict
+from trainplan.model.arch import MODEL_PRESETS, hf_config_dict
 
 STEPS = 20
 SLOW = pytest.mark.slow  # 2-rank jobs on 2 shared cores: 15-60 s each

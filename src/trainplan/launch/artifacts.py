@@ -52,7 +52,7 @@ from trainplan.launch.trainers import (
     torchtitan_settings,
     total_steps,
 )
-from trainplan.model.arch import ModelSpec
+from trainplan.model.arch import ModelSpec, hf_config_dict, hf_unsupported_reason
 from trainplan.model.base import ConfigError
 from trainplan.model.hardware import ClusterSpec
 from trainplan.model.layout import Layout, grad_accum
@@ -479,10 +479,8 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                                              **opts, **kw),
                                f"Slurm batch script (runs {trainer}; requeue on USR1/TERM; day-1 modes)"),
     }
-    hf_why = _hf_unsupported(model)
+    hf_why = hf_unsupported_reason(model)
     if hf_why is None:
-        from trainplan.proxy.model import hf_config_dict
-
         hf = {"_comment": _one_line(f"trainplan launch artifact: transformers LlamaConfig of {model.name}; "
                                     f"study hash: {study_hash}"), **hf_config_dict(model)}
         texts["model_config.json"] = (json.dumps(hf, indent=2) + "\n",
@@ -523,12 +521,6 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                               checkpoint_interval_s=checkpoint_interval_s),
         "artifacts": [{"filename": a.filename, "short": a.short, "description": a.description} for a in arts]})
     return [(a.filename, a.short) for a in arts]
-
-
-def _hf_unsupported(model: ModelSpec) -> str | None:
-    from trainplan.proxy.model import hf_unsupported_reason
-
-    return hf_unsupported_reason(model)
 
 
 # -------------------------------------------------------------------------------------------- CLI

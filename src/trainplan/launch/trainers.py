@@ -27,7 +27,7 @@ import pprint
 from collections.abc import Mapping
 from typing import Any
 
-from trainplan.model.arch import ModelSpec
+from trainplan.model.arch import ModelSpec, llama_block_problems
 from trainplan.model.hardware import ClusterSpec
 from trainplan.model.layout import Layout, grad_accum
 from trainplan.model.training import TrainingSpec
@@ -58,21 +58,9 @@ def checkpoint_interval_steps(interval_s: float | None, step_time_s: float | Non
 
 def torchtitan_model_problems(model: ModelSpec, training: TrainingSpec) -> list[str]:
     """Why torchtitan's Llama 3 decoder cannot be this model / fine-tune exactly (empty: it can)."""
-    why = []
-    if model.mlp != "swiglu":
-        why.append(f"mlp={model.mlp}: torchtitan's llama3 FeedForward is SwiGLU only")
-    if model.norm != "rmsnorm":
-        why.append(f"norm={model.norm}: llama3 uses RMSNorm")
-    if model.pos_embedding != "rope":
-        why.append(f"pos_embedding={model.pos_embedding}: llama3 uses RoPE")
+    why = llama_block_problems(model, "torchtitan llama3")
     if model.bias != "none":
         why.append(f"bias={model.bias}: llama3 linears have no bias")
-    if getattr(model, "qk_norm", False):
-        why.append("qk_norm: llama3 has no q/k norm (torchtitan's qwen3 module has)")
-    if getattr(model, "norms_per_layer", 2) != 2:
-        why.append(f"norms_per_layer={model.norms_per_layer}: llama3 blocks have 2 norms")
-    if getattr(model, "sliding_window", None):
-        why.append("sliding_window: llama3 attends over the full sequence")
     if getattr(model, "head_dim_override", None) not in (None, model.hidden // model.heads):
         why.append("head_dim != hidden/heads: llama3 derives head_dim from dim/n_heads")
     if training.finetune != "full":

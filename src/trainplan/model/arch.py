@@ -401,3 +401,50 @@ def resolve_model(ref: str | dict | ModelSpec) -> ModelSpec:
             return model_from_hf_config(p / "config.json" if p.is_dir() else p)
     shown = ref if isinstance(ref, str) and len(ref) <= 200 else (f"{ref[:200]}…" if isinstance(ref, str) else ref)
     raise ConfigError("model", shown, "must be a preset (" + ", ".join(MODEL_PRESETS) + ") or a config.json path")
+
+
+# ------------------------------------------------------------------- Llama-architecture implementations
+ROPE_THETA = 10000.0  # Llama 2 (Touvron et al. 2023); Llama 3 uses 500000 — irrelevant to cost
+
+
+def llama_block_problems(model: ModelSpec, impl: str) -> list[str]:
+    """Why a Llama-architecture implementation (``impl``, named in each reason) cannot build ``model`` exactly: the
+    checks transformers' ``LlamaForCausalLM`` and torchtitan's llama3 share (SwiGLU MLP, RMSNorm, RoPE, no q/k
+    norm, 2 norms per block, attention over the full sequence). Each caller adds its own (bias, head_dim, …)."""
+    why = []
+    if model.mlp != "swiglu":
+        why.append(f"mlp={model.mlp} ({impl}: SwiGLU MLP only)")
+    if model.norm != "rmsnorm":
+        why.append(f"norm={model.norm} ({impl}: RMSNorm only)")
+    if model.pos_embedding != "rope":
+        why.append(f"pos_embedding={model.pos_embedding} ({impl}: RoPE only)")
+    if model.qk_norm:
+        why.append(f"qk_norm ({impl} has no q/k norm; Qwen3/Gemma 3 do)")
+    if model.norms_per_layer != 2:
+        why.append(f"norms_per_layer={model.norms_per_layer} ({impl} blocks have 2)")
+    if model.sliding_window:
+        why.append(f"sliding_window ({impl} attends over the full sequence; Mistral's model has the window)")
+    return why
+
+
+def hf_unsupported_reason(spec: ModelSpec) -> str | None:
+    """Why transformers' ``LlamaForCausalLM`` cannot be this ModelSpec exactly (None: it can)."""
+    why = llama_block_problems(spec, "LlamaForCausalLM")
+    if spec.bias == "qkv":
+        why.append("bias=qkv (LlamaConfig.attention_bias adds a bias to o_proj as well; that is Qwen2's model)")
+    return "; ".join(why) or None
+
+
+def hf_config_dict(spec: ModelSpec, *, rope_theta: float = ROPE_THETA) -> dict:
+    """A Hugging Face ``config.json`` (LlamaConfig) for the ModelSpec; ``model_from_hf_config`` reads it back."""
+    why = hf_unsupported_reason(spec)
+    if why:
+        raise ValueError(f"{spec.name}: not expressible as LlamaForCausalLM: {why}")
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "_name_or_path": spec.name,
+            "hidden_size": spec.hidden, "intermediate_size": spec.ffn_hidden,
+            "num_hidden_layers": spec.layers, "num_attention_heads": spec.heads,
+            "num_key_value_heads": spec.kv_heads, "head_dim": spec.head_dim, "vocab_size": spec.vocab,
+            "max_position_embeddings": spec.max_seq_len, "rms_norm_eps": 1e-5, "rope_theta": rope_theta,
+            "tie_word_embeddings": spec.tied_embeddings, "attention_bias": spec.bias == "all",
+            "mlp_bias": spec.bias == "all", "hidden_act": "silu", "initializer_range": 0.02,
+            "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32", "use_cache": False}

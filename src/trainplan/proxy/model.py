@@ -16,9 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainplan.model.arch import ModelSpec
-
-ROPE_THETA = 10000.0  # Llama 2 (Touvron et al. 2023); Llama 3 uses 500000 — irrelevant to cost
+from trainplan.model.arch import ROPE_THETA, ModelSpec, hf_config_dict
 
 
 class RMSNorm(nn.Module):
@@ -173,41 +171,6 @@ def n_params(module: nn.Module) -> int:
 
 # ------------------------------------------------------------------------ Hugging Face Llama (item 2)
 HF_MODEL_TYPES = {"swiglu": "llama"}  # what a ModelSpec maps onto in transformers (no GELU/LayerNorm twin)
-
-
-def hf_unsupported_reason(spec: ModelSpec) -> str | None:
-    """Why transformers' ``LlamaForCausalLM`` cannot be this ModelSpec exactly (None: it can)."""
-    why = []
-    if spec.mlp != "swiglu":
-        why.append(f"mlp={spec.mlp} (LlamaMLP is SwiGLU only)")
-    if spec.norm != "rmsnorm":
-        why.append(f"norm={spec.norm} (LlamaRMSNorm only)")
-    if spec.pos_embedding != "rope":
-        why.append(f"pos_embedding={spec.pos_embedding} (RoPE only)")
-    if spec.bias == "qkv":
-        why.append("bias=qkv (LlamaConfig.attention_bias adds a bias to o_proj as well; that is Qwen2's model)")
-    if getattr(spec, "qk_norm", False):
-        why.append("qk_norm (Llama has no q/k norm; Qwen3/Gemma 3 do)")
-    if getattr(spec, "norms_per_layer", 2) != 2:
-        why.append(f"norms_per_layer={spec.norms_per_layer} (Llama blocks have 2)")
-    if getattr(spec, "sliding_window", None):
-        why.append("sliding_window (Llama attends over the full sequence; Mistral's model has the window)")
-    return "; ".join(why) or None
-
-
-def hf_config_dict(spec: ModelSpec, *, rope_theta: float = ROPE_THETA) -> dict:
-    """A Hugging Face ``config.json`` (LlamaConfig) for the ModelSpec; ``model_from_hf_config`` reads it back."""
-    why = hf_unsupported_reason(spec)
-    if why:
-        raise ValueError(f"{spec.name}: not expressible as LlamaForCausalLM: {why}")
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "_name_or_path": spec.name,
-            "hidden_size": spec.hidden, "intermediate_size": spec.ffn_hidden,
-            "num_hidden_layers": spec.layers, "num_attention_heads": spec.heads,
-            "num_key_value_heads": spec.kv_heads, "head_dim": spec.head_dim, "vocab_size": spec.vocab,
-            "max_position_embeddings": spec.max_seq_len, "rms_norm_eps": 1e-5, "rope_theta": rope_theta,
-            "tie_word_embeddings": spec.tied_embeddings, "attention_bias": spec.bias == "all",
-            "mlp_bias": spec.bias == "all", "hidden_act": "silu", "initializer_range": 0.02,
-            "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32", "use_cache": False}
 
 
 def build_hf_llama(spec: ModelSpec, *, device: str | torch.device = "cpu", seed: int = 0,

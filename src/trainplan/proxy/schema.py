@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainplan.model.arch import ModelSpec, resolve_model
+from trainplan.model.arch import ModelSpec, hf_unsupported_reason, resolve_model
 from trainplan.model.base import ConfigError
 from trainplan.model.layout import Layout
 
@@ -98,8 +98,6 @@ def _check_hf(spec: dict, model: ModelSpec, layout: Layout) -> None:
     if spec["finetune"] == "lora":
         raise ConfigError("model_impl", "hf", "LoRA proxies run the harness's own model (its adapter wraps "
                           "attention.wq/wv): model_impl trainplan, or finetune full")
-    from trainplan.proxy.model import hf_unsupported_reason  # imports torch: only for hf specs
-
     why = hf_unsupported_reason(model)
     if why:
         raise ConfigError("model_impl", "hf", f"{model.name} is not expressible as LlamaForCausalLM: {why}")

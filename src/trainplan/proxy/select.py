@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from trainplan.model.arch import ModelSpec
+from trainplan.model.arch import ModelSpec, hf_unsupported_reason
 from trainplan.model.base import ConfigError
 from trainplan.model.layout import Layout
 from trainplan.model.training import TrainingSpec
@@ -84,8 +84,6 @@ def select_proxies(candidates: pd.DataFrame, model: ModelSpec, training: Trainin
     if impl not in ("trainplan", "hf"):
         raise ConfigError("proxies.model_impl", impl, "trainplan or hf")
     if impl == "hf":
-        from trainplan.proxy.model import hf_unsupported_reason  # imports torch: only when asked for
-
         why = hf_unsupported_reason(model)
         if why:
             raise ConfigError("proxies.model_impl", impl, f"{model.name} is not expressible as LlamaForCausalLM: "
