@@ -99,7 +99,8 @@ def test_parity_table_pairs_pred_and_meas_columns_and_skips_failed_runs():
     assert set(long["metric"]) == set(F.parity_pairs(rec))
     r = long[(long["id"] == "scaleout-4") & (long["metric"] == "comm_bytes")].iloc[0]
     row = rec[rec["id"] == "scaleout-4"].iloc[0]
-    assert r["rel_error"] == pytest.approx((row["comm_bytes_pred"] - row["comm_bytes_meas"]) / row["comm_bytes_meas"])
+    assert r["rel_error"] == pytest.approx(row["comm_bytes_pred"] / row["comm_bytes_meas"] - 1.0)
+    assert r["rel_error"] == pytest.approx(row["comm_bytes_rel_err"])  # records.csv's sign: predicted/measured − 1
 
 
 def test_pareto_marks_rank_one_and_draws_only_feasible_layouts():

@@ -112,7 +112,7 @@ def test_tp_of_the_hf_model_is_refused_not_silently_wrong():
 def test_real_2rank_fsdp_proxy_on_the_hf_model_matches_the_analytic_model_exactly(tmp_path):
     """RUN_SPEC model_impl 'hf': a real torchrun/gloo FSDP2 proxy of transformers' LlamaForCausalLM (~40 s on
     2 cores); the record's byte and FLOP comparison columns (proxy.aggregate.record_row) are exact."""
-    from trainplan.proxy.aggregate import record_row
+    from trainplan.proxy.aggregate import METRICS, record_row
     from trainplan.proxy.schema import normalize_run_spec
     from trainplan.proxy.torchrun import launch
 
@@ -125,12 +125,12 @@ def test_real_2rank_fsdp_proxy_on_the_hf_model_matches_the_analytic_model_exactl
     assert rec["spec"]["model_impl"] == "hf" and rec["environment"]["world_size"] == 2
     row = record_row(rec)
     assert row["model_impl"] == "hf"
-    assert row["params_measured"] == row["params_predicted"] == SPEC.n_params
-    assert row["state_bytes_measured"] == row["state_bytes_exact"] == row["state_bytes_analytic"]
-    assert row["act_bytes_per_layer_measured"] == row["act_bytes_per_layer_analytic"]
-    assert row["flops_per_rank_step_measured"] == row["flops_per_rank_step_analytic"]
-    assert [row[k] for k in ("params_rel_err", "state_rel_err_exact", "state_rel_err_analytic", "act_rel_err",
-                             "flops_rel_err")] == [0.0] * 5
+    assert row["params_meas"] == row["params_pred"] == SPEC.n_params
+    assert row["state_bytes_meas"] == row["state_bytes_exact_meas"] == row["state_bytes_exact_pred"] \
+        == row["state_bytes_pred"]
+    assert row["saved_act_bytes_meas"] == row["saved_act_bytes_pred"]
+    assert row["flops_per_step_meas"] == row["flops_per_step_pred"]
+    assert [row[f"{m}_rel_err"] for m in METRICS] == [0.0] * 5
     full, accum = SPEC.n_params * 4, gb // 2  # FSDP: forward + backward all-gather per micro-batch, one scatter
     assert row["comm_all_gather_into_tensor_bytes"] == 2 * accum * full
     assert row["comm_reduce_scatter_tensor_bytes"] == full

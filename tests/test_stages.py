@@ -13,10 +13,12 @@ from trainplan.calibration.sources import OPEN_SET, stage_calibrate
 from trainplan.config import config_slice, load_config
 from trainplan.cost.budget import CostInputs, stage_cost_and_risk
 from trainplan.cost.sensitivity import stage_sensitivity
-from trainplan.io import read_json
+from trainplan.io import read_json, write_json
 from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
-from trainplan.proxy.aggregate import parity_columns
+from trainplan.proxy.aggregate import METRICS, aggregate, rel_err
+from trainplan.proxy.record import assemble_record
+from trainplan.proxy.schema import normalize_run_spec
 from trainplan.proxy.select import cpu_model
 from trainplan.stages import analytic_model, launch_artifacts
 
@@ -47,14 +49,35 @@ def synthetic_records(model) -> pd.DataFrame:
     return df
 
 
-def test_parity_columns_name_predicted_and_measured_pairs():
-    df = pd.DataFrame({"params_predicted": [10], "params_measured": [10], "flops_per_rank_step_analytic": [5.0],
-                       "flops_per_rank_step_measured": [6.0], "comm_all_gather_into_tensor_bytes": [100],
-                       "comm_reduce_scatter_tensor_bytes": [np.nan], "loss0": [5.5]})
-    out = parity_columns(df)
-    assert (out["params_pred"].item(), out["params_meas"].item()) == (10, 10)
-    assert (out["flops_per_step_pred"].item(), out["flops_per_step_meas"].item()) == (5.0, 6.0)
-    assert out["comm_bytes_meas"].item() == 100 and out["loss_step0"].item() == 5.5
+def test_records_have_one_pred_meas_rel_err_triple_per_compared_metric(tmp_path):
+    """records.csv names each compared metric m once: m_pred, m_meas, m_rel_err = m_pred / m_meas − 1."""
+    from trainplan.model.arch import ModelSpec
+    from trainplan.model.layout import Layout
+    from trainplan.proxy import predict
+
+    spec = normalize_run_spec({"id": "r", "model": "debug", "layout": {"dp": 2}, "seq_len": 64, "global_batch": 4,
+                               "steps": 3, "warmup": 1, "nproc_per_node": 2})
+    exact = predict.exact_state_bytes(ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"]))
+    ranks = [{"rank": r, "status": "ok", "state": exact, "exact_state": exact, "footprint_bytes": 0,
+              "saved": {"mean_layer_bytes": 1000.0, "complete": True}, "loss": [5.5, 5.4, 5.3],
+              "comm": {"all_reduce": {"calls": 2, "bytes": 300}, "broadcast": {"calls": 1, "bytes": 20}},
+              "environment": {"world_size": 2, "backend": "gloo", "hostname": "h"}} for r in range(2)]
+    write_json(tmp_path / "r.json", assemble_record(spec, ranks, timed_out=False, returncode=0, wall_s=1.0))
+    df = aggregate([tmp_path / "r.json"])
+    compared = [c for c in df.columns if c.endswith(("_pred", "_meas", "_rel_err"))]
+    assert compared == [f"{m}_{k}" for m in METRICS for k in ("pred", "meas", "rel_err")] + ["comm_bytes_meas"]
+    row = df.iloc[0]
+    for m in METRICS:
+        p, q = row[f"{m}_pred"], row[f"{m}_meas"]
+        if pd.isna(p) or pd.isna(q):  # nothing measured (here: no FLOP counter in these ranks): no error
+            assert pd.isna(row[f"{m}_rel_err"]), m
+        else:
+            assert row[f"{m}_rel_err"] == pytest.approx(p / q - 1.0), m
+    assert row["saved_act_bytes_meas"] == 1000.0 and row["state_bytes_exact_rel_err"] == 0.0
+    assert row["state_bytes_meas"] == row["state_bytes_exact_meas"] == sum(exact.values())
+    assert row["loss_step0"] == row["loss0"] == 5.5 and row["comm_bytes_meas"] == 320
+    assert rel_err(11, 10) == pytest.approx(0.1) and rel_err(9, 10) == pytest.approx(-0.1)  # over-prediction > 0
+    assert rel_err(1, 0) is None and rel_err(None, 1) is None and rel_err(1, np.nan) is None
 
 
 def test_scaling_fits_extrapolate_bytes_to_the_production_point():

@@ -34,7 +34,7 @@ from trainplan.model.layout import Layout
 from trainplan.model.memory import memory_breakdown
 from trainplan.model.timing import step_time
 from trainplan.model.training import TrainingSpec
-from trainplan.proxy.aggregate import aggregate, parity_columns
+from trainplan.proxy.aggregate import aggregate
 
 TIME_PARAMS = ("gemm_eff_max", "attn_eff", "membound_eff")  # identified by 1-GPU depth/width runs
 COMM_PARAM = "comm_bw_eff"  # needs a scale-out ladder over more than one GPU count
@@ -154,7 +154,7 @@ def load_gpu_records(directory: str | Path | None) -> tuple[pd.DataFrame, list[s
                    if p.name != "environment.json" and not p.name.endswith((".provenance.json", ".spec.json")))
     if not files:
         return pd.DataFrame(), []
-    df = parity_columns(aggregate(files))
+    df = aggregate(files)
     peaks = []
     for f in files:
         smi = Path(f).with_suffix(".nvsmi.csv")

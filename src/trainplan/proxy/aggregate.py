@@ -1,4 +1,7 @@
-"""Flatten proxy RECORDs into one table: predicted next to measured, with relative errors.
+"""Flatten proxy RECORDs into one table (records.csv): predicted next to measured, with relative errors.
+
+Each compared metric m (:data:`METRICS`) has exactly ``<m>_pred``, ``<m>_meas`` and ``<m>_rel_err`` =
+predicted/measured − 1 (:func:`rel_err`, the sign used throughout the package).
 
 Nothing unreadable is flattened: :func:`check_record` loads one RECORD and checks it against the schema
 (``proxy.schema.RECORD_SCHEMA``), its id and what flattening needs; :func:`aggregate` with ``expected_ids``
@@ -9,6 +12,7 @@ and raised together as :class:`RecordsError`, each with the file's path.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -18,11 +22,20 @@ import pandas as pd
 from trainplan.proxy.record import STATE_TERMS, predicted_state_terms
 from trainplan.proxy.schema import validate_record
 
+# The compared metrics: each has exactly the columns ``<m>_pred`` (the analytic model), ``<m>_meas`` (the proxy
+# run, rank 0) and ``<m>_rel_err`` = ``<m>_pred / <m>_meas − 1`` (the package-wide sign: positive when the model
+# over-predicts; None when either side is missing or the measurement is 0). docs/proxy-record.md lists them.
+METRICS = ("params", "state_bytes", "state_bytes_exact", "saved_act_bytes", "flops_per_step")
 
-def _rel(measured: Any, predicted: Any) -> float | None:
-    if measured is None or predicted is None or predicted == 0:
+
+def rel_err(predicted: Any, measured: Any) -> float | None:
+    """predicted/measured − 1; None when either is missing (None/NaN) or ``measured`` is 0."""
+    if predicted is None or measured is None:
         return None
-    return (float(measured) - float(predicted)) / float(predicted)
+    p, m = float(predicted), float(measured)
+    if math.isnan(p) or math.isnan(m) or m == 0:
+        return None
+    return p / m - 1.0
 
 
 def record_row(rec: dict[str, Any]) -> dict[str, Any]:
@@ -49,11 +62,13 @@ def record_row(rec: dict[str, Any]) -> dict[str, Any]:
         "dp": lay["dp"], "tp": lay["tp"], "sp": lay["sp"], "sharding": lay["sharding"], "recompute": lay["recompute"],
         "finetune": spec["finetune"], "device": spec["device"], "dtype": spec["dtype"],
         "world_size": rec["environment"].get("world_size"),
-        "params_measured": rec["params"].get("module"), "params_predicted": rec["params"].get("spec"),
-        "state_bytes_measured": state_meas, "state_bytes_exact": state_exact, "state_bytes_analytic": state_analytic,
-        "act_bytes_per_layer_measured": act_meas, "act_bytes_per_layer_analytic": act_pred,
-        "flops_per_rank_step_measured": fl.get("measured_model_per_rank_step"),
-        "flops_per_rank_step_analytic": fl.get("analytic_model_per_rank_step"),
+        **_compared({
+            "params": (rec["params"].get("spec"), rec["params"].get("module")),
+            "state_bytes": (state_analytic, state_meas),  # the analytic model's resident state
+            "state_bytes_exact": (state_exact, state_meas),  # the harness's exact closed form
+            "saved_act_bytes": (act_pred, act_meas),  # saved activation bytes per layer
+            "flops_per_step": (fl.get("analytic_model_per_rank_step"), fl.get("measured_model_per_rank_step")),
+        }),
         "loss0": rec["loss"][0] if rec["loss"] else None, "loss_last": rec["loss"][-1] if rec["loss"] else None,
         "step_time_median_s": timing.get("step_time_median_s"), "step_time_p10_s": timing.get("step_time_p10_s"),
         "step_time_p90_s": timing.get("step_time_p90_s"), "tokens_per_s": timing.get("tokens_per_s"),
@@ -64,12 +79,16 @@ def record_row(rec: dict[str, Any]) -> dict[str, Any]:
     for kind, c in (rec.get("comm") or {}).items():
         row[f"comm_{kind}_bytes"] = c["bytes"]
         row[f"comm_{kind}_calls"] = c["calls"]
-    row["params_rel_err"] = _rel(row["params_measured"], row["params_predicted"])
-    row["state_rel_err_exact"] = _rel(state_meas, state_exact)
-    row["state_rel_err_analytic"] = _rel(state_meas, state_analytic)
-    row["act_rel_err"] = _rel(act_meas, act_pred)
-    row["flops_rel_err"] = _rel(row["flops_per_rank_step_measured"], row["flops_per_rank_step_analytic"])
     return row
+
+
+def _compared(pairs: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
+    """``<m>_pred``, ``<m>_meas``, ``<m>_rel_err`` for each metric m of :data:`METRICS` (in that order)."""
+    out: dict[str, Any] = {}
+    for m in METRICS:
+        pred, meas = pairs[m]
+        out[f"{m}_pred"], out[f"{m}_meas"], out[f"{m}_rel_err"] = pred, meas, rel_err(pred, meas)
+    return out
 
 
 def _spec_columns(rec: dict[str, Any]) -> dict[str, Any]:
@@ -170,30 +189,15 @@ def check_records(record_paths: Iterable[str | Path],
 
 
 def aggregate(record_paths: Iterable[str | Path], expected_ids: Iterable[str] | None = None) -> pd.DataFrame:
-    """One row per RECORD file (see :func:`record_row`), plus ``loss0_rel_spread``: |loss0 − median|/median.
+    """The records.csv table: one row per RECORD file (see :func:`record_row`), plus ``loss0_rel_spread``
+    (|loss0 − median|/median), ``comm_bytes_meas`` (all collectives' bytes) and ``loss_step0`` (= loss0).
     Every file is checked first (:func:`check_records`); a bad one raises :class:`RecordsError`."""
     rows = [record_row(r) for r in check_records(record_paths, expected_ids)]
     df = pd.DataFrame(rows)
     if len(df) and "loss0" in df and df["loss0"].notna().any():
         ref = df.groupby(["model", "seq_len", "global_batch", "finetune"])["loss0"].transform("median")
         df["loss0_rel_spread"] = (df["loss0"] - ref).abs() / ref
-    return df
-
-
-# The memo and figures compare ``<metric>_pred`` with ``<metric>_meas``: aggregate's column → that name.
-PARITY = {"params": ("params_predicted", "params_measured"),
-          "state_bytes": ("state_bytes_analytic", "state_bytes_measured"),
-          "state_bytes_exact": ("state_bytes_exact", "state_bytes_measured"),  # the harness's exact formula
-          "saved_act_bytes": ("act_bytes_per_layer_analytic", "act_bytes_per_layer_measured"),
-          "flops_per_step": ("flops_per_rank_step_analytic", "flops_per_rank_step_measured")}
-
-
-def parity_columns(df: Any) -> Any:
-    """Add ``<m>_pred``/``<m>_meas`` (PARITY), ``comm_bytes_meas`` (all collectives) and ``loss_step0``."""
-    for m, (pred, meas) in PARITY.items():
-        if pred in df and meas in df:
-            df[f"{m}_pred"], df[f"{m}_meas"] = df[pred], df[meas]
-    comm = [c for c in df.columns if c.startswith("comm_") and c.endswith("_bytes") and c != "comm_bytes_meas"]
+    comm = [c for c in df.columns if c.startswith("comm_") and c.endswith("_bytes")]
     if comm:
         df["comm_bytes_meas"] = df[comm].fillna(0).sum(axis=1)
     if "loss0" in df:

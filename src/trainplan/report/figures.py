@@ -126,7 +126,8 @@ def parity_pairs(df: pd.DataFrame) -> list[str]:
 
 
 def parity_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Long table (id, family, metric, predicted, measured, rel_error) from a records table."""
+    """Long table (id, family, metric, predicted, measured, rel_error) from a records table; ``rel_error`` =
+    predicted/measured − 1 (the sign of records.csv's ``<m>_rel_err``, ``proxy.aggregate.rel_err``)."""
     rows = []
     ok = df[df["status"] == "ok"] if "status" in df else df
     for m in parity_pairs(ok):
@@ -135,7 +136,7 @@ def parity_table(df: pd.DataFrame) -> pd.DataFrame:
             if pd.notna(p) and pd.notna(q):
                 rows.append({"id": r.get("id", ""), "family": r.get("family", ""), "metric": m,
                              "predicted": float(p), "measured": float(q),
-                             "rel_error": (float(p) - float(q)) / float(q) if float(q) else np.nan})
+                             "rel_error": float(p) / float(q) - 1.0 if float(q) else np.nan})
     return pd.DataFrame(rows, columns=["id", "family", "metric", "predicted", "measured", "rel_error"])
 
 

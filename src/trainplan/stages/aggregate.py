@@ -7,7 +7,7 @@ from pathlib import Path
 
 from trainplan.io import read_json, write_csv
 from trainplan.provenance import sidecar_path
-from trainplan.proxy.aggregate import RecordsError, aggregate, parity_columns
+from trainplan.proxy.aggregate import RecordsError, aggregate
 from trainplan.stages.common import (
     CorruptResultError,
     remove_result,
@@ -37,7 +37,7 @@ def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
         except (ValueError, KeyError, TypeError) as e:
             raise CorruptResultError(f"{ps}: not a proxy set ({type(e).__name__}: {e})") from None
     try:
-        df = parity_columns(aggregate(records, expected))
+        df = aggregate(records, expected)
     except RecordsError as e:
         for p in e.paths:
             if p.exists():
