@@ -15,11 +15,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainplan.model.arch import MODEL_PRESETS, resolve_model
+from trainplan.model.arch import MODEL_PRESETS, hf_config_dict, hf_unsupported_reason, resolve_model
 from trainplan.model.base import ConfigError
 from trainplan.model.layout import Layout
 from trainplan.proxy import measure, predict
-from trainplan.proxy.model import build_hf_llama, build_model, hf_config_dict, hf_unsupported_reason, n_params
+from trainplan.proxy.model import build_hf_llama, build_model, n_params
 from trainplan.proxy.parallelize import parallelize
 
 SPEC = MODEL_PRESETS["debug"]
