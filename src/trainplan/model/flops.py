@@ -158,7 +158,7 @@ def block_forward_flops(model: ModelSpec, seq_len: int, micro_batch: int = 1, at
     full s² even with ``is_causal=True``. ``attention='none'`` matches FlopCounterMode on **CPU with the
     default SDPA dispatch** (torch 2.13): ``aten._scaled_dot_product_flash_attention_for_cpu`` has no
     flop formula registered, so only the ``aten.mm`` of the projections are counted (checked in
-    tests/test_flops.py). Elementwise ops (norms, RoPE, SiLU, softmax) are not counted by either.
+    tests/unit/model/test_flops.py). Elementwise ops (norms, RoPE, SiLU, softmax) are not counted by either.
     """
     return float(sum(block_matmul_flops(model, seq_len, micro_batch).values())) + attention_core_flops(
         model, seq_len, micro_batch, attention)

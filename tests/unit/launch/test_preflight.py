@@ -1,0 +1,281 @@
+"""Preflight: the depth slice of the chosen layout, judged against the analytic prediction."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from trainplan.io import read_json
+from trainplan.launch import preflight as pf
+from trainplan.model.arch import ModelSpec, resolve_model
+from trainplan.model.base import ConfigError
+from trainplan.model.hardware import ClusterSpec
+from trainplan.model.layout import Layout
+from trainplan.model.training import TrainingSpec
+
+MODEL = resolve_model("llama2-13b")
+CLUSTER = ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb")
+TRAINING = TrainingSpec(seq_len=4096, global_batch=256)
+FSDP = Layout(dp=32, sharding="zero3", recompute="full", micro_batch=1)
+
+
+# ------------------------------------------------------------------------------------------ the slice
+@pytest.mark.parametrize("layout,world", [
+    (FSDP, 8), (Layout(dp=16, tp=2, sp=True, sharding="hsdp", shard_group=8), 8),
+    (Layout(dp=8, pp=4, sharding="zero1"), 8), (Layout(dp=16, cp=2, sharding="zero3"), 8), (FSDP, 2)])
+def test_preflight_layout_fits_one_node_and_the_proxy_harness(layout, world):
+    lay, notes = pf.preflight_layout(layout, world)
+    assert lay.world_size == world and lay.pp == lay.cp == 1
+    assert lay.sharding in ("none", "zero2", "zero3", "hsdp")
+    assert lay.recompute == layout.recompute and lay.micro_batch == layout.micro_batch
+    changed = (layout.pp > 1, layout.cp > 1, layout.sharding == "zero1", layout.sharding == "hsdp")
+    assert len(notes) >= sum(changed)
+
+
+def test_preflight_spec_is_a_valid_run_spec_at_production_width_on_cuda():
+    from trainplan.proxy.schema import normalize_run_spec
+
+    spec, _ = pf.preflight_spec(MODEL, CLUSTER, TRAINING, FSDP, device="cuda", layers=2)
+    norm = normalize_run_spec(copy.deepcopy(spec))
+    assert norm["model"]["hidden"] == MODEL.hidden and norm["model"]["ffn_hidden"] == MODEL.ffn_hidden
+    assert norm["model"]["layers"] == 2 and norm["seq_len"] == TRAINING.seq_len
+    assert norm["nproc_per_node"] == CLUSTER.gpus_per_node and norm["nnodes"] == 1
+    assert norm["dtype"] == "bf16" and norm["family"] == "preflight"
+
+
+def test_preflight_spec_on_cpu_is_debug_size():
+    from trainplan.proxy.schema import normalize_run_spec
+
+    spec, notes = pf.preflight_spec(MODEL, CLUSTER, TRAINING, FSDP, device="cpu", layers=2)
+    norm = normalize_run_spec(copy.deepcopy(spec))
+    assert norm["model"]["hidden"] < 1024 and norm["nproc_per_node"] == 2 and norm["dtype"] == "fp32"
+    assert any("not H100 speed" in n for n in notes)
+
+
+def test_preflight_spec_rejects_bad_device_and_depth():
+    with pytest.raises(ConfigError, match="device"):
+        pf.preflight_spec(MODEL, CLUSTER, TRAINING, FSDP, device="tpu")
+    with pytest.raises(ConfigError, match="layers"):
+        pf.preflight_spec(MODEL, CLUSTER, TRAINING, FSDP, layers=0)
+
+
+# -------------------------------------------------------------------------------------- evaluation
+def record(device: str = "cpu", *, params=1000, grads=1000, optim=2000, act=500.0, status="ok",
+           reserved=None, median=0.5) -> dict:
+    spec, _ = pf.preflight_spec(MODEL, CLUSTER, TRAINING, FSDP, device=device, layers=2)
+    state = {"params_bytes": params, "frozen_params_bytes": 0, "grads_bytes": grads, "optimizer_bytes": optim}
+    return {"status": status, "message": "" if status == "ok" else "CUDA out of memory", "spec": spec,
+            "timing": {"step_time_median_s": median},
+            "memory": {"state_bytes_per_rank": [state, state], "saved_activations": {"mean_layer_bytes": act},
+                       "cuda_max_reserved_bytes": reserved},
+            "predicted": {"memory": {"breakdown_bytes": {"weights": 1000, "gradients": 1000, "optimizer": 2000},
+                                     "activation_bytes_per_layer": 500.0}}}
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_cpu_record_matching_prediction_passes_and_time_is_not_comparable():
+    verdict, checks = pf.evaluate(record(), CLUSTER)
+    assert verdict == "PASS"
+    t = by_name(checks)["median step time s"]
+    assert t.status == "NOT_COMPARABLE" and "not comparable on CPU" in t.note
+
+
+@pytest.mark.parametrize("field,value,check", [("params", 1050, "weights bytes/rank"),
+                                               ("optim", 1900, "optimizer bytes/rank"),
+                                               ("act", 600.0, "saved activations bytes/layer")])
+def test_measurement_outside_its_threshold_fails(field, value, check):
+    verdict, checks = pf.evaluate(record(**{field: value}), CLUSTER)
+    assert verdict == "FAIL" and by_name(checks)[check].status == "FAIL"
+
+
+def test_measurement_inside_its_threshold_passes():
+    verdict, _ = pf.evaluate(record(params=1015, act=540.0), CLUSTER)  # +1.5% < 2%, +8% < 10%
+    assert verdict == "PASS"
+
+
+def test_missing_prediction_fails_rather_than_passes():
+    rec = record()
+    del rec["predicted"]["memory"]["activation_bytes_per_layer"]
+    verdict, checks = pf.evaluate(rec, CLUSTER)
+    assert verdict == "FAIL" and by_name(checks)["saved activations bytes/layer"].status == "MISSING"
+
+
+def test_oom_run_fails_with_its_message():
+    verdict, checks = pf.evaluate(record(status="oom"), CLUSTER)
+    assert verdict == "FAIL" and "out of memory" in checks[0].note
+
+
+def test_cuda_record_is_judged_on_peak_memory_and_step_time():
+    peak, time_s = pf._predicted_cuda(record("cuda"), CLUSTER, None)
+    assert peak and time_s and peak > 0 and time_s > 0
+    ok = record("cuda", reserved=int(peak * 1.05), median=time_s * 1.1)
+    verdict, checks = pf.evaluate(ok, CLUSTER)
+    c = by_name(checks)
+    assert c["peak reserved bytes"].status == "PASS" and c["median step time s"].status == "PASS"
+    slow = record("cuda", reserved=int(peak * 1.05), median=time_s * 1.5)
+    assert by_name(pf.evaluate(slow, CLUSTER)[1])["median step time s"].status == "FAIL"
+    big = record("cuda", reserved=int(CLUSTER.gpu.hbm_bytes * 0.95), median=time_s)
+    assert by_name(pf.evaluate(big, CLUSTER)[1])["peak within headroom"].status == "FAIL"
+    assert pf.evaluate(record("cuda", reserved=None), CLUSTER)[0] == "FAIL"
+
+
+def test_report_prints_numbers_thresholds_and_verdict():
+    verdict, checks = pf.evaluate(record(params=1050), CLUSTER)
+    text = pf.format_report(verdict, checks, ["a note"])
+    assert text.endswith("PREFLIGHT FAIL")
+    assert "+5.0%" in text and "tol ±2%" in text and "note: a note" in text
+
+
+# ------------------------------------------------------------------------------------ the real run
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cpu_preflight_runs_the_proxy_and_passes_against_the_analytic_prediction(tmp_path):
+    res = pf.run_preflight(MODEL, CLUSTER, TRAINING, FSDP, tmp_path, device="cpu", steps=3, warmup=1,
+                           timeout_s=240)
+    assert (tmp_path / "preflight_record.json").exists() and (tmp_path / "preflight.json").exists()
+    checks = {c["name"]: c for c in res["checks"]}
+    assert checks["weights bytes/rank"]["measured"] and checks["saved activations bytes/layer"]["measured"]
+    assert checks["median step time s"]["status"] == "NOT_COMPARABLE"
+    assert res["verdict"] == "PASS", res["checks"]
+
+
+def test_main_bad_summary_is_a_config_error(tmp_path, capsys):
+    rc = pf.main(["--summary", str(tmp_path / "none.json"), "--config", "config/config.yaml",
+                  "--out", str(tmp_path / "o")])
+    assert rc == 2 and "summary" in capsys.readouterr().err
+
+
+# ------------------------------------------------ agreement with the proxy comparison, every sharding
+PRODUCTION = {
+    "none": (Layout(dp=32, sharding="none"), None),
+    "zero1": (Layout(dp=32, sharding="zero1"), None),
+    "zero2": (Layout(dp=32, sharding="zero2"), None),  # the default study's recommendation
+    "zero3": (FSDP, None),
+    "hsdp": (Layout(dp=32, sharding="hsdp", shard_group=8), None),  # on 2 ranks: zero3 (noted)
+    "hsdp-kept": (Layout(dp=32, sharding="hsdp", shard_group=2), 4),  # 4 ranks: HSDP 2×2 as proxied
+}
+
+
+def _harness_record(layout: Layout, nproc: int | None) -> dict:
+    """A RECORD as ``proxy.record.assemble_record`` builds it, with per-rank state equal to the harness's exact
+    closed form (``predict.exact_state_bytes``; tests/integration/test_proxy_dist.py shows the real ranks measure exactly
+    that for DDP, FSDP2, FSDP2 without reshard and HSDP) and saved activations equal to the analytic term."""
+    from trainplan.proxy import predict
+    from trainplan.proxy.record import assemble_record
+    from trainplan.proxy.schema import normalize_run_spec
+
+    spec, _ = pf.preflight_spec(MODEL, CLUSTER, TRAINING, layout, device="cpu", nproc=nproc)
+    spec = normalize_run_spec(spec)
+    m, lay = ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"])
+    exact = predict.exact_state_bytes(m, lay)
+    act = predict.analytic_memory(m, lay, spec["seq_len"], spec["global_batch"], "fp32", "full", 8, ["q", "v"],
+                                  "cpu")["activation_bytes_per_layer"]
+    ranks = [{"rank": r, "status": "ok", "state": exact, "exact_state": exact, "footprint_bytes": 0,
+              "saved": {"mean_layer_bytes": act, "complete": True}, "loss": [5.0]}
+             for r in range(spec["nproc_per_node"])]
+    return assemble_record(spec, ranks, timed_out=False, returncode=0, wall_s=1.0)
+
+
+@pytest.mark.parametrize("name", list(PRODUCTION))
+def test_preflight_agrees_with_the_proxy_comparison_for_every_sharding(name):
+    """What the harness measures passes the preflight, and the preflight's predicted state is the one
+    ``aggregate`` compares the proxies with (ZeRO-2: sharded at rest, as FSDP2 holds it between steps)."""
+    from trainplan.proxy.aggregate import record_row
+
+    layout, nproc = PRODUCTION[name]
+    rec = _harness_record(layout, nproc)
+    verdict, checks = pf.evaluate(rec, CLUSTER)
+    state = {c.name.split()[0]: c for c in checks if c.name.endswith("bytes/rank")}
+    assert verdict == "PASS", pf.format_report(verdict, checks)
+    assert {k: c.status for k, c in state.items()} == {"weights": "PASS", "gradients": "PASS", "optimizer": "PASS"}
+    row = record_row(rec)
+    assert sum(c.predicted for c in state.values()) == pytest.approx(row["state_bytes_pred"], rel=1e-12)
+    assert row["state_bytes_rel_err"] == pytest.approx(0.0, abs=STATE_TOL)
+    if name == "hsdp-kept":
+        assert rec["spec"]["layout"]["sharding"] == "hsdp"
+
+
+STATE_TOL = pf.STATE_REL_TOL
+
+
+def test_zero2_weights_are_judged_sharded_at_rest_not_at_the_peak():
+    rec = _harness_record(PRODUCTION["zero2"][0], None)
+    bd = rec["predicted"]["memory"]["breakdown_bytes"]
+    weights = by_name(pf.evaluate(rec, CLUSTER)[1])["weights bytes/rank"]
+    assert weights.status == "PASS" and "at rest" in weights.note
+    assert weights.predicted == pytest.approx(bd["weights"] / 2)  # ZeRO-2's peak holds the full weights
+
+
+def test_record_without_at_rest_terms_falls_back_to_the_breakdown():
+    _, checks = pf.evaluate(record(), CLUSTER)
+    assert "memory_breakdown" in by_name(checks)["weights bytes/rank"].note
+
+
+# -------------------------------------------------------------------------------------- the fallback
+def _candidates(tmp_path):
+    import pandas as pd
+
+    df = pd.DataFrame([
+        {"rank": 1, "feasible": True, "layout_text": "dp32 zero2", "tokens_per_s": 100.0,
+         "tokens_per_s_per_gpu": 3.1, "mem_total_gib": 60.0, "headroom_frac": 0.2},
+        {"rank": 2, "feasible": True, "layout_text": "dp32 zero3", "tokens_per_s": 95.0,
+         "tokens_per_s_per_gpu": 3.0, "mem_total_gib": 30.0, "headroom_frac": 0.6},
+        {"rank": 3, "feasible": False, "layout_text": "dp32 none", "tokens_per_s": 120.0,
+         "tokens_per_s_per_gpu": 3.7, "mem_total_gib": 120.0, "headroom_frac": -0.5}])
+    path = tmp_path / "analytic" / "candidates.csv"
+    path.parent.mkdir(parents=True)
+    df.to_csv(path, index=False)
+    return path
+
+
+def test_fallback_is_the_memos_memory_fallback(tmp_path):
+    fb = pf.preflight_fallback(_candidates(tmp_path))
+    assert fb["layout"] == "dp32 zero3" and fb["slower_frac"] == pytest.approx(0.05)
+    line = pf.fallback_line(fb)
+    assert "switch to dp32 zero3" in line and "rerun the preflight" in line and "no-go, re-plan" in line
+    assert pf.preflight_fallback(tmp_path / "missing.csv") is None
+    assert "no-go, re-plan" in pf.fallback_line(None)
+
+
+def test_failing_preflight_names_the_fallback(tmp_path, monkeypatch, capsys):
+    cand = _candidates(tmp_path)
+    summary = cand.parent / "summary.json"
+    summary.write_text('{"layout": {"dp": 32, "sharding": "zero2"}}')
+    verdict, checks = pf.evaluate(record(params=1200), CLUSTER)
+    from dataclasses import asdict
+
+    fake = {"verdict": verdict, "notes": [], "checks": [asdict(c) | {"rel_err": c.rel_err} for c in checks]}
+    seen = {}
+
+    def fake_run(*a, **kw):
+        seen["out"] = a[4]
+        return fake
+
+    monkeypatch.setattr(pf, "run_preflight", fake_run)
+    rc = pf.main(["--summary", str(summary), "--config", "config/config.yaml"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "PREFLIGHT FAIL" in out and "FALLBACK: switch to dp32 zero3" in out
+    assert seen["out"] == tmp_path / "preflight"  # default --out: results/preflight beside analytic/
+    assert read_json(tmp_path / "preflight" / "preflight.json")["fallback"]["layout"] == "dp32 zero3"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_default_study_recommendation_passes_its_own_preflight(tmp_path, capsys):
+    """The issue's command on the default study: the analytic stage picks the layout, the CPU slice runs."""
+    from trainplan.config import config_slice, load_config
+    from trainplan.stages import analytic_model
+
+    a = tmp_path / "analytic"
+    analytic_model.run({}, {k: str(a / f"{k}.csv") for k in ("candidates", "families", "techniques")}
+                              | {"summary": str(a / "summary.json")},
+                              config_slice(load_config("config/config.yaml").raw, "analytic_model"))
+    rc = pf.main(["--summary", str(a / "summary.json"), "--config", "config/config.yaml", "--steps", "3",
+                  "--warmup", "1", "--timeout-s", "240"])
+    out = capsys.readouterr().out
+    assert rc == 0 and out.rstrip().endswith("PREFLIGHT PASS"), out
+    assert read_json(tmp_path / "preflight" / "preflight.json")["verdict"] == "PASS"

@@ -1,0 +1,178 @@
+"""The trainplan CLI: estimate/validate/plan via main(argv) and via a subprocess; one-line errors, exit 2."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainplan.cli import main
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_estimate_json_schema(capsys):
+    assert main(["estimate", "--model", "llama2-13b", "--gpus", "32", "--micro-batch", "1", "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    for k in ("feasible", "reason", "params", "flops_per_token", "memory_gib", "step_time_s", "tokens_per_s",
+              "tokens_per_s_per_gpu", "mfu", "hfu", "breakdown", "headroom", "layout"):
+        assert k in js
+    assert set(js["memory_gib"]) >= {"weights", "gradients", "optimizer", "activations", "buffers", "overhead", "total"}
+    assert js["params"] == 13_015_864_320 and js["layout"]["dp"] == 32
+
+
+def test_estimate_arch_overrides(capsys):
+    assert main(["estimate", "--arch", "layers=2,hidden=256,heads=4,vocab=1000", "--gpus", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "custom"
+
+
+@pytest.mark.parametrize("argv, key", [
+    (["--tp", "3"], "layout"),
+    (["--tp", "16", "--gpus", "32"], "layout.tp"),
+    (["--gpu", "b300"], "gpu"),
+    (["--global-batch", "-1"], "global-batch"),
+    (["--model", "/nonexistent/config.json"], "model"),
+    (["--arch", "layers=x"], "arch.layers"),
+    (["--arch", "depth=3"], "arch.depth"),
+])
+def test_bad_input_one_line_exit_2(capsys, argv, key):
+    assert main(["estimate", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"trainplan: error: {key}="), err
+
+
+def test_unreadable_config_json(tmp_path, capsys):
+    p = tmp_path / "config.json"
+    p.write_text("{broken")
+    assert main(["estimate", "--model", str(p)]) == 2
+    assert capsys.readouterr().err.startswith("trainplan: error: model=")
+
+
+def test_subprocess_error_and_help():
+    exe = [sys.executable, "-m", "trainplan.cli"]
+    r = subprocess.run([*exe, "estimate", "--tp", "7"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    for sub in ("plan", "estimate", "validate"):
+        h = subprocess.run([*exe, sub, "--help"], capture_output=True, text=True, timeout=60)
+        assert h.returncode == 0 and "example:" in h.stdout
+
+
+def test_estimate_imports_no_torch_or_snakemake():
+    code = ("import sys; from trainplan.cli import main; main(['estimate','--json']); "
+            "assert 'torch' not in sys.modules and 'snakemake' not in sys.modules and 'pandas' not in sys.modules")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def test_validate_prints_mape(capsys):
+    assert main(["validate"]) == 0
+    out = capsys.readouterr().out
+    assert "MAPE" in out and "korthikanti2022_t3_5" in out
+
+
+@pytest.mark.skipif(not (ROOT / "config" / "config.yaml").exists(), reason="config/config.yaml not written yet")
+def test_plan_default_config(tmp_path, capsys):
+    out_csv = tmp_path / "c.csv"
+    assert main(["plan", str(ROOT / "config" / "config.yaml"), "--top", "3", "--csv", str(out_csv)]) == 0
+    text = capsys.readouterr().out
+    assert "tok/s/GPU" in text and "chosen" in text
+    assert out_csv.exists()
+
+
+# ------------------------------------------------------------------- issue 12 item 4, issue 13 items 1 and 5
+GPT2 = "layers=12,hidden=768,heads=12,vocab=50257,mlp=gelu,norm=layernorm,pos=learned,bias=all,tied=true,max_seq=1024"
+
+
+def test_arch_expresses_gpt_style_models(capsys):
+    """GPT-2 small through --arch: LayerNorm, 4h GELU MLP, biases, tied head, learned positions; 124,439,808
+    parameters (openai-community/gpt2, transformers num_parameters())."""
+    assert main(["estimate", "--arch", GPT2, "--gpus", "8", "--seq-len", "1024", "--global-batch", "64",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["params"] == 124_439_808
+    for pos in ("alibi", "rope"):  # no position parameters
+        assert main(["estimate", "--arch", GPT2.replace("pos=learned", f"pos={pos}"), "--gpus", "8",
+                     "--seq-len", "1024", "--global-batch", "64", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["params"] == 124_439_808 - 1024 * 768
+
+
+def test_arch_without_max_seq_has_no_cap(capsys):
+    arch = "layers=2,hidden=256,heads=4,vocab=1000"
+    assert main(["estimate", "--arch", arch, "--gpus", "8", "--seq-len", "131072", "--global-batch", "8",
+                 "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "warning" not in captured.err
+    # learned positions without max_seq: exactly the rows the sequence needs (memory stays right)
+    assert main(["estimate", "--arch", arch + ",pos=learned", "--gpus", "8", "--seq-len", "2048",
+                 "--global-batch", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["params"] == 2 * 1000 * 256 + 2048 * 256 + 2 * (
+        4 * 256 * 256 + 3 * 256 * 768 + 2 * 256) + 256  # embed + head + positions + 2 blocks + final norm
+
+
+def test_sequence_above_a_presets_window_is_a_warning(capsys):
+    assert main(["estimate", "--model", "llama2-13b", "--seq-len", "8192", "--json"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("trainplan: warning: seq-len=8192") and "max_seq_len=4096" in err[0]
+    # learned positions have no row beyond max_seq: an error
+    assert main(["estimate", "--arch", GPT2, "--gpus", "8", "--seq-len", "2048", "--global-batch", "64"]) == 2
+    assert capsys.readouterr().err.startswith("trainplan: error: seq-len=2048")
+
+
+def test_kernels_and_attn_impl_flags_change_the_estimate(capsys):
+    base = ["estimate", "--model", "llama2-7b", "--gpus", "8", "--json"]
+    out = {}
+    for extra in ([], ["--kernels", "compiled"], ["--kernels", "fused"], ["--attn-impl", "math"]):
+        assert main(base + extra) == 0
+        out[tuple(extra)] = json.loads(capsys.readouterr().out)["step_time_s"]
+    assert out[("--kernels", "fused")] < out[()] and out[("--attn-impl", "math")] != out[()]
+    assert main(base + ["--kernels", "triton"]) == 2
+    assert "--kernels" in capsys.readouterr().err
+    h = subprocess.run([sys.executable, "-m", "trainplan.cli", "estimate", "--help"], capture_output=True, text=True,
+                       timeout=60).stdout
+    for word in ("--kernels", "--attn-impl", "max_seq", "head_dim", "pos (rope|learned|alibi)", "qk_norm"):
+        assert word in h
+
+
+@pytest.mark.parametrize("argv, key", [
+    (["--gpus-per-node", "1e20"], "argument --gpus-per-node"),
+    (["--gpus-per-node", "100000000000000000000"], "gpus-per-node"),
+    (["--global-batch", str(2**80)], "global-batch"),
+    (["--seq-len", str(2**63)], "seq-len"),
+    (["--shard-group", "4"], "shard-group"),  # only with hsdp
+    (["--sharding", "hsdp", "--shard-group", "0"], "shard-group"),
+    (["--cp-kind", "ulysses"], "cp-kind"),  # only with cp > 1
+    (["--arch", "layers=2,layers=3"], "arch.layers"),  # repeated key
+    (["--arch", "layers=2"], "arch"),  # without --model: a whole architecture
+    (["--arch", "layers=2,hidden=64,heads=3,vocab=10"], "arch.hidden"),
+    (["--arch", "layers=2,hidden=64,heads=4,vocab=10,pos=sinusoid"], "arch.pos"),
+    (["--model", "debug", "--arch", "layers=99999999"], "arch.layers"),
+    (["--model", "llama2-7b", "--arch", "hidden=4001"], "arch.hidden"),
+    (["--gpu", "h100\nsxm"], "gpu"),
+])
+def test_bounded_and_cross_checked_flags(capsys, argv, key):
+    assert main(["estimate", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"trainplan: error: {key}"), err
+
+
+def test_arch_with_model_overrides_only_the_given_fields(capsys):
+    assert main(["estimate", "--model", "llama2-13b", "--arch", "layers=20", "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js["model"] == "llama2-13b" and js["params"] < 13_015_864_320 / 1.8
+
+
+def test_h100_peak_must_be_finite(capsys):
+    for v in ("inf", "nan", "-1"):
+        assert main(["validate", "--h100-peak-tflops", v]) == 2
+        assert capsys.readouterr().err.startswith("trainplan: error: h100-peak-tflops=")
+
+
+def test_plan_without_a_feasible_layout_says_why(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: llama2-70b\ncluster: {nodes: 1, gpus_per_node: 1, gpu: a100-80gb}\n"
+                   "training: {seq_len: 4096, global_batch: 7}\ncost: {price_per_gpu_hour_usd: 3}\n"
+                   "proxies: {nproc_per_node: 1, scaleout_world_sizes: [1]}\nsearch: {offloads: [none]}\n")
+    assert main(["plan", str(cfg)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("trainplan: warning: no feasible layout of")
+    assert "global_batch=7 is not a multiple" in err[0] and "OOM" in err[0]

@@ -1,0 +1,140 @@
+"""Proxy model, LoRA, RUN_SPEC parsing, selection and aggregation (fast, single process)."""
+
+import pandas as pd
+import pytest
+import torch
+
+from trainplan.model.arch import MODEL_PRESETS, ModelSpec
+from trainplan.model.base import ConfigError
+from trainplan.model.layout import Layout
+from trainplan.model.training import TrainingSpec
+from trainplan.proxy.lora import apply_lora, lora_trainable_params
+from trainplan.proxy.model import build_model, n_params
+from trainplan.proxy.schema import normalize_run_spec
+from trainplan.proxy.select import select_proxies
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_PRESETS))
+def test_module_param_count_equals_spec_for_every_preset(name):
+    spec = MODEL_PRESETS[name]
+    assert n_params(build_model(spec, device="meta")) == spec.n_params
+
+
+@pytest.mark.parametrize("kw", [
+    {"mlp": "gelu", "norm": "layernorm", "bias": "all", "pos_embedding": "learned"},
+    {"bias": "qkv", "tied_embeddings": True},
+    {"bias": "all"},
+])
+def test_module_param_count_equals_spec_for_variants(kw):
+    spec = ModelSpec(layers=2, hidden=64, heads=4, kv_heads=2, vocab=100, **kw)
+    assert n_params(build_model(spec, device="meta")) == spec.n_params
+
+
+def test_forward_gives_logits_and_is_seeded():
+    spec = MODEL_PRESETS["debug"]
+    x = torch.randint(0, spec.vocab, (2, 16))
+    a, b = build_model(spec, seed=1)(x), build_model(spec, seed=1)(x)
+    assert a.shape == (2, 16, spec.vocab)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, build_model(spec, seed=2)(x))
+
+
+def test_lora_freezes_base_and_counts_adapters():
+    spec = MODEL_PRESETS["debug"]
+    m = build_model(spec)
+    x = torch.randint(0, spec.vocab, (1, 8))
+    before = m(x)
+    apply_lora(m, 4, ["q", "v", "down"])
+    trainable = sum(p.numel() for p in m.parameters() if p.requires_grad)
+    assert trainable == lora_trainable_params(spec, 4, ["q", "v", "down"])
+    assert torch.allclose(m(x), before)  # B starts at zero
+    with pytest.raises(ConfigError, match="lora_targets"):
+        apply_lora(build_model(spec), 4, ["nope"])
+
+
+def _spec(**kw):
+    return {"id": "x", "model": "debug", "layout": {"dp": 2}, "nproc_per_node": 2, **kw}
+
+
+def test_run_spec_defaults_and_errors_name_the_key():
+    s = normalize_run_spec(_spec())
+    assert s["model"]["hidden"] == 64 and s["steps"] == 20 and s["layout"]["sharding"] == "zero3"
+    for bad, key in [({"steps": 0}, "steps"), ({"device": "tpu"}, "device"), ({"nproc_per_node": 4}, "layout"),
+                     ({"bogus": 1}, "bogus"), ({"warmup": 30}, "warmup"), ({"global_batch": 3}, "global_batch"),
+                     ({"mem_limit_bytes": -1}, "mem_limit_bytes")]:
+        with pytest.raises(ConfigError) as e:
+            normalize_run_spec(_spec(**bad))
+        assert e.value.key == key
+
+
+def test_select_proxies_covers_every_family_with_valid_specs():
+    df = pd.DataFrame([{**Layout(dp=32).to_dict(), "family": "FSDP", "feasible": True, "rank": 1},
+                       {**Layout(dp=4, tp=8, sp=True).to_dict(), "family": "FSDP×TP+SP", "feasible": True, "rank": 2}])
+    cfg = {"device": "cpu", "nproc_per_node": 2, "seq_len": 64, "global_batch": 4,
+           "depth_layers": [1, 2], "width_hidden": [64, 128], "scaleout_world_sizes": [1, 2]}
+    specs = select_proxies(df, MODEL_PRESETS["llama2-13b"], TrainingSpec(seq_len=4096, global_batch=256), cfg)
+    ids = [s["id"] for s in specs]
+    assert len(ids) == len(set(ids))
+    assert {s["family"] for s in specs} == {"depth", "width", "scaleout", "layout"}
+    layouts = [Layout.from_dict(s["layout"]) for s in specs]
+    assert {"DDP", "FSDP", "HSDP"} <= {x.family for x in layouts}
+    assert any(x.tp > 1 and not x.sp for x in layouts) and any(x.tp > 1 and x.sp for x in layouts)  # TP, TP+SP
+    assert any(s["finetune"] == "lora" for s in specs)
+    for s in specs:
+        n = normalize_run_spec(s)
+        assert n["model"]["hidden"] <= 256 and n["seq_len"] == 64  # CPU: debug sizes
+    capped = select_proxies(df, MODEL_PRESETS["llama2-13b"], TrainingSpec(seq_len=4096, global_batch=256),
+                            {**cfg, "max_proxies": 4})
+    assert len(capped) == 4 and len({s["family"] for s in capped}) == 4
+
+
+def test_select_proxies_keeps_production_widths_on_cuda():
+    df = pd.DataFrame([{**Layout(dp=32).to_dict(), "family": "FSDP", "feasible": True, "rank": 1}])
+    specs = select_proxies(df, MODEL_PRESETS["llama2-13b"], TrainingSpec(seq_len=4096, global_batch=256),
+                           {"device": "cuda", "nproc_per_node": 8, "global_batch": 8, "families": ["depth"],
+                            "depth_layers": [2]})
+    assert specs[0]["model"]["hidden"] == 5120 and specs[0]["model"]["layers"] == 2
+
+
+def test_run_spec_model_impl_defaults_to_trainplan_and_hf_refuses_what_it_cannot_run():
+    assert normalize_run_spec(_spec())["model_impl"] == "trainplan"
+    assert normalize_run_spec(_spec(model_impl="hf"))["model_impl"] == "hf"
+    for bad, why in [({"model_impl": "jax"}, "one of trainplan, hf"),
+                     ({"model_impl": "hf", "layout": {"tp": 2, "sharding": "none"}}, "TP proxies"),
+                     ({"model_impl": "hf", "finetune": "lora"}, "LoRA proxies"),
+                     ({"model_impl": "hf", "model": {**MODEL_PRESETS["debug"].to_dict(), "mlp": "gelu"}}, "mlp=gelu")]:
+        with pytest.raises(ConfigError, match=why) as e:
+            normalize_run_spec(_spec(**bad))
+        assert e.value.key == "model_impl"
+
+
+def test_select_proxies_with_model_impl_hf_leaves_out_tp_and_lora_runs():
+    df = pd.DataFrame([{**Layout(dp=1, tp=32).to_dict(), "family": "TP", "feasible": True, "rank": 1},
+                       {**Layout(dp=32).to_dict(), "family": "FSDP", "feasible": True, "rank": 2}])
+    cfg = {"device": "cpu", "nproc_per_node": 2, "seq_len": 64, "global_batch": 4, "model_impl": "hf",
+           "depth_layers": [1, 2], "width_hidden": [64, 128], "scaleout_world_sizes": [1, 2]}
+    train = TrainingSpec(seq_len=4096, global_batch=256)
+    specs = select_proxies(df, MODEL_PRESETS["llama2-13b"], train, cfg)
+    assert {s["family"] for s in specs} == {"depth", "width", "scaleout", "layout"}  # depth/width: best is TP → FSDP
+    assert all(s["model_impl"] == "hf" and s["layout"]["tp"] == 1 and s["finetune"] == "full" for s in specs)
+    assert {"DDP", "FSDP", "HSDP"} <= {Layout.from_dict(s["layout"]).family for s in specs}
+    assert all(normalize_run_spec(s)["model_impl"] == "hf" for s in specs)
+    default = select_proxies(df, MODEL_PRESETS["llama2-13b"], train, {k: v for k, v in cfg.items() if k != "model_impl"})
+    assert all("model_impl" not in s for s in default)  # the default RUN_SPECs (and their hashes) are unchanged
+    with pytest.raises(ConfigError, match="proxies.model_impl"):
+        select_proxies(df, ModelSpec(layers=2, hidden=64, heads=4, vocab=100, mlp="gelu"), train, cfg)
+
+
+def test_config_proxies_model_impl_defaults_to_trainplan_and_is_checked():
+    from pathlib import Path
+
+    import yaml
+
+    from trainplan.config import load_config
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[3] / "config" / "config.yaml").read_text())
+    assert load_config(raw).proxies["model_impl"] == "trainplan"
+    assert load_config({**raw, "proxies": {**raw["proxies"], "model_impl": "hf"}}).proxies["model_impl"] == "hf"
+    with pytest.raises(ConfigError) as e:
+        load_config({**raw, "proxies": {**raw["proxies"], "model_impl": "jax"}})
+    assert e.value.key == "proxies.model_impl"

@@ -1,0 +1,143 @@
+"""Figures: drawn from results tables, deterministic SVG bytes, captions traceable to provenance sidecars."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+from trainplan.report import figures as F
+
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "results_min"
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
+    root = tmp_path_factory.mktemp("figs") / "results"
+    shutil.copytree(FIXTURE, root)
+    return root, F.make_figures(F.figure_inputs(root), root / "figures")
+
+
+def _cand() -> pd.DataFrame:
+    return pd.read_csv(FIXTURE / "analytic/candidates.csv")
+
+
+def test_every_figure_is_made_from_the_fixture(made):
+    _, out = made
+    assert sorted(out) == sorted(["memory", "time_breakdown", "pareto", "parity", "extrapolation", "cost",
+                                  "tornado"])
+    for p in out.values():
+        assert p.read_bytes().startswith(b"<?xml") and b"<svg" in p.read_bytes()[:400]
+
+
+def test_caption_config_hash_matches_the_source_provenance_sidecar(made):
+    root, out = made
+    for name, svg in out.items():
+        cap = F.read_caption(svg)
+        assert cap["sources"], name
+        want = "+".join(sorted({json.loads((root / (s + ".provenance.json")).read_text())["config_hash"]
+                                for s in cap["sources"]}))
+        assert cap["config_hash"] == want, name
+        assert f"config_hash={want}".encode() in svg.read_bytes(), name  # also in the SVG metadata
+        assert cap["calibration_source"] == json.loads((root / "calibration/calibration.json").read_text())["source"]
+
+
+def test_save_figure_bytes_are_deterministic_and_dateless(tmp_path):
+    paths = []
+    for i in range(2):
+        fig = F.plot_pareto(_cand())
+        paths.append(F.save_figure(fig, tmp_path / str(i) / "p.svg", caption="c", config_hash="abc",
+                                   sources=["x.csv"]))
+    a, b = (p.read_bytes() for p in paths)
+    assert a == b
+    assert b"<dc:date>" not in a
+
+
+def test_memory_bars_stack_to_the_total_of_each_layout():
+    rep = F.representative_layouts(_cand())
+    fig = F.plot_memory(rep, hbm_gib=79.6)
+    ax = fig.axes[0]
+    ends = {}
+    for patch in ax.patches:
+        y = round(patch.get_y() + patch.get_height() / 2)
+        ends[y] = max(ends.get(y, 0.0), patch.get_x() + patch.get_width())
+    terms = [f"mem_{t}_gib" for t in F.MEM_TERMS]
+    np.testing.assert_allclose([ends[i] for i in range(len(rep))], rep[terms].sum(axis=1), rtol=1e-6)
+    np.testing.assert_allclose(rep[terms].sum(axis=1), rep["mem_total_gib"], rtol=1e-4)
+
+
+def test_representative_layouts_keep_infeasible_families_with_their_smallest_memory():
+    cand = _cand()
+    rep = F.representative_layouts(cand)
+    assert set(rep["family"]) == set(cand["family"])
+    oom = rep[~rep["feasible"].astype(bool)]
+    assert len(oom) > 0
+    for _, r in oom.iterrows():
+        assert r["mem_total_gib"] == cand[cand["family"] == r["family"]]["mem_total_gib"].min()
+
+
+def test_time_breakdown_bars_sum_to_step_time():
+    rep = F.representative_layouts(_cand())
+    rep = rep[rep["feasible"].astype(bool)]
+    ax = F.plot_time_breakdown(rep).axes[0]
+    ends: dict[int, float] = {}
+    for patch in ax.patches:
+        y = round(patch.get_y() + patch.get_height() / 2)
+        ends[y] = max(ends.get(y, 0.0), patch.get_x() + patch.get_width())
+    np.testing.assert_allclose([ends[i] for i in range(len(rep))], rep["step_time_s"], rtol=1e-4)
+
+
+def test_parity_table_pairs_pred_and_meas_columns_and_skips_failed_runs():
+    rec = pd.read_csv(FIXTURE / "proxies/records.csv")
+    long = F.parity_table(rec)
+    assert "layout-oom" not in set(long["id"])
+    assert set(long["metric"]) == set(F.parity_pairs(rec))
+    r = long[(long["id"] == "scaleout-4") & (long["metric"] == "comm_bytes")].iloc[0]
+    row = rec[rec["id"] == "scaleout-4"].iloc[0]
+    assert r["rel_error"] == pytest.approx(row["comm_bytes_pred"] / row["comm_bytes_meas"] - 1.0)
+    assert r["rel_error"] == pytest.approx(row["comm_bytes_rel_err"])  # records.csv's sign: predicted/measured − 1
+
+
+def test_pareto_marks_rank_one_and_draws_only_feasible_layouts():
+    cand = _cand()
+    ax = F.plot_pareto(cand).axes[0]
+    feasible_pts = ax.collections[0].get_offsets()
+    assert len(feasible_pts) == int(cand["feasible"].sum())
+    star = ax.collections[-1].get_offsets()[0]
+    best = cand[cand["rank"] == 1].iloc[0]
+    assert star[1] == pytest.approx(best["tokens_per_s_per_gpu"])
+
+
+def test_plots_draw_into_a_given_axes():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    assert F.plot_pareto(_cand(), ax=ax) is fig
+    sens = pd.read_csv(FIXTURE / "cost/sensitivity.csv")
+    assert isinstance(F.plot_tornado(sens), Figure)
+    plt.close("all")
+
+
+def test_missing_inputs_make_no_figure(tmp_path):
+    root = tmp_path / "r"
+    (root / "analytic").mkdir(parents=True)
+    shutil.copy(FIXTURE / "analytic/candidates.csv", root / "analytic/candidates.csv")
+    out = F.make_figures(F.figure_inputs(root), tmp_path / "figs", hbm_gib=79.6)
+    assert sorted(out) == ["memory", "pareto", "time_breakdown"]
+    assert json.loads(F.caption_path(out["memory"]).read_text())["config_hash"] == "no-sidecar"
+
+
+def test_report_labels_come_from_the_caption_sidecar_with_braces_escaped(tmp_path):
+    from trainplan.report.figures import report_labels, save_figure
+
+    fig = Figure()
+    fig.add_subplot().plot([0, 1], [0, 1])
+    save_figure(fig, tmp_path / "x.svg", caption="c", config_hash="abc+def", sources=["a/{w}.csv", "b.json"],
+                calibration_source=None)
+    assert report_labels(tmp_path, "x") == {"figure": "x", "config hash": "abc+def", "sources": "a/{{w}}.csv, b.json",
+                                            "calibration": "n/a"}

@@ -1,0 +1,338 @@
+"""The PDF memo: headline numbers equal the results files, captions trace to provenance, sections present,
+missing inputs say so, attachments present, and rendering twice gives identical bytes.
+
+Expected strings are formatted here with plain f-strings (not trainplan.report.memo.fmt), so a formatting or
+lookup bug in the memo shows up as a mismatch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from pypdf import PdfReader
+
+from trainplan.model.layout import Layout
+from trainplan.report import memo
+from trainplan.report.figures import figure_inputs, make_figures, read_caption
+
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "results_min"
+HASH, COMMIT = "5f" * 32, "c0ffee" + "0" * 34
+CONFIG = {"study": {"name": "fixture study"}, "model": {"preset": "llama2-13b"},
+          "cluster": {"nodes": 4, "gpus_per_node": 8, "gpu": "h100-sxm-80gb", "inter_busbw_GBps": 46},
+          "training": {"seq_len": 4096, "global_batch": 256}, "cost": {"price_per_gpu_hour": 3.0},
+          "targets": {"max_hours": 72, "max_dollars": 15000, "min_tokens_per_s_per_gpu": 4000}}
+SECTIONS = ["The decision", "What was validated, and how", "Day-1 go/no-go checks", "The ask", "Contents",
+            "Study assumptions", "Alternatives considered", "Memory math", "Throughput math", "Validation",
+            "Published-data check", "Extrapolation", "Cost and schedule", "Sensitivity", "Risks and mitigations",
+            "Appendix A: launch artifacts", "Appendix B: resolved config", "Appendix C: provenance"]
+
+
+def _squash(s: str) -> str:
+    return re.sub(r"\s+", "", s)
+
+
+def _render(root: Path, out: Path) -> Path:
+    make_figures(figure_inputs(root), root / "figures")
+    return memo.render_memo(memo.memo_inputs(root), out, config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    base = tmp_path_factory.mktemp("memo")
+    root = base / "results"
+    shutil.copytree(FIXTURE, root)
+    pdf = _render(root, base / "memo.pdf")
+    reader = PdfReader(pdf)
+    pages = [p.extract_text() for p in reader.pages]
+    return {"root": root, "pdf": pdf, "base": base, "reader": reader, "pages": pages, "text": "\n".join(pages)}
+
+
+def _load(rel: str) -> dict:
+    return json.loads((FIXTURE / rel).read_text())
+
+
+def test_page_one_states_the_decision_with_numbers_from_the_results(rendered):
+    p1 = _squash(rendered["pages"][0])
+    summary, prod, cost = _load("analytic/summary.json"), _load("prediction/production.json"), _load("cost/cost.json")
+    ch = prod["chosen"]
+    want = [Layout(**summary["layout"]).describe(), summary["family"],
+            f"{ch['tokens_per_s_per_gpu_p50']:,.0f}", f"{ch['tokens_per_s_per_gpu_p10']:,.0f}",
+            f"{ch['tokens_per_s_per_gpu_p90']:,.0f}", f"{ch['mem_total_gib_p50']:.1f}",
+            f"{ch['mem_total_gib_p10']:.1f}", f"{ch['mem_total_gib_p90']:.1f}", f"{100 * ch['headroom_frac']:.1f}%",
+            f"{100 * ch['mfu_p50']:.1f}%", f"{summary['hbm_gib']:.1f}",
+            f"{cost['ask']['gpu_hours']:,.0f}GPU-hours", f"${cost['ask']['dollars']:,.0f}",
+            f"{cost['ask']['window_h']:.1f}h", f"{CONFIG['cluster']['inter_busbw_GBps']}GB/sperGPU",
+            f"≤{ch['mem_total_gib_p90']:.1f}GiB(p90prediction)", f"≥{ch['tokens_per_s_per_gpu_p10']:,.0f}(p10)"]
+    for t in cost["targets"]:
+        unit = t["unit"]
+        f = (lambda v: f"${v:,.0f}") if unit == "$" else (lambda v: f"{v:.1f}") if unit == "h" else (lambda v: f"{v:,.0f}")
+        want += [f(t["p50"]), f"{f(t['p10'])}–{f(t['p90'])}", f(t["target"])]
+        label = "tokens/s per GPU" if unit == "tokens/s" else f"{t['name']} ({unit})"  # merged with the prediction row
+        row = re.search(re.escape(_squash(label)) + r".*?(PASS|FAIL)", p1)
+        assert row and row.group(1) == ("PASS" if t["pass"] else "FAIL"), t["name"]
+    missing = [w for w in want if _squash(w) not in p1]
+    assert not missing
+
+
+def test_page_one_names_the_runner_up_with_its_numbers_from_families_csv(rendered):
+    import pandas as pd
+
+    fam = pd.read_csv(FIXTURE / "analytic" / "families.csv")
+    ch = _load("prediction/production.json")["chosen"]
+    ok = fam[(fam["verdict"] != "chosen") & ~fam["verdict"].str.startswith("OOM")]
+    r = ok.sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
+    p1 = _squash(rendered["pages"][0])
+    slower = 1 - r["tokens_per_s_per_gpu"] / ch["tokens_per_s_per_gpu_p50"]
+    for w in (f"Runner-up:{r['family']}", r["layout"], f"{100 * slower:.1f}%slower", f"{r['mem_total_gib']:.1f}GiB/GPU"):
+        assert _squash(w) in p1, w
+    inside = r["tokens_per_s_per_gpu"] >= ch["tokens_per_s_per_gpu_p10"]
+    assert ("cannotrankthetwo" in p1) == inside
+    assert _squash(f"switch to the runner-up, {r['family']} ({r['layout']})") in p1  # the day-1 throughput fallback
+
+
+def test_runner_up_skips_the_chosen_and_oom_families():
+    import pandas as pd
+
+    fam = pd.DataFrame({"family": ["A", "B", "C", "D"], "best_layout": ["a", "b", "c", "d"],
+                        "tokens_per_s_per_gpu": [100.0, float("nan"), 90.0, 50.0],
+                        "mem_total_gib": [60.0, 200.0, 40.0, 30.0], "verdict": ["chosen", "OOM", "slower", "slower"]})
+    ch = {"tokens_per_s_per_gpu_p50": 100.0, "tokens_per_s_per_gpu_p10": 85.0}
+    r = memo.runner_up(fam, ch)
+    assert (r["family"], r["layout"], r["inside_interval"]) == ("C", "c", True)
+    assert r["slower_frac"] == pytest.approx(0.10)
+    assert not memo.runner_up(fam, {**ch, "tokens_per_s_per_gpu_p10": 95.0})["inside_interval"]
+    assert memo.runner_up(fam.iloc[[0, 1]], ch) is None and memo.runner_up(None, ch) is None
+
+
+def test_page_one_says_what_rests_on_published_data_and_never_uses_cpu_timings(rendered):
+    p1 = " ".join(rendered["pages"][0].split())
+    assert memo.SOURCE_LABELS[_load("calibration/calibration.json")["source"]] in p1
+    assert "not H100 timing evidence" in p1
+    assert "step_time_s_median" not in rendered["text"]  # CPU timings are never shown
+
+
+def test_validation_errors_are_those_of_the_records(rendered):
+    import pandas as pd
+
+    rec = pd.read_csv(FIXTURE / "proxies/records.csv")
+    ok = rec[rec["status"] == "ok"]
+    worst = ok["comm_bytes_rel_err"].abs().max()  # predicted/measured − 1, as records.csv carries it
+    assert _squash(f"comm_bytes (worst {100 * worst:.1f}%)") in _squash(rendered["pages"][0])
+    assert f"{len(rec)} proxy runs" in rendered["pages"][0]
+
+
+def test_all_sections_are_present_and_listed_in_the_contents_with_page_numbers(rendered):
+    text = _squash(rendered["text"])
+    for s in SECTIONS:
+        assert _squash(s) in text, s
+    toc = next(p for p in rendered["pages"] if "Contents" in p)
+    n = len(rendered["pages"])
+    for s in ("Memory math", "Risks and mitigations", "Appendix C: provenance"):
+        m = re.search(re.escape(s) + r"[ .]*(\d+)", toc)
+        assert m and 1 <= int(m.group(1)) <= n, s
+        assert s in rendered["pages"][int(m.group(1)) - 1], f"{s} not on page {m.group(1)}"
+
+
+def test_footer_carries_page_x_of_y_study_hash_and_commit(rendered):
+    n = len(rendered["pages"])
+    for i, page in enumerate(rendered["pages"], 1):
+        assert f"Page {i} of {n}" in page
+        assert HASH[:12] in page and COMMIT[:12] in page
+
+
+def test_each_figure_caption_hash_matches_its_provenance_sidecar(rendered):
+    root = rendered["root"]
+    text = _squash(rendered["text"])
+    svgs = sorted((root / "figures").glob("*.svg"))
+    assert len(svgs) == len(memo.FIGURES)
+    for svg in svgs:
+        cap = read_caption(svg)
+        sidecars = {json.loads((root / (s + ".provenance.json")).read_text())["config_hash"] for s in cap["sources"]}
+        assert cap["config_hash"] == "+".join(sorted(sidecars))
+        assert _squash(f"config {cap['config_hash'][:12]}") in text, svg.name
+
+
+def _alternatives_text(rendered) -> str:
+    text = rendered["text"]
+    start = text.index("Alternatives considered", text.index("Appendix C: provenance"))  # past the contents
+    return _squash(text[start: text.index("Memory math", start)])
+
+
+def test_alternatives_show_every_family_when_there_are_at_most_twenty(rendered):
+    import pandas as pd
+
+    fam = pd.read_csv(FIXTURE / "analytic/families.csv")
+    assert len(fam) <= memo.FAMILIES_ALL_MAX
+    alt = _alternatives_text(rendered)
+    for _, r in fam.iterrows():
+        assert _squash(r["layout"]) in alt, r["family"]
+    assert "familiesshown" not in alt
+
+
+def test_alternatives_truncate_only_beyond_twenty_families():
+    import pandas as pd
+
+    fam = pd.DataFrame({"family": [f"F{i}" for i in range(25)], "layout": "x", "verdict": ["chosen"] + ["slower"] * 24,
+                        "tokens_per_s_per_gpu": 1.0, "mem_total_gib": 1.0})
+    assert len(memo._families(fam.head(20))["families"]) == 20
+    got = memo._families(fam)
+    assert got["families_total"] == 25 and len(got["families"]) == memo.FAMILIES_SHOWN
+
+
+def test_technique_table_shows_each_technique_with_and_without_from_the_results(rendered):
+    import pandas as pd
+
+    tech = pd.read_csv(FIXTURE / "analytic/techniques.csv")
+    assert len(tech) >= 5
+    alt = _alternatives_text(rendered)
+    assert "Whateachtechniquebuys" in alt
+    for _, r in tech.iterrows():
+        row = re.escape(_squash(r["technique"])) + ".*?" + re.escape(_squash(r["best_with"])) + ".*?" + \
+            re.escape(f"{r['tokens_per_s_per_gpu_with']:,.0f}") + ".*?" + re.escape(_squash(r["best_without"])) + \
+            ".*?" + re.escape(f"{r['tokens_per_s_per_gpu_without']:,.0f}") + re.escape(f"{100 * r['delta_frac']:+.1f}%") + \
+            re.escape(_squash(f"{r['verdict']}: {r['note']}"))
+        assert re.search(row, alt), r["technique"]
+    used = tech.loc[tech["used_by_best"], "technique"]
+    for t in used:
+        assert _squash(f"{t} (used by the recommendation)") in alt
+
+
+def test_technique_verdicts_compare_best_with_against_best_without():
+    import pandas as pd
+
+    from trainplan.search.layouts import technique_verdicts
+
+    def row(text, tps, *, sp=False, cp=1, rc="none", mb=1, feasible=True, reason=""):
+        return {"layout_text": text, "tokens_per_s": 32 * tps, "tokens_per_s_per_gpu": tps, "feasible": feasible,
+                "reason": reason, "sp": sp, "cp": cp, "offload": "none", "recompute": rc, "pp_schedule": "1f1b",
+                "micro_batch": mb, "compute_s": 1.0 + (rc == "full") * 0.3, "comm_exposed_s": 0.1 + sp * 0.2,
+                "bubble_s": 0.0, "optimizer_s": 0.05, "offload_s": 0.0}
+
+    df = pd.DataFrame([row("plain", 1000.0), row("sp", 900.0, sp=True), row("cp", 1003.0, cp=2),
+                       row("full", 950.0, rc="full"), row("mb2", 1100.0, mb=2),
+                       row("sel", 0.0, rc="selective", feasible=False, reason="OOM: too big")])
+    t = technique_verdicts(df).set_index("technique")
+    sp = t.loc["sequence parallelism (SP)"]
+    assert (sp["best_with"], sp["best_without"]) == ("sp", "mb2")
+    assert sp["delta_frac"] == pytest.approx(900 / 1100 - 1) and sp["verdict"] == "costs 18.2%"
+    assert "exposed comm" in sp["line"]
+    assert "compute" in t.loc["full recompute", "line"]
+    assert t.loc["context parallelism (CP)", "verdict"] == "costs 8.8%"
+    mb = t.loc["micro-batch > 1"]
+    assert mb["used_by_best"] and mb["verdict"] == "buys +9.7%" and "chosen layout uses it" in mb["line"]
+    sel = t.loc["selective recompute"]
+    assert sel["verdict"] == "never fits" and "OOM: too big" in sel["line"]
+    assert "optimizer offload to CPU" not in t.index  # no enumerated layout uses it
+    tie = technique_verdicts(df[df["layout_text"].isin(["plain", "cp"])]).set_index("technique")
+    assert tie.loc["context parallelism (CP)", "verdict"] == "ties"
+
+
+def test_resolved_config_and_provenance_are_attached(rendered):
+    att = rendered["reader"].attachments
+    assert json.loads(att["config.resolved.json"][0]) == CONFIG
+    prov = json.loads(att["provenance.json"][0])
+    files = {p["file"] for p in prov}
+    assert "analytic/candidates.csv" in files and "cost/cost.json" in files
+    for p in prov:
+        assert p["config_hash"] == json.loads((FIXTURE / (p["file"] + ".provenance.json")).read_text())["config_hash"]
+    long = (FIXTURE / "launch/sbatch_4x8.sh").read_text()
+    assert att["sbatch_4x8.sh"][0].decode() == long  # long artifact attached, not printed
+    assert "--option-39" not in rendered["text"]
+    assert "--nproc-per-node 8" in " ".join(rendered["text"].split())  # short artifact printed inline
+
+
+def test_rendering_twice_gives_identical_bytes(rendered):
+    again = memo.render_memo(memo.memo_inputs(rendered["root"]), rendered["base"] / "again.pdf", config=CONFIG,
+                             study_hash=HASH, git_commit=COMMIT)
+    assert again.read_bytes() == rendered["pdf"].read_bytes()
+
+
+def test_missing_optional_inputs_render_as_not_available(tmp_path):
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    for rel in ("cost/sensitivity.csv", "proxies/records.csv", "calibration/heldout.csv"):
+        (root / rel).unlink()
+    pdf = _render(root, tmp_path / "memo.pdf")
+    text = " ".join("\n".join(p.extract_text() for p in PdfReader(pdf).pages).split())
+    for rel in ("cost/sensitivity.csv", "proxies/records.csv", "calibration/heldout.csv", "figures/tornado.svg",
+                "figures/parity.svg"):
+        assert "Not available in this run: " in text and f"({rel} was not produced)" in text, rel
+
+
+def test_fmt_is_the_one_formatter():
+    assert memo.fmt(5637.06, "int") == "5,637"
+    assert memo.fmt(0.3591, "pct") == "35.9%"
+    assert memo.fmt(-0.0692, "spct") == "-6.9%" and memo.fmt(0.1, "spct") == "+10.0%"
+    assert memo.fmt(9738.0, "usd") == "$9,738"
+    assert memo.fmt(float("nan")) == "n/a" and memo.fmt(None, "int") == "n/a"
+    assert memo.fmt(True) == "yes"
+
+
+def test_template_fails_loudly_on_a_missing_key(rendered):
+    import jinja2
+
+    ctx = memo.build_context(memo.memo_inputs(rendered["root"]), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    del ctx["cost"]
+    with pytest.raises(jinja2.UndefinedError):
+        memo.render_html(ctx)
+
+
+def test_report_labels_carry_the_memo_sidecar_hash_and_commit(tmp_path):
+    from trainplan.provenance import read_sidecar, write_sidecar
+
+    pdf = tmp_path / "memo.pdf"
+    pdf.write_bytes(b"%PDF-1.7")
+    write_sidecar(pdf, rule="memo", config_slice={"study": {"name": "x"}})
+    labels = memo.report_labels(pdf)
+    sc = read_sidecar(pdf)
+    assert labels["config hash"] == sc["config_hash"]
+    assert labels["commit"] == str(sc["git"]["commit"] or "n/a")
+
+
+def test_memory_fallback_is_the_fastest_layout_with_clearly_more_headroom():
+    import pandas as pd
+
+    df = pd.DataFrame({"layout_text": ["a", "b", "c", "d"], "tokens_per_s": [100.0, 99.0, 98.0, 90.0],
+                       "tokens_per_s_per_gpu": [10.0, 9.9, 9.8, 9.0], "mem_total_gib": [70.0, 66.0, 50.0, 40.0],
+                       "headroom_frac": [0.10, 0.20, 0.37, 0.50]})
+    fb = memo.memory_fallback(df, df.iloc[0].to_dict())
+    assert fb["layout"] == "c" and fb["slower_frac"] == pytest.approx(0.02)  # b has < 0.15 more headroom
+    assert memo.memory_fallback(df, df.iloc[3].to_dict()) is None
+
+
+def test_day1_memory_check_names_the_fallback(rendered):
+    import pandas as pd
+
+    cand = pd.read_csv(rendered["root"] / "analytic" / "candidates.csv")
+    ok = cand[cand["feasible"].astype(bool)]
+    fb = memo.memory_fallback(ok, ok.sort_values("rank").iloc[0].to_dict())
+    if fb is None:
+        pytest.skip("the fixture has no layout with clearly more headroom")
+    assert _squash(fb["layout"]) in _squash(rendered["text"])
+
+
+def test_provenance_lists_the_sidecars_of_the_inputs_only(tmp_path):
+    """The appendix lists the sidecar of each file the memo reads (its inputs, the figure SVGs, the launch files
+    manifest.json lists), not every sidecar in the tree: a variant study nested in it (``--configfile
+    config/lora.yaml`` writes to results/lora), a previous memo's own sidecar, a launch file the manifest does not
+    list are not listed."""
+    from trainplan.provenance import write_sidecar
+
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    before = [f for f, _ in memo.Inputs(memo.memo_inputs(root)).sidecars()]
+    assert before == sorted(before, key=lambda f: Path(f + ".provenance.json"))
+    assert {"analytic/summary.json", "launch/manifest.json", "launch/sbatch_4x8.sh"} <= set(before)
+    shutil.copytree(FIXTURE / "analytic", root / "lora" / "analytic")
+    (root / "memo").mkdir()
+    for stale in (root / "memo" / "design_memo.pdf", root / "launch" / "sbatch_2x8.sh"):
+        stale.write_text("stale")
+        write_sidecar(stale, rule="stale", config_slice={})
+    after = [f for f, _ in memo.Inputs(memo.memo_inputs(root)).sidecars()]
+    assert before and after == before
+    own = [f for f, _ in memo.Inputs(memo.memo_inputs(root / "lora")).sidecars()]
+    assert "analytic/summary.json" in own and all(f.startswith("analytic/") for f in own)
