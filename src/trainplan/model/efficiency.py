@@ -46,6 +46,12 @@ class Efficiency:
     gemm_eff_half_dim: float = 1.0  # [F]
     # Flash attention fwd+bwd fraction of peak; inside FA2's 34% (H100) – 73% (A100) (Dao 2023 §4.1).
     attn_eff: float = 0.433  # [F]
+    # Flash attention efficiency rises with the work of one query row against the keys of one call, w = keys × head_dim
+    # (seq_len/cp × head_dim): attn_eff · w/(w + attn_eff_half_work), the long-sequence ceiling being attn_eff (the
+    # fixed cost of each query tile — loading Q, the last rescale, writing O — and the half-masked diagonal tiles of
+    # causal attention amortised over the key loop; docs/timing-model.md §7.5). 0 = no shape term (A100: its flash rows
+    # are all at 8k) [F on H100].
+    attn_eff_half_work: float = 0.0
     # Fraction of HBM bandwidth reached by elementwise/norm/loss kernels (eager ops: small, many, strided).
     membound_eff: float = 0.569  # [F]
     # GPU time lost per kernel (launch gap, ramp-up and the last partial wave) [I: ~3 µs; the open tables, all
@@ -94,6 +100,7 @@ class Efficiency:
         "gemm_eff_max", "gemm_eff_half_dim", "attn_eff", "membound_eff", "kernel_overhead_s", "comm_bw_eff",
         "fsdp_overlap", "ddp_overlap", "runtime_overhead_bytes", "alloc_frag_frac",
     )
+    _NONNEGATIVE: ClassVar[tuple[str, ...]] = ("runtime_overhead_bytes", "kernel_overhead_s", "attn_eff_half_work")
     _FRACTIONS: ClassVar[tuple[str, ...]] = (
         "gemm_eff_max", "attn_eff", "membound_eff", "comm_bw_eff", "fsdp_overlap", "ddp_overlap",
         "tp_overlap", "tp_async_overlap", "cp_overlap", "pp_p2p_overlap", "alloc_frag_frac",
@@ -118,7 +125,7 @@ class Efficiency:
             elif f.name == "torch_gemm_rel":
                 if not 0 < v <= 1:
                     raise ConfigError("efficiency." + f.name, v, "must be a fraction in (0, 1]")
-            elif f.name in ("runtime_overhead_bytes", "kernel_overhead_s"):
+            elif f.name in self._NONNEGATIVE:
                 if v < 0:
                     raise ConfigError("efficiency." + f.name, v, "must be >= 0")
             elif not v > 0:

@@ -26,7 +26,7 @@ from trainplan.model.layout import Layout, LayoutTable, check_precision, grad_ac
 from trainplan.model.memory import NF4_BYTES_PER_PARAM, layer_matmul_params_per_rank
 from trainplan.model.training import TrainingSpec
 
-__all__ = ["step_time", "gemm_eff", "TIMING_KEYS"]
+__all__ = ["step_time", "gemm_eff", "attn_eff_at", "TIMING_KEYS"]
 
 Array = Any
 LayoutLike = Layout | LayoutTable
@@ -120,9 +120,19 @@ def fp8_cast_bytes_mb(model: ModelSpec, training: TrainingSpec, tokens: Array, t
             FP8_CAST_BYTES * x_out + FP8_TRANSPOSE_BYTES * (x_in + x_out))
 
 
-def attn_fwd_s(model: ModelSpec, tokens: Array, seq_len: int, tp: Array, peak: float, eff: Efficiency) -> Array:
-    """Causal attention core forward: 2·T·s·h/t FLOPs (half of 4·T·s·h; Dao 2023) at attn_eff."""
-    return 2.0 * tokens * seq_len * model.heads * model.head_dim / tp / (peak * eff.attn_eff)
+def attn_eff_at(keys: Array, head_dim: int, eff: Efficiency) -> Array:
+    """Flash attention fraction of peak for calls of ``keys`` keys per query row: attn_eff · w/(w + half), w = keys ·
+    head_dim (docs/timing-model.md §7.5); attn_eff itself when ``attn_eff_half_work`` is 0."""
+    w = np.asarray(keys, dtype=float) * head_dim
+    return eff.attn_eff * w / (w + eff.attn_eff_half_work)
+
+
+def attn_fwd_s(model: ModelSpec, tokens: Array, seq_len: int, tp: Array, peak: float, eff: Efficiency,
+               cp: Array = 1) -> Array:
+    """Causal attention core forward: 2·T·s·h/t FLOPs (half of 4·T·s·h; Dao 2023) at attn_eff_at(s/cp, head_dim):
+    under CP each call (ring step) sees the s/cp keys of one chunk."""
+    return (2.0 * tokens * seq_len * model.heads * model.head_dim / tp
+            / (peak * attn_eff_at(seq_len / np.asarray(cp), model.head_dim, eff)))
 
 
 def norm_bytes_per_elem(model: ModelSpec, kernels: str, e: float) -> float:
@@ -454,7 +464,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     if training.attn_impl == "math":
         a, a_bwd = attn_math_fwd_s(model, tokens, s, tp, peak, hbm, eff, act)
     else:
-        a = attn_fwd_s(model, tokens, s, tp, peak, eff)
+        a = attn_fwd_s(model, tokens, s, tp, peak, eff, cp)
         a_bwd = a * ATTN_BWD_FACTOR
     k0 = KERNELS_PER_BLOCK[kernels] * eff.kernel_overhead_s
     fwd = g + a + e + k0 + cast_f

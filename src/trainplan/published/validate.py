@@ -439,6 +439,13 @@ MAMF_FRAC = {"a100": 267.9 / 312.0, "h100": 792.1 / 989.0}
 #   PyTorch-vs-fused GEMM factor (torch_gemm_rel, fitted) are confounded; left free, the peak runs to the 835 bound
 #   and PyTorch FSDP on a 700 W H100 SXM comes out ~8% faster (docs/timing-model.md §7).
 TT500_MIDPOINT = (H100_NVL_PEAK_BF16 + 989e12) / 2 / 989e12
+# * attn_eff_half_work = 54,000 (keys × head_dim at which flash attention runs at half its long-sequence rate): fitted
+#   (scipy, log errors) to FlashAttention-2's causal forward on H100 SXM5 in the FlashAttention-3 paper (Shah 2024,
+#   Fig. 5: head dim 128, seq 512–16k: 191, 260, 298, 319, 333, 335 TFLOP/s; head dim 256: 208, 251, 278, 293, 297,
+#   298), 54,000 ± 2,700, both head dims within 4%. Left free on the open tables it is not identified (41,000 ±
+#   122,000: their rows are all at 4k–32k keys per call) and the leave-one-table-out fits run it to the bounds
+#   (docs/timing-model.md §7.5).
+FA2_H100_ATTN_HALF_WORK = 54_000.0
 GEN_FIT: dict[str, dict[str, Any]] = {
     "a100": {"tables": ("megatron2021_t1", "korthikanti2022_t3_5", "torchtitan_a100"),
              "params": ("gemm_eff_max", "gemm_eff_half_dim", "attn_eff", "membound_eff"), "fixed": {}},
@@ -446,7 +453,7 @@ GEN_FIT: dict[str, dict[str, Any]] = {
              "params": ("gemm_eff_max", "attn_eff", "tp_async_overlap", "fp8_gemm_eff_tensorwise",
                         "fp8_gemm_eff_rowwise", "torch_gemm_rel"),
              "fixed": {"gemm_eff_half_dim": 256.0, "membound_eff": Efficiency.membound_eff,
-                       TT500_PARAM: TT500_MIDPOINT}},
+                       "attn_eff_half_work": FA2_H100_ATTN_HALF_WORK, TT500_PARAM: TT500_MIDPOINT}},
 }
 FIT_TABLES = GEN_FIT["a100"]["tables"]
 FIT_PARAMS = GEN_FIT["a100"]["params"]
@@ -454,6 +461,7 @@ FIT_PARAMS = GEN_FIT["a100"]["params"]
 # 25% (FA2 on H100 reaches 34%, Dao 2023 §4.1) to 75% of peak (FA3 on H100, Shah 2024); elementwise kernels
 # 30–95% of HBM bandwidth [I]; the 500 W parts' peak inside the stated NVL–SXM bracket (835–989).
 FIT_BOUNDS = {"gemm_eff_max": (0.6, 0.9), "gemm_eff_half_dim": (1.0, 256.0), "kernel_overhead_s": (0.0, 50e-6), "attn_eff": (0.25, 0.75),
+              "attn_eff_half_work": (0.0, 2.0**18),
               "membound_eff": (0.3, 0.95), "comm_bw_eff": (0.3, 1.0), "tp_async_overlap": (0.0, 1.0),
               "fp8_gemm_eff_tensorwise": (0.2, 0.9), "fp8_gemm_eff_rowwise": (0.1, 0.9),
               "torch_gemm_rel": (0.6, 1.0),
@@ -461,7 +469,7 @@ FIT_BOUNDS = {"gemm_eff_max": (0.6, 0.9), "gemm_eff_half_dim": (1.0, 256.0), "ke
 
 
 # Fitted in these units so that every parameter is O(1) for the finite-difference Jacobian.
-FIT_SCALE = {"kernel_overhead_s": 1e-6}
+FIT_SCALE = {"kernel_overhead_s": 1e-6, "attn_eff_half_work": 1e4}
 
 
 def _bounds(gen: str, p: str) -> tuple[float, float]:

@@ -212,3 +212,32 @@ def test_pytorch_ring_passes_gqa_repeated_kv():
     """torchtitan/HF call SDPA after repeat_kv, so PyTorch CP rotates q-wide K, V; Megatron/TE the GQA kv_dim."""
     m = resolve_model("llama3.1-8b")
     assert timing.ring_kv_width(m, "compiled") == m.heads * m.head_dim == 4 * timing.ring_kv_width(m, "fused")
+
+
+def test_attention_efficiency_saturates_in_keys_times_head_dim():
+    """attn_eff · w/(w + half), w = keys·head_dim: the ceiling at long calls, half of it at w = half, 1 at half = 0."""
+    e = Efficiency(attn_eff=0.3, attn_eff_half_work=54_000.0)
+    assert timing.attn_eff_at(54_000 / 128, 128, e) == pytest.approx(0.15)
+    got = timing.attn_eff_at(np.array([512, 1024, 4096, 32768, 2**22]), 128, e)
+    assert np.all(np.diff(got) > 0) and got[-1] == pytest.approx(0.3, rel=1e-3)
+    assert timing.attn_eff_at(2048, 64, e) < timing.attn_eff_at(2048, 128, e)  # same keys, narrower heads: slower
+    assert timing.attn_eff_at(512, 64, Efficiency(attn_eff=0.3)) == 0.3  # half = 0 (the A100 default): constant
+    with pytest.raises(ConfigError, match="attn_eff_half_work"):
+        Efficiency(attn_eff_half_work=-1.0)
+
+
+def test_short_sequences_and_cp_chunks_pay_the_attention_shape_term():
+    """Attention time per FLOP is higher at seq 512 than at 8k; under CP each ring call sees s/cp keys."""
+    e = Efficiency(attn_eff=0.3, attn_eff_half_work=54_000.0)
+    m, peak = resolve_model("llama3-8b"), 989e12
+    per_flop = [timing.attn_fwd_s(m, 8192.0, s, 1, peak, e) / (8192.0 * s) for s in (512, 8192)]
+    assert per_flop[0] / per_flop[1] == pytest.approx((512 * 128 + 54_000) / (512 * 128) * 8192 * 128
+                                                      / (8192 * 128 + 54_000))
+    assert timing.attn_fwd_s(m, 4096.0, 32768, 1, peak, e, cp=8) == pytest.approx(
+        timing.attn_fwd_s(m, 4096.0, 32768, 1, peak, e) * timing.attn_eff_at(32768, 128, e)
+        / timing.attn_eff_at(4096, 128, e))
+    off = Efficiency(attn_eff=0.3)
+    t = TrainingSpec(seq_len=1024, global_batch=64)
+    slow, fast = step_time(m, CLUSTER, t, Layout(dp=32), e), step_time(m, CLUSTER, t, Layout(dp=32), off)
+    assert slow["step_time_s"] > fast["step_time_s"]
+

@@ -23,10 +23,10 @@ from trainplan.published.validate import (
 )
 
 # In-sample MAPE per table (each generation's own fit; bf16 and FP8 rows). Reached: Megatron 2021 T1 4.0%,
-# Korthikanti 3.7%, torchtitan A100 2.5%; torchtitan H100 6.7%, async TP 9.0%, Megatron 2024 6.7%, Llama 3 405B
-# 2.6%; NeMo 24.07 FP8 (held out of every fit) 15.3%.
+# Korthikanti 3.7%, torchtitan A100 2.5%; torchtitan H100 6.6%, async TP 8.8%, Megatron 2024 6.3%, Llama 3 405B
+# 3.4%; NeMo 24.07 FP8 (held out of every fit) 15.7%.
 MAPE_TOL_PCT = {"megatron2021_t1": 5.0, "korthikanti2022_t3_5": 5.0, "torchtitan_a100": 5.0,
-                "torchtitan_h100": 7.5, "torchtitan_asynctp_h100": 10.0, "megatron2024_h100": 8.0,
+                "torchtitan_h100": 7.5, "torchtitan_asynctp_h100": 9.5, "megatron2024_h100": 7.0,
                 "llama3_405b_h100": 4.0, "nemo2407_h100": 16.5}
 # Memory vs torchtitan's peak reserved GiB (the two eager seq-8192 FSDP rows in scope): reached 6.3%.
 TORCHTITAN_H100_MEM_MAPE_TOL_PCT = 10.0
@@ -79,6 +79,15 @@ def test_500w_peak_is_the_middle_of_the_stated_bracket():
     assert 0.8 < generation_fits()["h100"]["values"]["torch_gemm_rel"] < 1.0
 
 
+def test_h100_attention_shape_term_is_the_fa2_kernel_fit_not_a_table_fit():
+    """attn_eff_half_work is fixed from FlashAttention-2's published H100 causal forward (not identified by the open
+    tables); A100 carries no shape term."""
+    fits = generation_fits()
+    assert fits["h100"]["values"]["attn_eff_half_work"] == pytest.approx(54_000.0)
+    assert "attn_eff_half_work" not in fits["h100"]["stderr"]
+    assert Efficiency.for_gpu("a100").attn_eff_half_work == 0.0
+
+
 def test_h100_peak_outside_the_stated_bracket_is_refused():
     from trainplan.model.base import ConfigError
 
@@ -129,16 +138,16 @@ def test_shipped_fits_are_the_documented_fit():
 
 
 # Leave one table out per generation (the fit without the table predicts it), shipped in efficiency_fits.json.
-# Reached: A100 Megatron 4.2%, Korthikanti 5.3%, torchtitan A100 10.5%; H100 torchtitan 7.9%, async TP 8.2%,
-# Megatron 2024 7.7%, Llama 3 405B 2.5% (issue target: 10% per table; met on H100).
+# Reached: A100 Megatron 4.2%, Korthikanti 5.3%, torchtitan A100 10.5%; H100 torchtitan 8.2%, async TP 8.0%,
+# Megatron 2024 7.3%, Llama 3 405B 3.4% (issue target: 10% per table; met on H100).
 HELDOUT_MAPE_TOL_PCT = {"megatron2021_t1": 5.0, "korthikanti2022_t3_5": 6.5, "torchtitan_a100": 11.5,
-                        "torchtitan_h100": 8.5, "torchtitan_asynctp_h100": 9.0, "megatron2024_h100": 8.5,
-                        "llama3_405b_h100": 3.5}
-# Worst held-out row: H100 20.4% (async-TP table, Llama 3 8B float8 FSDP8·TP8 with async TP, over-predicted),
-# A100 19.5%. The issue's target is 20%: missed by 0.4 on that row (the CP rows' worst is now 17.1%).
-HELDOUT_WORST_ROW_TOL_PCT = 22.0
-# H100 held-out bias per family class: CP +3.2, FSDP/ZeRO −5.5, PP −4.5, TP +3.6 (issue: ±5; FSDP misses by 0.5)
-FAMILY_BIAS_TOL_PCT = {"CP": 4.0, "FSDP/ZeRO": 6.5, "PP": 5.5, "TP": 4.5}
+                        "torchtitan_h100": 8.75, "torchtitan_asynctp_h100": 8.5, "megatron2024_h100": 8.0,
+                        "llama3_405b_h100": 4.0}
+# Worst held-out row: H100 19.6% (async-TP table, Llama 3 8B float8 FSDP8·TP8 with async TP, over-predicted),
+# A100 19.5%. The issue's target is 20%: met.
+HELDOUT_WORST_ROW_TOL_PCT = 20.0
+# H100 held-out bias per family class: CP +5.0, FSDP/ZeRO −5.4, PP −4.1, TP +3.5 (issue: ±5; FSDP misses by 0.4)
+FAMILY_BIAS_TOL_PCT = {"CP": 5.5, "FSDP/ZeRO": 6.0, "PP": 5.0, "TP": 4.0}
 
 
 def _heldout_frame():
