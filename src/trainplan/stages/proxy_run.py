@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from trainplan import cli
 from trainplan.io import read_json, write_json
+from trainplan.proxy.run import PROGRESS_ENV
+from trainplan.proxy.slurm_resources import restore_allocation_env
 from trainplan.stages.common import (
     log,
     sidecars,
@@ -34,4 +38,18 @@ def run(inp: Mapping, out: Mapping, cfg: Mapping, *, wildcards: Mapping | None =
     sidecars("proxy_run", out, {**cfg, "spec": spec}, inp)
 
 
-main = stage(run, "proxy_run")
+_stage_main = stage(run, "proxy_run")
+
+
+def main(smk: Any) -> None:
+    """Snakemake entry point of ``proxy_run``. Rank 0 appends one line per training step to the rule's ``steps``
+    log (``PROGRESS_ENV``), so a long GPU proxy can be followed with ``tail -f`` (a retry appends after an
+    ``# attempt N`` line); in a Slurm job the node count/list the jobstep plugin removed are restored first."""
+    steps = Path(smk.log.steps)
+    steps.parent.mkdir(parents=True, exist_ok=True)
+    attempt = int(getattr(smk, "attempt", 1) or 1)
+    with steps.open("a" if attempt > 1 else "w") as f:
+        f.write(f"# proxy {smk.wildcards.id}: attempt {attempt}\n")
+    os.environ[PROGRESS_ENV] = str(steps.resolve())
+    restore_allocation_env()  # multi-node proxies: SLURM_NNODES / SLURM_JOB_NODELIST
+    _stage_main(smk)
