@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import pprint
-from collections.abc import Mapping
 from typing import Any
 
 from trainplan.model.arch import ModelSpec, llama_block_problems
@@ -250,11 +249,6 @@ def {TORCHTITAN_CONFIG_FN}():
 '''
 
 
-def settings_summary(settings: Mapping[str, Any]) -> str:
-    """One line naming the torchtitan parallelism degrees (for the manifest / memo)."""
-    p = settings["parallelism"]
-    return (f"dp_replicate={p['data_parallel_replicate_degree']} dp_shard={p['data_parallel_shard_degree']} "
-            f"tp={p['tensor_parallel_degree']} pp={p['pipeline_parallel_degree']} cp={p['context_parallel_degree']}")
 
 
 def interval_from_results(cost_json: str, summary_json: str | None = None) -> tuple[int, int]:

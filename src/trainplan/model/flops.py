@@ -125,9 +125,6 @@ def hardware_flops_per_token(model: ModelSpec, seq_len: int, recompute: str = "n
     return model_flops_per_token(model, seq_len) + recompute_flops_per_token(model, seq_len, recompute)
 
 
-def model_flops_per_step(model: ModelSpec, seq_len: int, global_batch: int) -> float:
-    """Model FLOPs per optimizer step: model_flops_per_token · s · B."""
-    return model_flops_per_token(model, seq_len) * seq_len * global_batch
 
 
 # ------------------------------------------------------------------------- exact per-matmul counts
