@@ -1,0 +1,141 @@
+"""``trainplan estimate``: memory and throughput of one layout, from flags. Imports only the analytic core (numpy):
+it answers in well under a second, without pandas or torch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from typing import Any
+
+from trainplan.commands.common import warn
+from trainplan.config import seq_len_notes
+from trainplan.io import to_jsonable
+from trainplan.model.arch import ModelSpec, resolve_model
+from trainplan.model.base import ConfigError
+from trainplan.model.efficiency import Efficiency
+from trainplan.model.estimate import estimate
+from trainplan.model.hardware import ClusterSpec, resolve_gpu
+from trainplan.model.layout import Layout, check_layout
+from trainplan.model.training import TrainingSpec
+
+# --arch key → ModelSpec field. Integers, then the kinds, then booleans.
+ARCH_KEYS = {"layers": "layers", "hidden": "hidden", "heads": "heads", "kv_heads": "kv_heads", "ffn": "ffn_hidden",
+             "vocab": "vocab", "head_dim": "head_dim_override", "max_seq": "max_seq_len", "norms": "norms_per_layer",
+             "mlp": "mlp", "norm": "norm", "pos": "pos_embedding", "bias": "bias",
+             "tied": "tied_embeddings", "qk_norm": "qk_norm"}
+_ARCH_BOOL = ("tied", "qk_norm")
+_ARCH_STR = ("mlp", "norm", "pos", "bias")
+# Upper bounds of the integer flags (the config schema's): beyond them a float or int64 would overflow.
+INT_FLAGS = {"gpus": 2**23, "gpus_per_node": 128, "seq_len": 2**21, "micro_batch": 65536, "global_batch": 2**24,
+             "tp": 128, "pp": 4096, "cp": 65536, "vpp": 4096}
+
+
+
+def parse_arch(text: str | None) -> dict[str, Any]:
+    """``--arch k=v,...`` → ModelSpec fields; unknown, repeated or malformed keys are errors."""
+    out: dict[str, Any] = {}
+    if not text:
+        return out
+    if len(text) > 2000:
+        raise ConfigError("arch", text, "at most 2000 characters")
+    seen: set[str] = set()
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        if "=" not in item:
+            raise ConfigError("arch", item, "expected k=v pairs, e.g. layers=40,hidden=5120")
+        k, v = (x.strip() for x in item.split("=", 1))
+        if k not in ARCH_KEYS:
+            raise ConfigError("arch." + k, v, "unknown key; valid: " + ", ".join(ARCH_KEYS))
+        if k in seen:
+            raise ConfigError("arch." + k, v, "given twice")
+        seen.add(k)
+        if k in _ARCH_STR:
+            out[ARCH_KEYS[k]] = v
+        elif k in _ARCH_BOOL:
+            if v.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ConfigError("arch." + k, v, "must be true or false")
+            out[ARCH_KEYS[k]] = v.lower() in ("true", "1", "yes")
+        else:
+            try:
+                out[ARCH_KEYS[k]] = int(v)
+            except ValueError:
+                raise ConfigError("arch." + k, v, "must be a positive integer") from None
+    return out
+
+
+def _arch_model(make: Any) -> Any:
+    """Build a ModelSpec from --arch values; a field's ConfigError names the --arch key."""
+    try:
+        return make()
+    except ConfigError as e:
+        back = {f: k for k, f in ARCH_KEYS.items()}
+        raise ConfigError("arch." + back.get(e.key, e.key), e.value, e.valid) from None
+
+
+def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+
+    for key, hi in INT_FLAGS.items():
+        v = getattr(args, key)
+        if not 1 <= v <= hi:
+            raise ConfigError(key.replace("_", "-"), v, f"must be an integer in 1..{hi}")
+    arch = parse_arch(args.arch)
+    if args.model is None and arch:  # a custom architecture: --arch alone, not overrides of the default model
+        missing = [k for k in ("layers", "hidden", "heads", "vocab") if ARCH_KEYS[k] not in arch]
+        if missing:
+            raise ConfigError("arch", args.arch, "without --model give layers, hidden, heads and vocab (missing: "
+                                                 + ", ".join(missing) + ")")
+        arch.setdefault("max_seq_len", args.seq_len)  # no context cap (learned positions: exactly seq_len rows)
+        model = _arch_model(lambda: ModelSpec(name="custom", **arch))
+    else:
+        model = resolve_model(args.model or "llama2-13b")
+        if arch:
+            if ("hidden" in arch or "heads" in arch) and "head_dim_override" not in arch:
+                arch["head_dim_override"] = None  # a new width: the preset's head_dim no longer applies
+            base = model
+            model = _arch_model(lambda: replace(base, **arch))
+    gpu = resolve_gpu(args.gpu)
+    if args.shard_group is not None and args.sharding != "hsdp":
+        raise ConfigError("shard-group", args.shard_group, f"only applies to --sharding hsdp (not {args.sharding})")
+    if args.shard_group is not None and not 1 <= args.shard_group <= args.gpus:
+        raise ConfigError("shard-group", args.shard_group, f"must be an integer in 1..{args.gpus} (--gpus)")
+    if args.cp_kind != "ring" and args.cp == 1:
+        raise ConfigError("cp-kind", args.cp_kind, "only applies with --cp > 1")
+    for line in seq_len_notes(model, args.seq_len, key="seq-len"):
+        warn(line)
+    gpn = min(args.gpus_per_node, args.gpus)
+    if args.gpus % gpn:
+        raise ConfigError("gpus", args.gpus, f"must be a multiple of --gpus-per-node={args.gpus_per_node}")
+    cluster = ClusterSpec(nodes=args.gpus // gpn, gpus_per_node=gpn, gpu=gpu)
+    training = TrainingSpec(seq_len=args.seq_len, global_batch=args.global_batch, finetune=args.finetune,
+                            kernels=args.kernels, attn_impl=args.attn_impl, precision=args.precision)
+    mp = args.tp * args.pp * args.cp
+    if args.gpus % mp:
+        raise ConfigError("layout", f"tp·pp·cp = {args.tp}·{args.pp}·{args.cp} = {mp}",
+                          f"must divide --gpus={args.gpus} (dp = gpus / (tp·pp·cp))")
+    layout = Layout(dp=args.gpus // mp, tp=args.tp, pp=args.pp, cp=args.cp, sp=args.sp, sharding=args.sharding,
+                    shard_group=args.shard_group, recompute=args.recompute, offload=args.offload,
+                    micro_batch=args.micro_batch, pp_schedule=args.pp_schedule, vpp=args.vpp, cp_kind=args.cp_kind,
+                    tp_overlap=args.tp_overlap)
+    check_layout(model, cluster, training, layout)
+    return model, cluster, training, layout
+
+
+def run(args: argparse.Namespace) -> int:
+
+    model, cluster, training, layout = build(args)
+    est = estimate(model, cluster, training, layout, Efficiency.for_gpu(cluster.gpu))
+    js = est.to_json()
+    if args.json:
+        print(json.dumps(to_jsonable(js), indent=2, sort_keys=True))
+        return 0
+    print(f"{model.name} ({model.n_params / 1e9:.2f}B params) on {cluster.n_gpus}× {cluster.gpu.name}: "
+          f"{layout.describe()}")
+    mem = js["memory_gib"]
+    print("memory/GPU GiB: " + ", ".join(f"{k} {v:.1f}" for k, v in mem.items())
+          + f"  (HBM {js['hbm_gib']:.1f}, headroom {js['headroom']:.0%})")
+    print(f"step {js['step_time_s']:.2f} s, {js['tokens_per_s']:.0f} tokens/s, "
+          f"{js['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, MFU {js['mfu']:.1%}, HFU {js['hfu']:.1%}")
+    print("feasible" if js["feasible"] else f"NOT feasible: {js['reason']}")
+    return 0

@@ -1,0 +1,49 @@
+"""``trainplan plan``: rank every layout of a study config (the analytic model only; no Snakemake)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+
+from trainplan.commands.common import check_out_path, console, warn, write_csv_arg
+from trainplan.config import default_config_path, load_config
+from trainplan.model.base import ConfigError
+from trainplan.search.layouts import family_verdicts, search, technique_verdicts
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 1 <= args.top <= 100_000:
+        raise ConfigError("top", args.top, "must be an integer in 1..100000")
+    check_out_path("csv", args.csv)
+    cfg = load_config(args.config if args.config is not None else default_config_path())
+    eff = cfg.efficiency  # the generation's fitted Efficiency with the config's overrides (config.build_efficiency)
+    df = search(cfg.model, cfg.cluster, cfg.training, eff, cfg.search)
+    if args.csv:
+        write_csv_arg("csv", df, args.csv)
+    con = console()
+    feas = df[df["feasible"]]
+    t = Table(title=f"{cfg.model.name} on {cfg.cluster.n_gpus}× {cfg.cluster.gpu.name}, seq {cfg.training.seq_len}, "
+                    f"global batch {cfg.training.global_batch}: {len(feas)} feasible of {len(df)} layouts")
+    for c in ("#", "layout", "family", "tok/s/GPU", "MFU", "step s", "weights", "grads", "optim", "activ",
+              "total GiB", "headroom"):
+        t.add_column(c, justify="left" if c in ("layout", "family") else "right")
+    for _, r in feas.head(args.top).iterrows():
+        t.add_row(str(r["rank"]), r["layout_text"], r["family"], f"{r['tokens_per_s_per_gpu']:.0f}", f"{r['mfu']:.1%}",
+                  f"{r['step_time_s']:.2f}", f"{r['mem_weights_gib']:.1f}", f"{r['mem_gradients_gib']:.1f}",
+                  f"{r['mem_optimizer_gib']:.1f}", f"{r['mem_activations_gib']:.1f}", f"{r['mem_total_gib']:.1f}",
+                  f"{r['headroom_frac']:.0%}")
+    con.print(t)
+    con.print("[bold]Why each family loses[/bold] (data-parallel sharding × TP × PP; best layout of each):")
+    for _, v in family_verdicts(df).iterrows():
+        con.print(f"  [bold]{v['family']}[/bold] ({v['verdict']}): {v['line']}", highlight=False)
+    con.print("[bold]What each technique buys[/bold] (best layout with it vs without it):")
+    for _, v in technique_verdicts(df).iterrows():
+        con.print(f"  [bold]{v['technique']}[/bold]: {v['line']}", highlight=False)
+    if not len(feas):  # say why in one line: the commonest kinds of first reason (numbers aside), an example each
+        first = df["reason"].astype(str).str.split(";").str[0].str.strip()
+        kind = first.str.replace(r"\d+(\.\d+)?", "#", regex=True)
+        top = kind.value_counts().head(3)
+        warn(f"no feasible layout of {len(df)}; commonest reasons: "
+              + "; ".join(f"{first[kind == k].iloc[0]} (and alike: {n} layouts)" for k, n in top.items()))
+    return 0

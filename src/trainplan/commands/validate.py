@@ -1,0 +1,76 @@
+"""``trainplan validate``: predicted vs the open published tables, MAPE per table; ``--heldout`` leaves each table
+out of its GPU generation's fit (bias per family class, interval coverage)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from rich.table import Table
+
+from trainplan.commands.common import check_out_path, console, write_csv_arg
+from trainplan.model.base import ConfigError
+from trainplan.published.validate import (
+    family_bias,
+    heldout_rows,
+    interval_coverage,
+    mape_table,
+    validate_all,
+)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_out_path("csv", args.csv)
+    t = args.h100_peak_tflops
+    if t is not None and not (math.isfinite(t) and 0 < t <= 100_000):
+        raise ConfigError("h100-peak-tflops", t, "a finite number of TFLOP/s in (0, 100000]")
+    if args.heldout:
+        return print_heldout(heldout_rows(), args.csv)
+    peak = None if args.h100_peak_tflops is None else args.h100_peak_tflops * 1e12
+    df = validate_all(h100_peak_flops=peak)
+    if args.csv:
+        write_csv_arg("csv", df, args.csv)
+    con = console()
+    for table, g in df.groupby("table", sort=False):
+        t = Table(title=table)
+        for c in ("row", "metric", "published", "predicted", "err %", "in MAPE", "note"):
+            t.add_column(c, justify="left" if c in ("row", "metric", "note") else "right")
+        for _, r in g.iterrows():
+            t.add_row(r["row"], r["metric"], f"{r['published']:.4g}", f"{r['predicted']:.4g}", f"{r['err_pct']:+.1f}",
+                      "yes" if r["in_mape"] else "no", r["note"])
+        con.print(t)
+    m = Table(title="MAPE per table (rows the model speaks to)")
+    for c in ("table", "metric", "MAPE %", "bias %", "rows"):
+        m.add_column(c)
+    for _, r in mape_table(df).iterrows():
+        m.add_row(r["table"], r["metric"], f"{r['mape_pct']:.1f}", f"{r['bias_pct']:+.1f}", str(r["rows"]))
+    con.print(m)
+    return 0
+
+
+def print_heldout(rows: Any, csv: str | None) -> int:
+    """Leave one table out per GPU generation: each table predicted by its generation's Efficiency refitted on
+    the generation's other tables; then the bias per family class and the interval's empirical coverage."""
+    if csv:
+        write_csv_arg("csv", rows, csv)
+    con = console()
+    t = Table(title="Held-out error per published table (its generation's Efficiency refitted without it)")
+    for c in ("held out", "gen", "metric", "fitted on", "rows", "MAPE %", "bias %", "worst %"):
+        t.add_column(c, justify="right" if c in ("rows", "MAPE %", "bias %", "worst %") else "left")
+    for (table, gen, metric, fit_on), g in rows.groupby(["table", "generation", "metric", "held_out_fit"], sort=False):
+        e = g["err_pct"]
+        t.add_row(table, gen, metric, fit_on, str(len(g)), f"{e.abs().mean():.1f}", f"{e.mean():+.1f}",
+                  f"{e.abs().max():.1f}")
+    con.print(t)
+    f = Table(title="Held-out bias per family class (FSDP/ZeRO = data parallel only; TP; PP; CP)")
+    for c in ("gen", "family", "rows", "bias %", "MAPE %", "worst %"):
+        f.add_column(c, justify="left" if c in ("gen", "family") else "right")
+    for r in family_bias(rows).itertuples():
+        f.add_row(r.generation, r.family, str(r.rows), f"{r.bias_pct:+.1f}", f"{r.mape_pct:.1f}", f"{r.worst_abs_pct:.1f}")
+    con.print(f)
+    for gen, g in rows.groupby("generation", sort=True):
+        cov = interval_coverage(g)
+        con.print(f"{gen}: p10–p90 interval from the other held-out errors of the family (or generation) holds "
+                  f"{cov['measured']:.0%} of {cov['n']} held-out rows (nominal {cov['nominal']:.0%})")
+    return 0
