@@ -37,9 +37,9 @@ def _spec(i: str) -> dict:
 def _record(spec: dict) -> dict:
     from trainplan.model.arch import ModelSpec
     from trainplan.model.layout import Layout
-    from trainplan.proxy import predict
+    from trainplan.proxy import analytic
 
-    exact = predict.exact_state_bytes(ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"]))
+    exact = analytic.exact_state_bytes(ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"]))
     ranks = [{"rank": r, "status": "ok", "state": exact, "exact_state": exact, "footprint_bytes": 0,
               "saved": {"mean_layer_bytes": 1000.0, "complete": True}, "loss": [5.5, 5.4, 5.3],
               "environment": {"world_size": 2, "backend": "gloo", "hostname": "h"}} for r in range(2)]

@@ -53,11 +53,11 @@ def test_records_have_one_pred_meas_rel_err_triple_per_compared_metric(tmp_path)
     """records.csv names each compared metric m once: m_pred, m_meas, m_rel_err = m_pred / m_meas − 1."""
     from trainplan.model.arch import ModelSpec
     from trainplan.model.layout import Layout
-    from trainplan.proxy import predict
+    from trainplan.proxy import analytic
 
     spec = normalize_run_spec({"id": "r", "model": "debug", "layout": {"dp": 2}, "seq_len": 64, "global_batch": 4,
                                "steps": 3, "warmup": 1, "nproc_per_node": 2})
-    exact = predict.exact_state_bytes(ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"]))
+    exact = analytic.exact_state_bytes(ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"]))
     ranks = [{"rank": r, "status": "ok", "state": exact, "exact_state": exact, "footprint_bytes": 0,
               "saved": {"mean_layer_bytes": 1000.0, "complete": True}, "loss": [5.5, 5.4, 5.3],
               "comm": {"all_reduce": {"calls": 2, "bytes": 300}, "broadcast": {"calls": 1, "bytes": 20}},

@@ -23,7 +23,7 @@ from workflow_copy import copy_workflow, planned_jobs, snakemake  # noqa: E402
 from trainplan.model.arch import ModelSpec
 from trainplan.model.layout import Layout
 from trainplan.provenance import read_sidecar  # noqa: E402
-from trainplan.proxy import predict  # noqa: E402
+from trainplan.proxy import analytic  # noqa: E402
 from trainplan.proxy.schema import normalize_run_spec, validate_record  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -47,7 +47,7 @@ def _error_blocks(out: str) -> list[str]:
 def _state_bytes(spec: dict) -> int:
     """Per-rank exact state bytes of a RUN_SPEC: the harness's pre-allocation memory check."""
     s = normalize_run_spec(spec)
-    return sum(predict.exact_state_bytes(ModelSpec.from_dict(s["model"]), Layout.from_dict(s["layout"])).values())
+    return sum(analytic.exact_state_bytes(ModelSpec.from_dict(s["model"]), Layout.from_dict(s["layout"])).values())
 
 
 def test_a_failing_proxy_is_retried_then_reported_and_leaves_no_partial_record(tmp_path):

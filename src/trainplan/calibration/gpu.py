@@ -1,6 +1,6 @@
 """Calibration on GPU proxy runs: predict every CUDA record from its full run spec, fit the Efficiency to them.
 
-* :func:`record_specs` / :func:`predict_record` — rebuild ModelSpec, ClusterSpec (one node of the record's
+* :func:`record_specs` / :func:`analytic_record` — rebuild ModelSpec, ClusterSpec (one node of the record's
   GPU), TrainingSpec and Layout from a ``records.csv`` row (``proxy.aggregate`` carries the full model and
   layout) and run the analytic model on it (``timing.step_time``, ``memory.memory_breakdown``).
 * :func:`fit_gpu_time` — the time parameters (``gemm_eff_max``, ``attn_eff``, ``membound_eff``; ``comm_bw_eff``
@@ -120,7 +120,7 @@ def _step_time_s(specs: tuple[ModelSpec, ClusterSpec, TrainingSpec, Layout], eff
     return float(step_time(*specs, eff)["step_time_s"])
 
 
-def predict_record(row: Any, eff: Any) -> tuple[float, float]:
+def analytic_record(row: Any, eff: Any) -> tuple[float, float]:
     """(step_time_s, peak_bytes) the analytic model predicts for one proxy record (timing.step_time, memory)."""
 
     m, c, t, lay, _ = record_specs(row)

@@ -6,7 +6,7 @@ from typing import Any
 
 from trainplan.model.arch import ModelSpec
 from trainplan.model.layout import Layout
-from trainplan.proxy import predict
+from trainplan.proxy import analytic
 from trainplan.proxy.schema import validate_record
 
 STATE_TERMS = ("weights", "gradients", "optimizer")
@@ -15,7 +15,7 @@ STATE_TERMS = ("weights", "gradients", "optimizer")
 def predicted_state_terms(analytic_mem: dict[str, Any] | None) -> tuple[dict[str, float], str]:
     """The planner's per-rank weights/gradients/optimizer bytes that a proxy's *measured* state is compared with,
     and where they come from. The harness measures state between steps, so this is ``state_at_rest_bytes``
-    (FSDP2's ZeRO-2 is sharded at rest like ZeRO-3: ``predict.analytic_memory``) when the record has it, else
+    (FSDP2's ZeRO-2 is sharded at rest like ZeRO-3: ``analytic.analytic_memory``) when the record has it, else
     the peak ``breakdown_bytes``. The proxy comparison (``aggregate``) and the preflight both use this one
     choice, so they agree for every sharding."""
     am = analytic_mem or {}
@@ -49,10 +49,10 @@ def assemble_record(spec: dict[str, Any], ranks: list[dict], *, timed_out: bool,
     mspec, layout = ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"])
     accum = r0.get("accum", 1)
     fl = r0.get("flops", {})
-    analytic_fl = predict.analytic_flops(mspec, spec["seq_len"], layout.micro_batch, accum, layout.tp,
+    analytic_fl = analytic.analytic_flops(mspec, spec["seq_len"], layout.micro_batch, accum, layout.tp,
                                          layout.recompute, finetune=spec["finetune"], lora_rank=spec["lora_rank"],
                                          lora_targets=spec["lora_targets"])
-    analytic_mem = predict.analytic_memory(mspec, layout, spec["seq_len"], spec["global_batch"], spec["dtype"],
+    analytic_mem = analytic.analytic_memory(mspec, layout, spec["seq_len"], spec["global_batch"], spec["dtype"],
                                            spec["finetune"], spec["lora_rank"], spec["lora_targets"], spec["device"])
     env = dict(r0.get("environment", {}))
     hosts = {r["environment"]["hostname"] for r in ok if "environment" in r}

@@ -30,7 +30,7 @@ from trainplan.io import read_json, write_json
 from trainplan.model.arch import ModelSpec
 from trainplan.model.layout import Layout, grad_accum
 from trainplan.model.training import TrainingSpec
-from trainplan.proxy import measure, predict
+from trainplan.proxy import analytic, measure
 from trainplan.proxy.lora import apply_lora, lora_trainable_params
 from trainplan.proxy.model import build_model, n_params
 from trainplan.proxy.parallelize import build_mesh, parallelize
@@ -111,7 +111,7 @@ def train(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     lora = spec["finetune"] == "lora"
 
     trainable = lora_trainable_params(mspec, spec["lora_rank"], spec["lora_targets"]) if lora else None
-    exact = predict.exact_state_bytes(mspec, layout, trainable_params=trainable)
+    exact = analytic.exact_state_bytes(mspec, layout, trainable_params=trainable)
     if limit is not None and sum(exact.values()) > limit:  # refuse before allocating
         raise ProxyOOM(f"predicted per-rank state {sum(exact.values())} B > mem_limit_bytes={limit}")
 

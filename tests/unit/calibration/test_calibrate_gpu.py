@@ -17,12 +17,12 @@ import pandas as pd
 import pytest
 
 from trainplan.calibration.gpu import (
+    analytic_record,
     calibrate_gpu,
     fit_gpu_memory,
     gpu_for_device,
     load_gpu_records,
     memory_skip_reason,
-    predict_record,
     record_specs,
     time_params,
 )
@@ -51,7 +51,7 @@ def synthetic_record(id_: str, family: str, model, layout: Layout, *, seq: int =
          "seq_len": seq, "global_batch": gb, "micro_batch": layout.micro_batch, "dp": layout.dp, "tp": layout.tp,
          "sharding": layout.sharding, "dtype": "bf16", "finetune": "full", "world_size": layout.world_size,
          "nnodes": 1, "gpu_name": gpu}
-    t, _ = predict_record(r, TRUE)
+    t, _ = analytic_record(r, TRUE)
     steps = t * np.exp(rng.normal(0.0, NOISE, 12))
     bd = memory_breakdown(*record_specs(r)[:4], TRUE)
     return r | {"step_time_median_s": float(np.median(steps)), "step_times_json": json.dumps(steps.tolist()),
@@ -79,15 +79,15 @@ def test_device_names_map_to_gpu_specs_and_unknown_falls_back_with_a_note():
     assert key == "h100-sxm-80gb" and "unknown GPU" in note and "L4" in note
 
 
-def test_predict_record_rebuilds_the_run_and_matches_the_analytic_model():
+def test_analytic_record_rebuilds_the_run_and_matches_the_analytic_model():
     rec = synthetic_gpu_records().iloc[0]  # depth-L1
     m, c, t, lay, notes = record_specs(rec)
     assert (m.layers, m.hidden, m.ffn_hidden, c.n_gpus, c.gpu.name) == (1, 5120, 13824, 1, "h100-sxm-80gb")
     assert (t.seq_len, t.global_batch, t.precision, t.sac_policy) == (4096, 8, "bf16", "matmul") and not notes
-    st, peak = predict_record(rec, TRUE)
+    st, peak = analytic_record(rec, TRUE)
     assert st == step_time(m, c, t, lay, TRUE)["step_time_s"] > 0
     assert peak == memory_breakdown(m, c, t, lay, TRUE)["total"]
-    slower = predict_record(rec, TRUE.replace(gemm_eff_max=0.35))[0]
+    slower = analytic_record(rec, TRUE.replace(gemm_eff_max=0.35))[0]
     assert slower > 1.5 * st  # GEMM-bound: halving GEMM efficiency nearly doubles the step
 
 

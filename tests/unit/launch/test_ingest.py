@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainplan.calibration.gpu import calibrate_gpu, load_gpu_records, predict_record
+from trainplan.calibration.gpu import analytic_record, calibrate_gpu, load_gpu_records
 from trainplan.launch import ingest
 from trainplan.model.arch import resolve_model
 from trainplan.model.efficiency import Efficiency
@@ -99,7 +99,7 @@ def test_a_slower_production_log_moves_the_prediction(tmp_path):
     rng = np.random.default_rng(0)
     for name, (lay, world, nodes, gb) in runs.items():
         probe = ingest.record_from_log(_log(tmp_path / f"{name}.jsonl", lay, world, nodes, [1.0] * 10, gb=gb))
-        pred_s, pred_mem = predict_record(pd.Series(record_row(probe)), eff0)
+        pred_s, pred_mem = analytic_record(pd.Series(record_row(probe)), eff0)
         times = pred_s * 1.3 * (1 + 0.01 * rng.standard_normal(20))
         log = _log(tmp_path / f"{name}.jsonl", lay, world, nodes, times, gb=gb, peak=pred_mem * 1.05)
         assert ingest.main([str(log), "--out", str(gpu_dir / f"{name}.json")]) == 0

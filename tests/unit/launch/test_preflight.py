@@ -162,17 +162,17 @@ PRODUCTION = {
 
 def _harness_record(layout: Layout, nproc: int | None) -> dict:
     """A RECORD as ``proxy.record.assemble_record`` builds it, with per-rank state equal to the harness's exact
-    closed form (``predict.exact_state_bytes``; tests/integration/test_proxy_dist.py shows the real ranks measure exactly
+    closed form (``analytic.exact_state_bytes``; tests/integration/test_proxy_dist.py shows the real ranks measure exactly
     that for DDP, FSDP2, FSDP2 without reshard and HSDP) and saved activations equal to the analytic term."""
-    from trainplan.proxy import predict
+    from trainplan.proxy import analytic
     from trainplan.proxy.record import assemble_record
     from trainplan.proxy.schema import normalize_run_spec
 
     spec, _ = pf.preflight_spec(MODEL, CLUSTER, TRAINING, layout, device="cpu", nproc=nproc)
     spec = normalize_run_spec(spec)
     m, lay = ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"])
-    exact = predict.exact_state_bytes(m, lay)
-    act = predict.analytic_memory(m, lay, spec["seq_len"], spec["global_batch"], "fp32", "full", 8, ["q", "v"],
+    exact = analytic.exact_state_bytes(m, lay)
+    act = analytic.analytic_memory(m, lay, spec["seq_len"], spec["global_batch"], "fp32", "full", 8, ["q", "v"],
                                   "cpu")["activation_bytes_per_layer"]
     ranks = [{"rank": r, "status": "ok", "state": exact, "exact_state": exact, "footprint_bytes": 0,
               "saved": {"mean_layer_bytes": act, "complete": True}, "loss": [5.0]}

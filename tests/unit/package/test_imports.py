@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, set[str]]] = [
       "search.layouts", "published.validate", "config", "cost.budget", "cost.sensitivity", "provenance"}),
     ("harness, calibration, report, launch",
      {"proxy.aggregate", "proxy.command", "proxy.fakemem", "proxy.torchrun", "proxy.lora", "proxy.measure",
-      "proxy.model", "proxy.parallelize", "proxy.predict", "proxy.record", "proxy.run", "proxy.schema",
+      "proxy.model", "proxy.parallelize", "proxy.analytic", "proxy.record", "proxy.run", "proxy.schema",
       "proxy.select", "calibration.fitting", "calibration.sources", "calibration.scaling", "calibration.gpu", "prediction.production", "launch.ingest",
       "report.labels", "report.figures", "report.memo", "launch.artifacts", "launch.trainers", "train_entry"}),
     ("preflight, subcommands", {"launch.preflight", "commands", "commands.common", "commands.estimate", "commands.plan",

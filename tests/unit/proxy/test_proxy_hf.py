@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from trainplan.model.arch import MODEL_PRESETS, hf_config_dict, hf_unsupported_reason, resolve_model
 from trainplan.model.base import ConfigError
 from trainplan.model.layout import Layout
-from trainplan.proxy import measure, predict
+from trainplan.proxy import analytic, measure
 from trainplan.proxy.model import build_hf_llama, build_model, n_params
 from trainplan.proxy.parallelize import parallelize
 
@@ -57,8 +57,8 @@ def test_hf_llama_has_the_spec_parameter_count(name):
 @pytest.mark.parametrize("rec", ["none", "full", "selective"])
 def test_hf_flops_and_saved_activations_equal_the_analytic_model(runs, rec):
     r = runs[("hf", rec)]
-    af = predict.analytic_flops(SPEC, S, MB, 1, 1, rec)
-    am = predict.analytic_memory(SPEC, r["layout"], S, MB, "fp32", "full", 8, [], "cpu")
+    af = analytic.analytic_flops(SPEC, S, MB, 1, 1, rec)
+    am = analytic.analytic_memory(SPEC, r["layout"], S, MB, "fp32", "full", 8, [], "cpu")
     fl = r["flops"]
     assert fl["total"] - fl["attention_recompute"] == af["model_flops_per_rank_step"] or rec == "full"
     assert fl["total"] == pytest.approx(af["hardware_flops_per_rank_step"] + fl["attention_recompute"], rel=0) \

@@ -7,9 +7,9 @@ import torch.nn.functional as F
 from trainplan.model import flops, memory
 from trainplan.model.arch import MODEL_PRESETS
 from trainplan.model.layout import Layout
+from trainplan.proxy.analytic import exact_state_bytes
 from trainplan.proxy.measure import CommCounter, SavedTensorTracker, count_flops, state_bytes
 from trainplan.proxy.model import build_model
-from trainplan.proxy.predict import exact_state_bytes
 
 
 def _step(spec, b, s):
@@ -115,11 +115,11 @@ def test_zero2_state_at_rest_is_sharded_like_fsdp2():
     """FSDP2 ZeRO-2 (reshard_after_forward=False) is sharded between steps; its peak keeps full weights."""
     from trainplan.model.arch import MODEL_PRESETS
     from trainplan.model.layout import Layout
-    from trainplan.proxy import predict
+    from trainplan.proxy import analytic
 
     m = MODEL_PRESETS["debug"]
-    z2 = predict.analytic_memory(m, Layout(dp=2, sharding="zero2"), 64, 4, "fp32", "full", 8, ["q"])
-    z3 = predict.analytic_memory(m, Layout(dp=2, sharding="zero3"), 64, 4, "fp32", "full", 8, ["q"])
+    z2 = analytic.analytic_memory(m, Layout(dp=2, sharding="zero2"), 64, 4, "fp32", "full", 8, ["q"])
+    z3 = analytic.analytic_memory(m, Layout(dp=2, sharding="zero3"), 64, 4, "fp32", "full", 8, ["q"])
     assert z2["state_at_rest_bytes"] == z3["state_at_rest_bytes"]
     assert sum(z2["state_at_rest_bytes"].values()) == 8 * m.n_params  # fp32: (4 + 4 + 8) B / 2 ranks
     assert z2["breakdown_bytes"]["weights"] > z3["breakdown_bytes"]["weights"]
