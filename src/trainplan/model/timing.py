@@ -76,12 +76,27 @@ def _gemm_s(m: Array, n: Array, k: Array, peak: float, eff: Efficiency) -> Array
     return 2.0 * m * n * k / (peak * gemm_eff(m, n, k, eff))
 
 
-def layer_gemm_fwd_s(model: ModelSpec, tokens: Array, tp: Array, peak: float, eff: Efficiency) -> Array:
-    """Forward GEMMs of one block after Megatron TP splitting (QKV/up column-, O/down row-parallel)."""
-    h, f, kv, q = model.hidden, model.ffn_hidden, model.kv_dim, model.heads * model.head_dim  # q ≠ h: Gemma
-    up = (2 if model.mlp == "swiglu" else 1) * f
-    return (_gemm_s(tokens, (q + 2 * kv) / tp, h, peak, eff) + _gemm_s(tokens, h, q / tp, peak, eff)
-            + _gemm_s(tokens, up / tp, h, peak, eff) + _gemm_s(tokens, h, f / tp, peak, eff))
+def block_gemm_widths(model: ModelSpec, kernels: str, tp: Array = 1) -> list[tuple[Array, Array]]:
+    """(N, K) on one TP rank of each forward GEMM of one block (M = tokens): the output width and the reduction
+    width after Megatron TP splitting (q, k, v, gate, up column-parallel: N/tp; o, down row-parallel: K/tp; K and V
+    over min(tp, kv_heads) ranks, one replicated head each beyond, as memory.layer_matmul_params_per_rank).
+    torchtitan/HF Llama (eager/compiled) run separate q, k, v and gate, up projections, so under GQA and TP the K/V
+    GEMMs are the narrowest of the block (Llama-3 8B at tp8: 1024/8 = 128 columns); Megatron/TE (fused) runs one
+    QKV and one gate·up GEMM (docs/timing-model.md §7.6)."""
+    h, f, kv, qd = model.hidden, model.ffn_hidden, model.kv_dim, model.heads * model.head_dim  # qd ≠ h: Gemma
+    tp = np.asarray(tp, dtype=float)
+    kv_rank = kv / np.minimum(tp, model.kv_heads)
+    n_in = 2 if model.mlp == "swiglu" else 1  # gate and up, or the one up projection
+    if kernels == "fused":
+        return [(qd / tp + 2.0 * kv_rank, h), (h, qd / tp), (n_in * f / tp, h), (h, f / tp)]
+    return [(qd / tp, h), (kv_rank, h), (kv_rank, h), (h, qd / tp)] + [(f / tp, h)] * n_in + [(h, f / tp)]
+
+
+def layer_gemm_fwd_s(model: ModelSpec, tokens: Array, tp: Array, peak: float, eff: Efficiency,
+                     kernels: str = "fused") -> Array:
+    """Forward GEMMs of one block, each at the efficiency of its own per-rank shape (block_gemm_widths); the
+    backward's dgrad and wgrad GEMMs have the same three dimensions, so the same efficiency."""
+    return sum(_gemm_s(tokens, n, k, peak, eff) for n, k in block_gemm_widths(model, kernels, tp))
 
 
 def fp8_linear_dims(model: ModelSpec, kernels: str) -> tuple[list[float], list[float]]:
@@ -453,12 +468,12 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     if training.fp8:  # the block linears in FP8 at 2 × the BF16 peak; attention, norms and the output stay bf16
         check_precision(cluster, training)
         fp8_eff = eff.replace(gemm_eff_max=getattr(eff, f"fp8_gemm_eff_{training.fp8}"))
-        g = layer_gemm_fwd_s(model, tokens, tp, FP8_PEAK_FACTOR * peak, fp8_eff)
+        g = layer_gemm_fwd_s(model, tokens, tp, FP8_PEAK_FACTOR * peak, fp8_eff, kernels)
         fsdp_fp8_gather = (training.fp8 == "tensorwise") & np.isin(layout.sharding, ("zero3", "hsdp"))
         cf, cb = fp8_cast_bytes_mb(model, training, tokens, tp, np.where(fsdp_fp8_gather, 0.0, 1.0))
         cast_f, cast_b = cf / (hbm * eff.membound_eff), cb / (hbm * eff.membound_eff)
     else:
-        g = layer_gemm_fwd_s(model, tokens, tp, peak, eff)
+        g = layer_gemm_fwd_s(model, tokens, tp, peak, eff, kernels)
         cast_f = cast_b = 0.0
     e = layer_membound_fwd_s(model, tokens, tp, sp, hbm, eff, act, kernels)
     if training.attn_impl == "math":

@@ -241,3 +241,47 @@ def test_short_sequences_and_cp_chunks_pay_the_attention_shape_term():
     slow, fast = step_time(m, CLUSTER, t, Layout(dp=32), e), step_time(m, CLUSTER, t, Layout(dp=32), off)
     assert slow["step_time_s"] > fast["step_time_s"]
 
+
+
+def test_block_gemm_widths_per_rank_shapes():
+    """Separate q/k/v and gate/up for PyTorch kernels: under GQA + TP the K/V GEMMs are the narrowest (Llama-3 8B at
+    tp8: 1024/8 = 128 columns); Megatron/TE fuses QKV and gate·up; K/V never split below one head."""
+    m = resolve_model("llama3.1-8b")  # h 4096, 32 q heads, 8 kv heads × 128, ffn 14336
+    eager = timing.block_gemm_widths(m, "eager", 8)
+    assert [float(n) for n, _ in eager] == [512.0, 128.0, 128.0, 4096.0, 1792.0, 1792.0, 4096.0]
+    assert [float(k) for _, k in eager] == [4096.0, 4096.0, 4096.0, 512.0, 4096.0, 4096.0, 1792.0]
+    assert timing.block_gemm_widths(m, "compiled", 8) == eager
+    fused = timing.block_gemm_widths(m, "fused", 8)
+    assert [float(n) for n, _ in fused] == [512.0 + 256.0, 4096.0, 2 * 1792.0, 4096.0]
+    assert float(timing.block_gemm_widths(m, "eager", 16)[1][0]) == 128.0  # 8 kv heads over 16 ranks: one head each
+    # the same FLOPs either way: only the shapes (so the efficiencies) differ
+    nk = lambda ws: sum(float(n) * float(k) for n, k in ws)  # noqa: E731
+    assert nk(eager) == pytest.approx(nk(fused))
+
+
+def test_per_gemm_efficiency_slows_narrow_kv_gemms_only_when_shape_matters():
+    m, peak = resolve_model("llama3.1-8b"), 989e12
+    eff = Efficiency(gemm_eff_max=0.7, gemm_eff_half_dim=256.0)
+    tok = np.array([8192.0, 8192.0])
+    tp = np.array([1, 8])
+    sep, fus = (timing.layer_gemm_fwd_s(m, tok, tp, peak, eff, k) for k in ("eager", "fused"))
+    assert np.all(sep > fus)  # separate K/V (and gate/up) GEMMs are narrower than the fused ones
+    assert sep[1] / fus[1] > sep[0] / fus[0]  # and more so under TP8 (128-wide K/V)
+    # all widths equal (no shape term): the per-GEMM sum is the old fused-block time, for a Layout or a table
+    flat = Efficiency(gemm_eff_max=0.7, gemm_eff_half_dim=1e-12)
+    old = lambda t: (2 * 8192 * (4096 + 2048) / t * 4096 + 2 * 8192 * 4096 * 4096 / t  # noqa: E731
+                     + 2 * 8192 * 2 * 14336 / t * 4096 + 2 * 8192 * 4096 * 14336 / t) / (peak * 0.7)
+    np.testing.assert_allclose(timing.layer_gemm_fwd_s(m, tok, tp, peak, flat, "eager"), [old(1), old(8)], rtol=1e-9)
+    assert timing.layer_gemm_fwd_s(m, 8192.0, 8, peak, flat, "fused") == pytest.approx(old(8))
+    # fused kernels keep the previous fused-QKV formula at any half_dim
+    h, kv = 4096, 1024
+    fused_old = sum(2 * 8192 * n * k / (peak * float(timing.gemm_eff(8192, n, k, eff)))
+                    for n, k in [((h + 2 * kv) / 8, h), (h, h / 8), (2 * 14336 / 8, h), (h, 14336 / 8)])
+    assert float(fus[1]) == pytest.approx(fused_old)
+
+
+def test_gemm_efficiency_uses_the_smallest_dimension():
+    eff = Efficiency(gemm_eff_max=0.8, gemm_eff_half_dim=256.0)
+    assert float(timing.gemm_eff(65536, 128, 4096, eff)) == pytest.approx(0.8 * 128 / 384)
+    assert float(timing.gemm_eff(65536, 4096, 128, eff)) == pytest.approx(0.8 * 128 / 384)
+    assert float(timing.gemm_eff(256, 4096, 4096, eff)) == pytest.approx(0.4)

@@ -23,10 +23,10 @@ from trainplan.published.validate import (
 )
 
 # In-sample MAPE per table (each generation's own fit; bf16 and FP8 rows). Reached: Megatron 2021 T1 4.0%,
-# Korthikanti 3.7%, torchtitan A100 2.5%; torchtitan H100 6.6%, async TP 8.8%, Megatron 2024 6.3%, Llama 3 405B
-# 3.4%; NeMo 24.07 FP8 (held out of every fit) 15.7%.
+# Korthikanti 3.7%, torchtitan A100 2.5%; torchtitan H100 6.4%, async TP 8.0%, Megatron 2024 6.1%, Llama 3 405B
+# 3.5%; NeMo 24.07 FP8 (held out of every fit) 16.0%.
 MAPE_TOL_PCT = {"megatron2021_t1": 5.0, "korthikanti2022_t3_5": 5.0, "torchtitan_a100": 5.0,
-                "torchtitan_h100": 7.5, "torchtitan_asynctp_h100": 9.5, "megatron2024_h100": 7.0,
+                "torchtitan_h100": 7.0, "torchtitan_asynctp_h100": 8.5, "megatron2024_h100": 6.5,
                 "llama3_405b_h100": 4.0, "nemo2407_h100": 16.5}
 # Memory vs torchtitan's peak reserved GiB (the two eager seq-8192 FSDP rows in scope): reached 6.3%.
 TORCHTITAN_H100_MEM_MAPE_TOL_PCT = 10.0
@@ -138,16 +138,16 @@ def test_shipped_fits_are_the_documented_fit():
 
 
 # Leave one table out per generation (the fit without the table predicts it), shipped in efficiency_fits.json.
-# Reached: A100 Megatron 4.2%, Korthikanti 5.3%, torchtitan A100 10.5%; H100 torchtitan 8.2%, async TP 8.0%,
-# Megatron 2024 7.3%, Llama 3 405B 3.4% (issue target: 10% per table; met on H100).
-HELDOUT_MAPE_TOL_PCT = {"megatron2021_t1": 5.0, "korthikanti2022_t3_5": 6.5, "torchtitan_a100": 11.5,
-                        "torchtitan_h100": 8.75, "torchtitan_asynctp_h100": 8.5, "megatron2024_h100": 8.0,
+# Reached: A100 Megatron 4.2%, Korthikanti 5.3%, torchtitan A100 10.3%; H100 torchtitan 7.7%, async TP 6.5%,
+# Megatron 2024 7.0%, Llama 3 405B 3.4% (issue target: 10% per table; met on H100).
+HELDOUT_MAPE_TOL_PCT = {"megatron2021_t1": 5.0, "korthikanti2022_t3_5": 6.0, "torchtitan_a100": 11.0,
+                        "torchtitan_h100": 8.25, "torchtitan_asynctp_h100": 7.0, "megatron2024_h100": 7.5,
                         "llama3_405b_h100": 4.0}
-# Worst held-out row: H100 19.6% (async-TP table, Llama 3 8B float8 FSDP8·TP8 with async TP, over-predicted),
-# A100 19.5%. The issue's target is 20%: met.
+# Worst held-out row: H100 19.7% (torchtitan table, Llama 3.1 8B float8 CP8 at 262k, over-predicted; the async-TP
+# 8B float8 FSDP8·TP8 row is now 18.0%), A100 19.3%. The issue's target is 20%: met.
 HELDOUT_WORST_ROW_TOL_PCT = 20.0
-# H100 held-out bias per family class: CP +5.0, FSDP/ZeRO −5.4, PP −4.1, TP +3.5 (issue: ±5; FSDP misses by 0.4)
-FAMILY_BIAS_TOL_PCT = {"CP": 5.5, "FSDP/ZeRO": 6.0, "PP": 5.0, "TP": 4.0}
+# H100 held-out bias per family class: CP +5.7, FSDP/ZeRO −3.4, PP −3.8, TP +2.5 (issue: ±5; CP misses by 0.7)
+FAMILY_BIAS_TOL_PCT = {"CP": 6.0, "FSDP/ZeRO": 4.0, "PP": 4.25, "TP": 3.0}
 
 
 def _heldout_frame():
