@@ -50,7 +50,7 @@ RENAMES = {
     "trainplan.flops": "trainplan.model.flops", "trainplan.memory": "trainplan.model.memory",
     "trainplan.comm": "trainplan.model.comm", "trainplan.timing": "trainplan.model.timing",
     "trainplan.estimate": "trainplan.model.estimate", "trainplan.search": "trainplan.search.layouts",
-    "trainplan.validate": "trainplan.published.validate", "trainplan.cost": "trainplan.cost.budget",
+    "trainplan.validate": "trainplan.published.fit", "trainplan.cost": "trainplan.cost.budget",
     "trainplan.sensitivity": "trainplan.cost.sensitivity", "trainplan.calibrate": "trainplan.calibration.sources",
     "trainplan.calibrate_gpu": "trainplan.calibration.gpu",
     "trainplan.extrapolate": "trainplan.prediction.production", "trainplan.figures": "trainplan.report.figures",

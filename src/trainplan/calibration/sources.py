@@ -23,14 +23,8 @@ from trainplan.calibration.fitting import (
 )
 from trainplan.calibration.gpu import calibrate_gpu, load_gpu_records
 from trainplan.model.efficiency import Efficiency, generation_fits
-from trainplan.published.validate import (
-    FIT_PARAMS,
-    GEN_FIT,
-    TABLE_GENERATION,
-    mape_table,
-    throughput_rel_errors,
-    validate_all,
-)
+from trainplan.published.fit import FIT_PARAMS, GEN_FIT, throughput_rel_errors
+from trainplan.published.tables import TABLE_GENERATION, mape_table, validate_all
 
 
 # ----------------------------------------------------------------------------------------- sources
@@ -53,14 +47,14 @@ def choose_source(records_df: pd.DataFrame | None, published_df: pd.DataFrame | 
 
 # ------------------------------------------------------------------------------------ orchestration
 # ``published-h100``: gemm_eff_max alone, refitted on the bf16 rows of torchtitan's H100 table (the rows and
-# their specs are published.validate's: one loader, one mapping). More parameters are not identified by that table.
+# their specs are published.tables': one loader, one mapping). More parameters are not identified by that table.
 H100_SOURCE_TABLE = "torchtitan_h100"
 H100_SOURCE_PARAMS = ("gemm_eff_max",)
 
 
 def published_h100_cases(eff0: Any) -> tuple[pd.DataFrame, Callable[[Any, Any], float]]:
     """The scored bf16 throughput rows of torchtitan's H100 table (``row``, ``tps_per_gpu``) and a predictor
-    ``(row, Efficiency) -> tokens/s/GPU`` through ``published.validate`` (one table evaluation per Efficiency)."""
+    ``(row, Efficiency) -> tokens/s/GPU`` through ``published.tables`` (one table evaluation per Efficiency)."""
 
     @lru_cache(maxsize=64)
     def table(eff: Any) -> np.ndarray:  # predicted tokens/s/GPU, in the table's row order

@@ -11,13 +11,8 @@ from rich.table import Table
 
 from trainplan.commands.common import check_out_path, console, write_csv_arg
 from trainplan.model.base import ConfigError
-from trainplan.published.validate import (
-    family_bias,
-    heldout_rows,
-    interval_coverage,
-    mape_table,
-    validate_all,
-)
+from trainplan.published.fit import family_bias, heldout_rows, interval_coverage
+from trainplan.published.tables import mape_table, validate_all
 
 
 def run(args: argparse.Namespace) -> int:

@@ -34,7 +34,7 @@ def generation_fits() -> dict[str, Any]:
 class Efficiency:
     """Fractions of peak and overlap factors; SI units where a unit applies."""
 
-    # The class defaults are the A100 generation's fit (``python -m trainplan.published.validate --fit``: scipy least squares
+    # The class defaults are the A100 generation's fit (``python -m trainplan.published.fit --fit``: scipy least squares
     # on log errors, each table weighted equally, within validate.FIT_BOUNDS, on the 26 in-scope throughput rows of
     # Narayanan 2021 T1, Korthikanti 2022 T3/5 and torchtitan docs/performance.md 64×A100), rounded. Each GPU
     # generation has its own fit in trainplan/data/efficiency_fits.json (values, standard errors, the tables it was
@@ -135,7 +135,7 @@ class Efficiency:
     def for_gpu(cls, gpu: Any, **overrides: Any) -> Efficiency:
         """The Efficiency fitted on the published runs of ``gpu``'s generation (``GPUSpec.generation``), with
         ``overrides`` on top. The fitted values, their standard errors and the rows they were fitted on are in
-        ``trainplan/data/efficiency_fits.json`` (``python -m trainplan.published.validate --fit`` writes it)."""
+        ``trainplan/data/efficiency_fits.json`` (``python -m trainplan.published.fit --fit`` writes it)."""
         gen = getattr(gpu, "generation", gpu)
         fit = generation_fits().get(str(gen))
         base = cls() if fit is None else cls(**fit["values"], source=f"fit:{gen}")

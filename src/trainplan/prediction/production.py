@@ -1,5 +1,5 @@
 """From calibration to the production run: predictions with intervals (the held-out checks of the published
-tables are ``published.validate``: ``trainplan validate --heldout``).
+tables are ``published.fit``: ``trainplan validate --heldout``).
 
 * :func:`predict_production` — the top layouts of ``candidates.csv``: tokens/s, tokens/s/GPU, MFU and
   peak memory per GPU with p10/p50/p90 and the calibration source. The interval combines the bootstrap
@@ -21,13 +21,8 @@ from trainplan.model.layout import Layout
 from trainplan.model.memory import memory_breakdown
 from trainplan.model.timing import step_time
 from trainplan.model.training import TrainingSpec
-from trainplan.published.validate import (
-    comparable_runs,
-    error_pool,
-    family_class,
-    predictive_error_draws,
-    validate_all,
-)
+from trainplan.published.fit import comparable_runs, error_pool, predictive_error_draws
+from trainplan.published.tables import family_class, validate_all
 
 
 # ------------------------------------------------------------------------------------ production

@@ -144,7 +144,7 @@ def test_predict_production_intervals_bracket_the_point():
 
 
 def test_published_h100_source_refits_gemm_on_validates_torchtitan_rows():
-    """``calibration.source: published-h100`` uses published.validate's torchtitan H100 rows and specs (one loader):
+    """``calibration.source: published-h100`` uses published.tables' torchtitan H100 rows and specs (one loader):
     the fitted gemm_eff_max predicts those rows better than a deliberately wrong start."""
     from trainplan.calibration.sources import H100_SOURCE_PARAMS, published_h100_cases
     from trainplan.model.efficiency import Efficiency

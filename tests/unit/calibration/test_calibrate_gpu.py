@@ -135,7 +135,7 @@ def test_three_records_with_reserved_bytes_skip_the_memory_fit_with_a_reason_ins
 
 
 def test_stage_picks_gpu_proxies_and_the_production_interval_covers_the_truth():
-    from trainplan.published.validate import FIT_PARAMS
+    from trainplan.published.fit import FIT_PARAMS
 
     rec = synthetic_gpu_records()
     cpu = pd.DataFrame([{"id": "depth-L1-cpu", "family": "depth", "device": "cpu", "status": "ok",

@@ -65,13 +65,13 @@ def test_rowwise_casts_more_than_tensorwise_and_fsdp_fp8_gather_skips_weight_cas
 
 @pytest.fixture(scope="module")
 def rows():
-    from trainplan.published.validate import validate_all
+    from trainplan.published.tables import validate_all
 
     return validate_all()
 
 
 def test_fp8_rows_are_scored_and_nemo_is_held_out(rows):
-    from trainplan.published.validate import GEN_FIT
+    from trainplan.published.fit import GEN_FIT
 
     fp8 = rows[rows["precision"].astype(str).str.startswith("fp8") & (rows["metric"] != "memory_gib")]
     assert {"torchtitan_h100", "torchtitan_asynctp_h100", "nemo2407_h100"} <= set(fp8["table"])
@@ -93,7 +93,7 @@ def test_nemo_fp8_held_out_mape(rows):
 
 
 def test_fp8_speedup_ratios_against_the_published_pairs(rows):
-    from trainplan.published.validate import fp8_speedups
+    from trainplan.published.fit import fp8_speedups
 
     r = fp8_speedups(rows)
     assert len(r) >= 6 and {"fp8-tensorwise", "fp8-rowwise"} <= set(r["recipe"])

@@ -249,7 +249,7 @@ TORCHTITAN_MEM_ROW_TOL_PCT = 10.0
 
 
 def test_torchtitan_h100_memory_rows_within_tolerance() -> None:
-    from trainplan.published.validate import validate_all
+    from trainplan.published.tables import validate_all
 
     df = validate_all()
     d = df[(df["table"] == "torchtitan_h100") & (df["metric"] == "memory_gib") & df["in_mape"]]

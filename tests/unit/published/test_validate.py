@@ -11,16 +11,8 @@ import numpy as np
 import pytest
 
 from trainplan.model.efficiency import Efficiency, generation_fits
-from trainplan.published.validate import (
-    GEN_FIT,
-    MAMF_FRAC,
-    TT500_PARAM,
-    family_bias,
-    fit_generation,
-    interval_coverage,
-    mape_table,
-    validate_all,
-)
+from trainplan.published.fit import GEN_FIT, MAMF_FRAC, family_bias, fit_generation, interval_coverage
+from trainplan.published.tables import TT500_PARAM, mape_table, validate_all
 
 # In-sample MAPE per table (each generation's own fit; bf16 and FP8 rows). Reached: Megatron 2021 T1 4.0%,
 # Korthikanti 3.7%, torchtitan A100 2.5%; torchtitan H100 6.4%, async TP 8.0%, Megatron 2024 6.1%, Llama 3 405B
@@ -128,7 +120,7 @@ def test_llama3_405b_uneven_stages_and_cp16_are_answered(rows):
 
 
 def test_shipped_fits_are_the_documented_fit():
-    """efficiency_fits.json must stay the fit of GEN_FIT (rerun ``python -m trainplan.published.validate --fit --write``)."""
+    """efficiency_fits.json must stay the fit of GEN_FIT (rerun ``python -m trainplan.published.fit --fit --write``)."""
     for gen in GEN_FIT:
         fresh = fit_generation(gen)
         shipped = generation_fits()[gen]
@@ -201,7 +193,7 @@ def test_fits_file_is_valid_json_with_every_generation():
 def test_shipped_heldout_rows_are_what_a_refit_gives():
     """Leave Llama 3 405B out of the H100 fit and predict it: the rows equal the shipped ones (one table; the full
     recompute is `trainplan validate --heldout`, ~2 min)."""
-    from trainplan.published.validate import heldout_rows
+    from trainplan.published.fit import heldout_rows
 
     fresh = heldout_rows(only=("llama3_405b_h100",))
     shipped = _heldout_frame().query("table == 'llama3_405b_h100'")
@@ -210,11 +202,11 @@ def test_shipped_heldout_rows_are_what_a_refit_gives():
 
 
 def test_validate_heldout_cli_prints_tables_family_bias_and_coverage(capsys, monkeypatch):
-    import trainplan.published.validate as V
+    import trainplan.commands.validate as command
     from trainplan.cli import main
 
     rows = _heldout_frame().assign(in_mape=True, held_out_fit="(shipped)")
-    monkeypatch.setattr(V, "heldout_rows", lambda *a, **k: rows)
+    monkeypatch.setattr(command, "heldout_rows", lambda *a, **k: rows)  # the shipped rows: no refit here
     assert main(["validate", "--heldout"]) == 0
     out = capsys.readouterr().out
     assert all(t in out for t in HELDOUT_MAPE_TOL_PCT)

@@ -1,0 +1,366 @@
+"""The per-generation Efficiency fit on the open published tables (``published.tables``), leave-one-table-out
+held-out errors, the interval's error pools and coverage, comparable public runs, family bias.
+
+``python -m trainplan.published.fit --fit [--write]`` refits and (with ``--write``) stores
+``trainplan/data/efficiency_fits.json``.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from trainplan.model.arch import ModelSpec
+from trainplan.model.base import ConfigError
+from trainplan.model.efficiency import Efficiency, generation_fits
+from trainplan.published.tables import (
+    H100_96GB_500W,
+    H100_NVL_PEAK_BF16,
+    TT500_PARAM,
+    mape_table,
+    validate_all,
+)
+
+# --- how the per-generation Efficiency sets were fitted (docs/timing-model.md §7) ---------------------------
+# One fit per GPU generation, on that generation's published tables only: nothing fitted on A100 carries over to
+# H100. The GEMM ceiling is grounded in the measured maximum achievable matmul (MAMF, stas00/ml-engineering,
+# SOURCES.md): the fitted gemm_eff_max may not exceed it (A100 267.9/312 = 85.9%, H100 792.1/989 = 80.1%).
+# Every fitted number has a physical meaning; none is per row. The H100 fit adds the sustained peak of
+# torchtitan's 500 W parts (a hardware fact the source leaves open) and the async-TP overlap fraction.
+MAMF_FRAC = {"a100": 267.9 / 312.0, "h100": 792.1 / 989.0}
+# H100 holds three values fixed rather than fitted, because its four tables cannot identify them:
+# * gemm_eff_half_dim = 256 [I] (one 128×256 wgmma tile: below it per dimension the tensor cores idle) and
+#   membound_eff = the A100 fit's value, Efficiency's class default (a fraction of each GPU's own HBM bandwidth, taken
+#   as generation-independent): with both free the fit runs each to a bound and the leave-one-table-out error of
+#   torchtitan_h100 doubles (8.6% → 16.5%);
+# * the sustained peak of torchtitan's 500 W parts = 912 TFLOP/s, the middle of the bracket the TorchTitan paper
+#   states (H100 NVL 835 – SXM 989) [I]: every open PyTorch H100 row ran on those parts, so their peak and the
+#   PyTorch-vs-fused GEMM factor (torch_gemm_rel, fitted) are confounded; left free, the peak runs to the 835 bound
+#   and PyTorch FSDP on a 700 W H100 SXM comes out ~8% faster (docs/timing-model.md §7).
+TT500_MIDPOINT = (H100_NVL_PEAK_BF16 + 989e12) / 2 / 989e12
+# * attn_eff_half_work = 54,000 (keys × head_dim at which flash attention runs at half its long-sequence rate): fitted
+#   (scipy, log errors) to FlashAttention-2's causal forward on H100 SXM5 in the FlashAttention-3 paper (Shah 2024,
+#   Fig. 5: head dim 128, seq 512–16k: 191, 260, 298, 319, 333, 335 TFLOP/s; head dim 256: 208, 251, 278, 293, 297,
+#   298), 54,000 ± 2,700, both head dims within 4%. Left free on the open tables it is not identified (41,000 ±
+#   122,000: their rows are all at 4k–32k keys per call) and the leave-one-table-out fits run it to the bounds
+#   (docs/timing-model.md §7.5).
+FA2_H100_ATTN_HALF_WORK = 54_000.0
+GEN_FIT: dict[str, dict[str, Any]] = {
+    "a100": {"tables": ("megatron2021_t1", "korthikanti2022_t3_5", "torchtitan_a100"),
+             "params": ("gemm_eff_max", "gemm_eff_half_dim", "attn_eff", "membound_eff"), "fixed": {}},
+    "h100": {"tables": ("torchtitan_h100", "torchtitan_asynctp_h100", "megatron2024_h100", "llama3_405b_h100"),
+             "params": ("gemm_eff_max", "attn_eff", "tp_async_overlap", "fp8_gemm_eff_tensorwise",
+                        "fp8_gemm_eff_rowwise", "torch_gemm_rel"),
+             "fixed": {"gemm_eff_half_dim": 256.0, "membound_eff": Efficiency.membound_eff,
+                       "attn_eff_half_work": FA2_H100_ATTN_HALF_WORK, TT500_PARAM: TT500_MIDPOINT}},
+}
+FIT_TABLES = GEN_FIT["a100"]["tables"]
+FIT_PARAMS = GEN_FIT["a100"]["params"]
+# Physical ranges the fit may not leave: GEMM up to the MAMF ceiling of the generation; flash attention fwd+bwd
+# 25% (FA2 on H100 reaches 34%, Dao 2023 §4.1) to 75% of peak (FA3 on H100, Shah 2024); elementwise kernels
+# 30–95% of HBM bandwidth [I]; the 500 W parts' peak inside the stated NVL–SXM bracket (835–989).
+FIT_BOUNDS = {"gemm_eff_max": (0.6, 0.9), "gemm_eff_half_dim": (1.0, 256.0), "kernel_overhead_s": (0.0, 50e-6), "attn_eff": (0.25, 0.75),
+              "attn_eff_half_work": (0.0, 2.0**18),
+              "membound_eff": (0.3, 0.95), "comm_bw_eff": (0.3, 1.0), "tp_async_overlap": (0.0, 1.0),
+              "fp8_gemm_eff_tensorwise": (0.2, 0.9), "fp8_gemm_eff_rowwise": (0.1, 0.9),
+              "torch_gemm_rel": (0.6, 1.0),
+              TT500_PARAM: (H100_NVL_PEAK_BF16 / 989e12, 1.0)}
+
+
+# Fitted in these units so that every parameter is O(1) for the finite-difference Jacobian.
+FIT_SCALE = {"kernel_overhead_s": 1e-6, "attn_eff_half_work": 1e4}
+
+
+def _bounds(gen: str, p: str) -> tuple[float, float]:
+    lo, hi = FIT_BOUNDS[p]
+    return (lo, min(hi, MAMF_FRAC[gen])) if p == "gemm_eff_max" else (lo, hi)
+
+
+def _split(gen: str, x: dict[str, float], eff0: Efficiency) -> tuple[dict[str, Efficiency], float | None]:
+    eff = eff0.replace(**{p: v for p, v in x.items() if p != TT500_PARAM})
+    frac = x.get(TT500_PARAM, GEN_FIT[gen]["fixed"].get(TT500_PARAM))
+    peak = frac * H100_96GB_500W.peak_bf16_flops if frac is not None else None
+    return {gen: eff}, peak
+
+
+def _fit_frame(gen: str, x: dict[str, float], eff0: Efficiency, tables: tuple[str, ...]) -> pd.DataFrame:
+    effs, peak = _split(gen, x, eff0)
+    df = validate_all(effs, h100_peak_flops=peak, tables=tables)
+    return df[df["in_mape"] & (df["metric"] != "memory_gib")]
+
+
+def _fit_residuals(eff: Efficiency, tables: tuple[str, ...], gen: str = "a100", extra: dict | None = None) -> np.ndarray:
+    """log(predicted/published) per row, each table weighted 1/sqrt(rows) so every table counts once."""
+    d = _fit_frame(gen, dict(extra or {}), eff, tables)
+    w = 1.0 / np.sqrt(d.groupby("table")["table"].transform("size").to_numpy())
+    return np.log(d["predicted"].to_numpy() / d["published"].to_numpy()) * w
+
+
+def fit_generation(gen: str, tables: tuple[str, ...] | None = None, params: tuple[str, ...] | None = None,
+                   eff0: Efficiency | None = None) -> dict[str, Any]:
+    """Least squares on log errors (scipy) of ``gen``'s tables within the physical bounds.
+
+    Returns ``{"efficiency": Efficiency, "values", "stderr", "hardware", "fitted_on", "n", "rmse_log"}``; the
+    standard errors come from the Jacobian at the optimum (σ²·(JᵀJ)⁻¹, σ² = RSS/(n − p)).
+    """
+    from scipy.optimize import least_squares
+
+    tables = tuple(tables or GEN_FIT[gen]["tables"])
+    params = tuple(params or GEN_FIT[gen]["params"])
+    eff0 = eff0 or Efficiency(**{k: v for k, v in GEN_FIT[gen]["fixed"].items() if k != TT500_PARAM})
+    for p in params:
+        if p not in FIT_BOUNDS:
+            raise ConfigError("params", p, "fittable here: " + ", ".join(FIT_BOUNDS))
+    sc = np.array([FIT_SCALE.get(p, 1.0) for p in params])
+    lo, hi = (np.array(v) / sc for v in zip(*(_bounds(gen, p) for p in params), strict=True))
+    start = {**{p: getattr(eff0, p) for p in params if p != TT500_PARAM}, TT500_PARAM: 0.92, "kernel_overhead_s": 3e-6}
+    x0 = np.clip(np.array([start[p] for p in params]) / sc, lo, hi)
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        d = _fit_frame(gen, dict(zip(params, x * sc, strict=True)), eff0, tables)
+        w = 1.0 / np.sqrt(d.groupby("table")["table"].transform("size").to_numpy())
+        return np.log(d["predicted"].to_numpy() / d["published"].to_numpy()) * w
+
+    res = least_squares(resid, x0, bounds=(lo, hi), diff_step=1e-3)
+    n, k = len(res.fun), len(params)
+    sigma2 = float(res.fun @ res.fun) / max(1, n - k)
+    try:
+        cov = np.linalg.pinv(res.jac.T @ res.jac) * sigma2
+        se = np.sqrt(np.clip(np.diag(cov), 0, None)) * sc
+    except np.linalg.LinAlgError:  # pragma: no cover - degenerate Jacobian
+        se = np.full(k, np.nan)
+    x = dict(zip(params, map(float, res.x * sc), strict=True))
+    eff = eff0.replace(**{p: v for p, v in x.items() if p != TT500_PARAM}, source=f"fit:{gen}")
+    fixed = GEN_FIT[gen]["fixed"]
+    values = {**{p: float(getattr(eff0, p)) for p in fixed if p != TT500_PARAM}, **x}
+    hw = {p: float(v) for p, v in {**fixed, **x}.items() if p == TT500_PARAM}
+    return {"efficiency": eff, "values": {p: v for p, v in values.items() if p != TT500_PARAM},
+            "fixed": dict(fixed), "hardware": hw,
+            "stderr": dict(zip(params, map(float, se), strict=True)), "fitted_on": list(tables), "n": n,
+            "rmse_log": float(np.sqrt(np.mean(res.fun ** 2)))}
+
+
+def fit_defaults(params: tuple[str, ...] = FIT_PARAMS, tables: tuple[str, ...] = FIT_TABLES,
+                 eff0: Efficiency | None = None, gen: str = "a100") -> tuple[Efficiency, pd.DataFrame]:
+    """One Efficiency for all rows of ``tables`` (one generation): the fit and the MAPE table it gives."""
+    f = fit_generation(gen, tables, params, eff0)
+    peak = f["hardware"].get(TT500_PARAM)
+    return f["efficiency"], mape_table(validate_all({gen: f["efficiency"]},
+                                                    h100_peak_flops=None if peak is None else peak * 989e12))
+
+
+def write_fits(path: Any = None) -> dict[str, Any]:
+    """Fit every generation and write ``trainplan/data/efficiency_fits.json`` (what ``Efficiency.for_gpu`` reads)."""
+    import json
+    from pathlib import Path
+
+    out: dict[str, Any] = {}
+    for gen in GEN_FIT:
+        f = fit_generation(gen)
+        out[gen] = {"values": {k: float(f"{v:.4g}") for k, v in f["values"].items()},
+                    "hardware": {k: float(f"{v:.4g}") for k, v in f["hardware"].items()},
+                    "stderr": {k: float(f"{v:.3g}") for k, v in f["stderr"].items()},
+                    "bounds": {p: list(_bounds(gen, p)) for p in GEN_FIT[gen]["params"]},
+                    "fixed": f["fixed"], "fitted_on": f["fitted_on"], "n_rows": f["n"],
+                    "rmse_log": round(f["rmse_log"], 4),
+                    "method": "scipy least_squares on log(predicted/published), each table weighted 1/sqrt(rows); "
+                              "stderr from the Jacobian at the optimum"}
+    held = heldout_rows()
+    for gen in GEN_FIT:
+        d = held[held["generation"] == gen]
+        out[gen]["heldout"] = [{"table": r.table, "row": r.row, "metric": r.metric, "family": r.family,
+                                "kernels": r.kernels, "model": r.model, "params_b": round(float(r.params_b), 3),
+                                "n_gpus": int(r.n_gpus), "seq_len": int(r.seq_len), "layout": r.layout,
+                                "pred_mfu": round(float(r.pred_mfu), 4),
+                                "published": float(r.published), "predicted": round(float(r.predicted), 6),
+                                "err_pct": round(float(r.err_pct), 3)} for r in d.itertuples()]
+        out[gen]["coverage"] = interval_coverage(d)
+    path = Path(path) if path else Path(str(resources.files("trainplan").joinpath("data", "efficiency_fits.json")))
+    path.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    generation_fits.cache_clear()
+    return out
+
+
+def heldout_rows(params: tuple[str, ...] | None = None, only: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """Every scored row predicted by the fit that left its table out (leave one table out): the rows of
+    ``validate_all`` plus ``held_out_fit``. The errors the production interval and its coverage check use."""
+    out = []
+    for gen, spec in GEN_FIT.items():
+        for held in spec["tables"]:
+            if only is not None and held not in only:
+                continue
+            fit_on = tuple(t for t in spec["tables"] if t != held)
+            f = fit_generation(gen, fit_on, params or spec["params"])
+            peak = f["hardware"].get(TT500_PARAM)
+            d = validate_all({gen: f["efficiency"]}, h100_peak_flops=None if peak is None else peak * 989e12,
+                             tables=(held,))
+            d = d[d["in_mape"] & (d["metric"] != "memory_gib")]
+            # An FP8 recipe no remaining table measures has no fitted efficiency to predict with: such rows are
+            # not held-out predictions (the fp8-rowwise rows exist only in the async-TP table).
+            seen = set(validate_all({gen: f["efficiency"]}, tables=fit_on)["precision"])
+            out.append(d[d["precision"].isin(seen)].assign(held_out_fit="+".join(fit_on)))
+    return pd.concat(out, ignore_index=True)
+
+
+def throughput_rel_errors(df: pd.DataFrame) -> np.ndarray:
+    """predicted/measured − 1 of *throughput* per row (a time metric's ratio is inverted)."""
+    ratio = df["predicted"].to_numpy(float) / df["published"].to_numpy(float)
+    is_time = df["metric"].astype(str).str.endswith("_s").to_numpy() if "metric" in df else np.zeros(len(df), bool)
+    return np.where(is_time, 1.0 / ratio, ratio) - 1.0
+
+
+MIN_FAMILY_ROWS = 3  # fewer held-out rows of a family than this: its interval uses the whole generation's errors
+
+
+def error_pool(errors: dict[str, list[float]], family: str) -> np.ndarray:
+    """The held-out relative errors an interval for ``family`` draws on: the family's own when it has at least
+    MIN_FAMILY_ROWS, else every family's of that generation."""
+    own = errors.get(family) or []
+    if len(own) >= MIN_FAMILY_ROWS:
+        return np.asarray(own, dtype=float)
+    return np.asarray([e for v in errors.values() for e in v] or [0.0], dtype=float)
+
+
+def interval_bounds(predicted: float, errors: Any, quantiles: tuple[float, float] = (0.1, 0.9)) -> tuple[float, float]:
+    """p_lo–p_hi of the measured value given a prediction and held-out relative errors e (predicted/measured − 1).
+
+    A prediction interval, not the errors' own quantiles: le = log(1 + e) is taken as normal with the pool's mean
+    and standard deviation, and a new row's le as Student-t with n − 1 degrees of freedom scaled by sqrt(1 + 1/n)
+    (the textbook predictive interval; it widens for small pools, where raw quantiles of a dozen errors
+    under-cover). measured = predicted · exp(−le)."""
+    from scipy.stats import t as student_t
+
+    le = np.log1p(np.asarray(errors, dtype=float))
+    n = len(le)
+    if n < 2:
+        return float(predicted), float(predicted)
+    m, sd = float(le.mean()), float(le.std(ddof=1))
+    k = sd * np.sqrt(1.0 + 1.0 / n)
+    lo_q, hi_q = quantiles
+    l_hi = m + k * float(student_t.ppf(1.0 - lo_q, n - 1))  # a large le → a low measured value
+    l_lo = m + k * float(student_t.ppf(1.0 - hi_q, n - 1))
+    return float(predicted * np.exp(-l_hi)), float(predicted * np.exp(-l_lo))
+
+
+def predictive_error_draws(errors: Any, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Relative errors e drawn from the predictive distribution interval_bounds uses (log(1 + e) Student-t,
+    n − 1 degrees of freedom, scale sd·sqrt(1 + 1/n)); the pool itself when it has fewer than 3 errors."""
+    le = np.log1p(np.asarray(errors, dtype=float))
+    if len(le) < 3:
+        return rng.choice(np.expm1(le) if len(le) else np.zeros(1), size=size)
+    k = float(le.std(ddof=1)) * np.sqrt(1.0 + 1.0 / len(le))
+    return np.expm1(float(le.mean()) + k * rng.standard_t(len(le) - 1, size=size))
+
+
+def interval_coverage(held: pd.DataFrame, quantiles: tuple[float, float] = (0.1, 0.9)) -> dict[str, Any]:
+    """Empirical coverage of the production interval on held-out rows: for each row, the interval_bounds of its
+    prediction over the *other* rows' held-out errors (the family pool as production uses it: error_pool) — does
+    the published value fall inside? Nominal 80% for p10–p90."""
+    d = held.reset_index(drop=True)
+    if "metric" not in d:
+        d = d.assign(metric="tokens_per_s_per_gpu")
+    err = throughput_rel_errors(d)
+    is_time = d["metric"].astype(str).str.endswith("_s").to_numpy()
+    hits = []
+    for i in range(len(d)):
+        others: dict[str, list[float]] = {}
+        for j in range(len(d)):
+            if j != i:
+                others.setdefault(str(d.loc[j, "family"]), []).append(float(err[j]))
+        pool = error_pool(others, str(d.loc[i, "family"]))
+        pred, pub = float(d.loc[i, "predicted"]), float(d.loc[i, "published"])
+        pred_tp, pub_tp = (1.0 / pred, 1.0 / pub) if is_time[i] else (pred, pub)
+        lo, hi = interval_bounds(pred_tp, pool, quantiles)
+        hits.append(bool(lo <= pub_tp <= hi))
+    return {"nominal": round(float(quantiles[1] - quantiles[0]), 6),
+            "measured": float(np.mean(hits)) if hits else float("nan"), "n": len(hits),
+            "method": "leave one row out; Student-t predictive interval of log(1 + e) over the family's held-out "
+                      "errors (the generation's when the family has fewer than 3)"}
+
+
+def comparable_runs(model: ModelSpec, generation: str, kernels: str, family: str, *, n: int = 3,
+                    rows: pd.DataFrame | None = None, peak_flops: float | None = None,
+                    precision: str = "bf16") -> list[dict[str, Any]]:
+    """The ``n`` open published runs closest to a planned layout: same GPU generation first, then nearest model
+    size (|log size ratio|), then the same family class and kernel class (each mismatch counts as a 2× size gap).
+    Each with its published MFU (our FLOP convention: predicted MFU × published/predicted throughput) next to
+    what this model predicts for it, both against ``peak_flops`` (the study GPU's BF16 peak) when given, so that a
+    power-capped part's run reads on the same scale as the plan."""
+    d = validate_all() if rows is None else rows
+    d = d[d["in_mape"] & (d["metric"] != "memory_gib") & (d["generation"] == generation)].copy()
+    if "precision" in d:  # an FP8 run is no evidence for a bf16 plan (its MFU is over the BF16 peak), nor v.v.
+        d = d[d["precision"] == precision]
+    if not len(d):
+        return []
+    ratio = d["published"].to_numpy(float) / d["predicted"].to_numpy(float)
+    ratio = np.where(d["metric"].astype(str).str.endswith("_s"), 1.0 / ratio, ratio)
+    scale = (d["peak_tflops"].to_numpy(float) * 1e12 / peak_flops) if peak_flops and "peak_tflops" in d else 1.0
+    d["pred_mfu"] = d["pred_mfu"].to_numpy(float) * scale
+    d["published_mfu"] = d["pred_mfu"].to_numpy(float) * ratio
+    d["distance"] = (np.abs(np.log(d["params_b"].to_numpy(float) * 1e9 / model.n_params))
+                     + np.log(2.0) * ((d["family"] != family).astype(float) + (d["kernels"] != kernels).astype(float)))
+    d = d.sort_values("distance").head(n)
+    return [{"table": r.table, "row": r.row, "model": r.model, "params_b": float(r.params_b), "n_gpus": int(r.n_gpus),
+             "seq_len": int(r.seq_len), "family": r.family, "kernels": r.kernels, "layout": r.layout,
+             "precision": getattr(r, "precision", "bf16"),
+             "published_mfu": float(r.published_mfu), "predicted_mfu": float(r.pred_mfu),
+             "err_pct": float(r.err_pct)} for r in d.itertuples()]
+
+
+def fp8_speedups(df: pd.DataFrame) -> pd.DataFrame:
+    """FP8 ÷ bf16 throughput per published pair (same table, model, layout and kernels): published vs predicted
+    ratio — the number an FP8 decision needs. From the torchtitan tables (NeMo publishes FP8 only)."""
+    d = df[(df["metric"] != "memory_gib") & df["in_mape"]]
+    if "precision" not in d:
+        return pd.DataFrame()
+    out = []
+    for key, g in d.groupby(["table", "model", "layout", "kernels"], sort=False):
+        base = g[g["precision"] == "bf16"]
+        if len(base) != 1:
+            continue
+        for r in g[g["precision"] != "bf16"].itertuples():
+            pub, pred = r.published / base["published"].iloc[0], r.predicted / base["predicted"].iloc[0]
+            out.append({"table": key[0], "model": key[1], "layout": key[2], "recipe": r.precision,
+                        "published_ratio": pub, "predicted_ratio": pred, "err_pct": 100.0 * (pred / pub - 1.0)})
+    return pd.DataFrame(out)
+
+
+def family_bias(df: pd.DataFrame) -> pd.DataFrame:
+    """Bias and MAPE (%) per (generation, family class) over scored throughput rows (FSDP/ZeRO, TP, PP, CP)."""
+    d = df[df["in_mape"] & (df["metric"] != "memory_gib")]
+    g = d.groupby(["generation", "family"], sort=True)["err_pct"]
+    return pd.DataFrame({"rows": g.size(), "bias_pct": g.mean(), "mape_pct": g.apply(lambda e: float(e.abs().mean())),
+                         "worst_abs_pct": g.apply(lambda e: float(e.abs().max()))}).reset_index()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainplan.published.fit --fit [--write]``: refit each generation's Efficiency, print it with its
+    standard errors and the MAPE per table; ``--write`` stores the fits in trainplan/data/efficiency_fits.json."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m trainplan.published.fit",
+                                 description="Fit one Efficiency per GPU generation on the open published set.",
+                                 epilog="example: python -m trainplan.published.fit --fit --write")
+    ap.add_argument("--fit", action="store_true", help="refit every generation (default: print the shipped fits)")
+    ap.add_argument("--write", action="store_true", help="with --fit: write trainplan/data/efficiency_fits.json")
+    a = ap.parse_args(argv)
+    if a.fit and a.write:
+        fits = write_fits()
+    elif a.fit:
+        fits = {g: fit_generation(g) for g in GEN_FIT}
+    else:
+        fits = generation_fits()
+    for gen, f in fits.items():
+        vals = {**f["values"], **f.get("hardware", {})}
+        print(f"{gen}: fitted on {', '.join(f['fitted_on'])}")
+        for p, v in vals.items():
+            print(f"  {p:22s} {float(v):11.4g} ± {float(f['stderr'].get(p, float('nan'))):.3g}")
+    print(mape_table(validate_all()).round(1).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
