@@ -142,10 +142,17 @@ def attn_eff_at(keys: Array, head_dim: int, eff: Efficiency) -> Array:
     return eff.attn_eff * w / (w + eff.attn_eff_half_work)
 
 
+def attn_keys_per_call(seq_len: int, layout: LayoutLike) -> Array:
+    """Keys per query row of one flash-attention call: a ring-CP step sees one chunk (s/cp); Ulysses all-to-alls
+    the heads, so each rank attends over the whole sequence (heads/cp) in one call: s (docs/timing-model.md §7.5)."""
+    cp = np.asarray(layout.cp, dtype=float)
+    return np.where(np.asarray(layout.cp_kind) == "ulysses", float(seq_len), seq_len / cp)
+
+
 def attn_fwd_s(model: ModelSpec, tokens: Array, seq_len: int, tp: Array, peak: float, eff: Efficiency,
                cp: Array = 1) -> Array:
     """Causal attention core forward: 2·T·s·h/t FLOPs (half of 4·T·s·h; Dao 2023) at attn_eff_at(s/cp, head_dim):
-    under CP each call (ring step) sees the s/cp keys of one chunk."""
+    under ring CP each call (ring step) sees the s/cp keys of one chunk (Ulysses: pass cp=1, one call over s keys)."""
     return (2.0 * tokens * seq_len * model.heads * model.head_dim / tp
             / (peak * attn_eff_at(seq_len / np.asarray(cp), model.head_dim, eff)))
 
@@ -479,7 +486,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     if training.attn_impl == "math":
         a, a_bwd = attn_math_fwd_s(model, tokens, s, tp, peak, hbm, eff, act)
     else:
-        a = attn_fwd_s(model, tokens, s, tp, peak, eff, cp)
+        a = attn_fwd_s(model, tokens, s, tp, peak, eff, s / attn_keys_per_call(s, layout))
         a_bwd = a * ATTN_BWD_FACTOR
     k0 = KERNELS_PER_BLOCK[kernels] * eff.kernel_overhead_s
     fwd = g + a + e + k0 + cast_f

@@ -285,3 +285,13 @@ def test_gemm_efficiency_uses_the_smallest_dimension():
     assert float(timing.gemm_eff(65536, 128, 4096, eff)) == pytest.approx(0.8 * 128 / 384)
     assert float(timing.gemm_eff(65536, 4096, 128, eff)) == pytest.approx(0.8 * 128 / 384)
     assert float(timing.gemm_eff(256, 4096, 4096, eff)) == pytest.approx(0.4)
+
+
+def test_flash_calls_see_one_ring_chunk_but_the_whole_sequence_under_ulysses():
+    """Ring CP: each step's call sees s/cp keys; Ulysses: one call over all s keys (heads/cp): so with the call-size
+    term on, Ulysses attention runs at the no-CP efficiency and ring's at the shorter chunk's."""
+    ring, uly = Layout(dp=4, cp=4, sharding="zero3"), Layout(dp=4, cp=4, cp_kind="ulysses", sharding="zero3")
+    assert timing.attn_keys_per_call(8192, ring) == 2048 and timing.attn_keys_per_call(8192, uly) == 8192
+    assert timing.attn_keys_per_call(8192, Layout(dp=16)) == 8192
+    table = LayoutTable.from_layouts([ring, uly])
+    assert list(timing.attn_keys_per_call(8192, table)) == [2048, 8192]
