@@ -20,6 +20,7 @@ from trainplan.published.tables import (
     H100_96GB_500W,
     H100_NVL_PEAK_BF16,
     TT500_PARAM,
+    load_table,
     mape_table,
     validate_all,
 )
@@ -43,11 +44,36 @@ MAMF_FRAC = {"a100": 267.9 / 312.0, "h100": 792.1 / 989.0}
 TT500_MIDPOINT = (H100_NVL_PEAK_BF16 + 989e12) / 2 / 989e12
 # * attn_eff_half_work = 54,000 (keys × head_dim at which flash attention runs at half its long-sequence rate): fitted
 #   (scipy, log errors) to FlashAttention-2's causal forward on H100 SXM5 in the FlashAttention-3 paper (Shah 2024,
-#   Fig. 5: head dim 128, seq 512–16k: 191, 260, 298, 319, 333, 335 TFLOP/s; head dim 256: 208, 251, 278, 293, 297,
-#   298), 54,000 ± 2,700, both head dims within 4%. Left free on the open tables it is not identified (41,000 ±
+#   Fig. 5; data/flashattention2_h100_fwd.csv, fa2_half_work_fit): 54,000 ± 2,700, both head dims within 4%. Left free on the open tables it is not identified (41,000 ±
 #   122,000: their rows are all at 4k–32k keys per call) and the leave-one-table-out fits run it to the bounds
 #   (docs/timing-model.md §7.5).
-FA2_H100_ATTN_HALF_WORK = 54_000.0
+FA2_H100_ATTN_HALF_WORK = 54_000.0  # the fit below rounded; tests/unit/published/test_validate.py refits it
+FA2_TABLE = "flashattention2_h100_fwd.csv"
+
+
+def fa2_half_work_fit() -> dict[str, Any]:
+    """``attn_eff_half_work`` from FlashAttention-2's published H100 forward speeds (``FA2_TABLE``): least squares on
+    log TFLOP/s of ``ceiling_d · w/(w + half)``, w = seq × head_dim, one ceiling per head dim and one shared half.
+    Returns {half, half_se, ceilings_tflops: {head_dim: value}, max_abs_err}."""
+    from scipy.optimize import least_squares
+
+    df = load_table(FA2_TABLE)
+    dims = sorted(df["head_dim"].unique())
+    w = df["seq_len"].to_numpy(float) * df["head_dim"].to_numpy(float)
+    idx = df["head_dim"].map({d: i for i, d in enumerate(dims)}).to_numpy()
+    y = np.log(df["fa2_tflops"].to_numpy(float))
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        half = x[0] * 1e4
+        return np.log(x[1:][idx]) + np.log(w / (w + half)) - y
+
+    res = least_squares(resid, np.r_[5.0, np.full(len(dims), float(df["fa2_tflops"].max()))],
+                        bounds=(np.r_[1e-3, np.zeros(len(dims)) + 1.0], np.inf))
+    dof = max(len(y) - len(res.x), 1)
+    cov = np.linalg.pinv(res.jac.T @ res.jac) * float(res.fun @ res.fun) / dof
+    return {"half": float(res.x[0] * 1e4), "half_se": float(np.sqrt(cov[0, 0]) * 1e4),
+            "ceilings_tflops": {int(d): float(c) for d, c in zip(dims, res.x[1:], strict=True)},
+            "max_abs_err": float(np.max(np.abs(np.expm1(res.fun))))}
 GEN_FIT: dict[str, dict[str, Any]] = {
     "a100": {"tables": ("megatron2021_t1", "korthikanti2022_t3_5", "torchtitan_a100"),
              "params": ("gemm_eff_max", "gemm_eff_half_dim", "attn_eff", "membound_eff"), "fixed": {}},

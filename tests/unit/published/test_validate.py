@@ -211,3 +211,15 @@ def test_validate_heldout_cli_prints_tables_family_bias_and_coverage(capsys, mon
     out = capsys.readouterr().out
     assert all(t in out for t in HELDOUT_MAPE_TOL_PCT)
     assert "family class" in out and "nominal 80%" in out
+
+
+def test_fixed_attention_half_work_is_the_fit_of_the_cited_fa2_speeds():
+    """attn_eff_half_work is not typed in: it is the refit of FlashAttention-2's published H100 forward speeds
+    (data/flashattention2_h100_fwd.csv, FA3 paper Fig. 5), rounded within its standard error, with both head dims'
+    speeds within 4% of the fitted curve."""
+    from trainplan.published.fit import FA2_H100_ATTN_HALF_WORK, GEN_FIT, fa2_half_work_fit
+
+    f = fa2_half_work_fit()
+    assert abs(f["half"] - FA2_H100_ATTN_HALF_WORK) < f["half_se"] < 0.1 * f["half"]
+    assert f["max_abs_err"] < 0.04
+    assert GEN_FIT["h100"]["fixed"]["attn_eff_half_work"] == FA2_H100_ATTN_HALF_WORK
