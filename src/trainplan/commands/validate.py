@@ -11,7 +11,7 @@ from rich.table import Table
 
 from trainplan.commands.common import check_out_path, console, write_csv_arg
 from trainplan.model.base import ConfigError
-from trainplan.published.fit import family_bias, heldout_rows, interval_coverage
+from trainplan.published.fit import family_bias, heldout_rows, interval_coverage, never_fitted_rows
 from trainplan.published.tables import mape_table, validate_all
 
 
@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     if t is not None and not (math.isfinite(t) and 0 < t <= 100_000):
         raise ConfigError("h100-peak-tflops", t, "a finite number of TFLOP/s in (0, 100000]")
     if args.heldout:
-        return print_heldout(heldout_rows(), args.csv)
+        return print_heldout(heldout_rows(), args.csv, never_fitted_rows())
     peak = None if args.h100_peak_tflops is None else args.h100_peak_tflops * 1e12
     df = validate_all(h100_peak_flops=peak)
     if args.csv:
@@ -44,9 +44,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_heldout(rows: Any, csv: str | None) -> int:
+def print_heldout(rows: Any, csv: str | None, never: Any = None) -> int:
     """Leave one table out per GPU generation: each table predicted by its generation's Efficiency refitted on
-    the generation's other tables; then the bias per family class and the interval's empirical coverage."""
+    the generation's other tables; then the bias per family class and the interval's empirical coverage; then the
+    tables no fit ever sees (``never``: NeMo's Transformer Engine FP8 runs), per table and family, apart."""
     if csv:
         write_csv_arg("csv", rows, csv)
     con = console()
@@ -68,4 +69,13 @@ def print_heldout(rows: Any, csv: str | None) -> int:
         cov = interval_coverage(g)
         con.print(f"{gen}: p10–p90 interval from the other held-out errors of the family (or generation) holds "
                   f"{cov['measured']:.0%} of {cov['n']} held-out rows (nominal {cov['nominal']:.0%})")
+    if never is not None and len(never):
+        n = Table(title="Tables no fit sees (NeMo, Transformer Engine FP8; the fitted FP8 recipe is torchao's): "
+                        "error of the shipped fit per table and family class")
+        for c in ("table", "family", "rows", "MAPE %", "bias %", "worst %"):
+            n.add_column(c, justify="left" if c in ("table", "family") else "right")
+        for (table, fam), g in never.groupby(["table", "family"], sort=True):
+            e = g["err_pct"]
+            n.add_row(table, fam, str(len(g)), f"{e.abs().mean():.1f}", f"{e.mean():+.1f}", f"{e.abs().max():.1f}")
+        con.print(n)
     return 0

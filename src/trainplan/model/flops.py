@@ -214,6 +214,16 @@ def korthikanti_model_flops_per_iteration(B: float, s: float, L: float, h: float
     return 72.0 * B * L * s * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * h * L))
 
 
+def nemo_llama_model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """NeMo's model FLOPs per token for Llama-style blocks: L·h²·(12 + 12·g/a + 18·f/h + 12·s/h + 6·V/(L·h)), g/a the
+    KV-head share, f the SwiGLU width (NeMo ``nemo/utils/flops_formulas.py``, ``llama2``; its "model TFLOP/s per GPU"
+    in docs/source/performance). Attention counted full, as ``model_flops_per_token``. It reproduces every Llama
+    row of nemo_24.07_H100_fp8.csv (model TFLOP/s ÷ tokens/s) to 0.1% (tests/unit/published/test_nemo_longseq.py)."""
+    L, h = model.layers, model.hidden
+    return float(L * h * h * (12.0 + 12.0 * model.kv_heads / model.heads + 18.0 * model.ffn_hidden / h
+                              + 12.0 * seq_len / h + 6.0 * model.vocab / (L * h)))
+
+
 # ----------------------------------------------------------------------------------- utilisation
 def mfu(tokens_per_s_per_gpu: float, model: ModelSpec, seq_len: int, peak_flops: float) -> float:
     """Model FLOPs utilisation: tokens/s/GPU · model_flops_per_token / peak (Chowdhery 2022, App. B)."""

@@ -19,6 +19,7 @@ from trainplan.model.efficiency import Efficiency, generation_fits
 from trainplan.published.tables import (
     H100_96GB_500W,
     H100_NVL_PEAK_BF16,
+    NEVER_FITTED,
     TT500_PARAM,
     load_table,
     mape_table,
@@ -229,6 +230,14 @@ def heldout_rows(params: tuple[str, ...] | None = None, only: tuple[str, ...] | 
             seen = set(validate_all({gen: f["efficiency"]}, tables=fit_on)["precision"])
             out.append(d[d["precision"].isin(seen)].assign(held_out_fit="+".join(fit_on)))
     return pd.concat(out, ignore_index=True)
+
+
+def never_fitted_rows() -> pd.DataFrame:
+    """The scored throughput rows of the tables no fit sees (``NEVER_FITTED``: NeMo's Transformer Engine FP8 runs),
+    predicted by the shipped per-generation fits: held out by construction. ``trainplan validate --heldout`` prints
+    them apart from the leave-one-table-out pool, whose bias targets are about the fitted recipes."""
+    d = validate_all(tables=NEVER_FITTED)
+    return d[d["in_mape"] & (d["metric"] != "memory_gib")].reset_index(drop=True)
 
 
 def throughput_rel_errors(df: pd.DataFrame) -> np.ndarray:
