@@ -39,14 +39,14 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rule_io import ROOT, rule_io  # noqa: E402
+from rule_io import ROOT, rule_io, smk_constant  # noqa: E402
 
 from trainplan import pkgdata  # noqa: E402
 from trainplan.config import config_slice, load_config  # noqa: E402
 
 # old module → new module (issue 11's restructure, commit after 6cd9813)
 RENAMES = {
-    "trainplan.specs": "trainplan.model.specs", "trainplan.efficiency": "trainplan.model.efficiency",
+    "trainplan.specs": "trainplan.model", "trainplan.efficiency": "trainplan.model.efficiency",
     "trainplan.flops": "trainplan.model.flops", "trainplan.memory": "trainplan.model.memory",
     "trainplan.comm": "trainplan.model.comm", "trainplan.timing": "trainplan.model.timing",
     "trainplan.estimate": "trainplan.model.estimate", "trainplan.search": "trainplan.search.layouts",
@@ -70,9 +70,23 @@ _CHECKOUT = re.compile(r'"/[^"]*?/src/trainplan/')  # package data named by abso
 _DOTTED = re.compile(r"(?<![\w/.])trainplan(?:\.[A-Za-z_][A-Za-z_0-9]*)+")
 
 
+# specs.py was split into model.arch / hardware / training / layout / base: a name it held goes where it now lives.
+SPECS_SPLIT = ("trainplan.model.arch", "trainplan.model.hardware", "trainplan.model.training",
+               "trainplan.model.layout", "trainplan.model.base")
+
+
+def _specs_home(attr: str) -> str:
+    for mod in SPECS_SPLIT:
+        if hasattr(importlib.import_module(mod), attr):
+            return mod
+    return "trainplan.model"
+
+
 def renamed(text: str) -> str:
     def new(m: re.Match) -> str:
         parts = m.group(0).split(".")
+        if parts[:2] == ["trainplan", "specs"] and len(parts) > 2:
+            return ".".join([_specs_home(parts[2]), *parts[2:]])
         for i in range(len(parts), 0, -1):
             p = ".".join(parts[:i])
             if p in RENAMES:
@@ -93,7 +107,7 @@ def _resolve(value: str, res: Path, raw: dict) -> str | list[str]:
         return sorted(str(p) for p in (d if d.is_absolute() else ROOT / d).glob("*.json"))
     if value == "<benchmark_files>":  # rules/common.smk: benchmark_files
         ids = [p["id"] for p in json.loads((res / "proxies/proxy_set.json").read_text())["proxies"]]
-        return [f"results/benchmarks/{r}.tsv" for r in ("analytic_model", "calibrate", "cost_and_risk", "figures")] + [
+        return [f"results/benchmarks/{r}.tsv" for r in smk_constant("BENCHMARKED")] + [
             f"results/benchmarks/proxy_run/{i}.tsv" for i in ids]
     return value.replace("{R}", "results")
 

@@ -8,6 +8,7 @@ input functions / lists of ``rules/common.smk`` (``proxy_records``, ``benchmark_
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -29,6 +30,15 @@ def _value(text: str) -> str | None:
         return m.group(1)
     name = text.strip().rstrip(",")
     return f"<{name}>" if name in _NAMES else None
+
+
+def smk_constant(name: str, root: Path = ROOT) -> object:
+    """A literal constant of ``rules/common.smk`` (``BENCHMARKED = (...)``), read from the file, not retyped."""
+    text = (root / "rules" / "common.smk").read_text()
+    m = re.search(rf"^{name} = (\(.*?\)|\[.*?\]|\".*?\")$", text, re.M | re.S)
+    if m is None:
+        raise KeyError(f"rules/common.smk has no literal {name}")
+    return ast.literal_eval(m.group(1))
 
 
 def rule_io(root: Path = ROOT) -> dict[str, dict[str, dict[str, str]]]:

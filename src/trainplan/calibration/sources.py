@@ -9,7 +9,6 @@ FLOPs, communication volume), never H100 time.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -56,13 +55,20 @@ def published_h100_cases(eff0: Any) -> tuple[pd.DataFrame, Callable[[Any, Any], 
     """The scored bf16 throughput rows of torchtitan's H100 table (``row``, ``tps_per_gpu``) and a predictor
     ``(row, Efficiency) -> tokens/s/GPU`` through ``published.tables`` (one table evaluation per Efficiency)."""
 
-    @lru_cache(maxsize=64)
-    def table(eff: Any) -> np.ndarray:  # predicted tokens/s/GPU, in the table's row order
+    def evaluate(eff: Any) -> pd.DataFrame:
         df = validate_all({"h100": eff, "a100": eff}, tables=(H100_SOURCE_TABLE,))
-        return df.loc[df["metric"] == "tokens_per_s_per_gpu", "predicted"].to_numpy(float)
+        return df[df["metric"] == "tokens_per_s_per_gpu"].reset_index(drop=True)
 
-    rows = validate_all({"h100": eff0, "a100": eff0}, tables=(H100_SOURCE_TABLE,))
-    rows = rows[rows["metric"] == "tokens_per_s_per_gpu"].reset_index(drop=True)
+    rows = evaluate(eff0)
+    cache: dict[Any, np.ndarray] = {eff0: rows["predicted"].to_numpy(float)}  # eff0's table is evaluated once
+
+    def table(eff: Any) -> np.ndarray:  # predicted tokens/s/GPU, in the table's row order
+        if eff not in cache:
+            if len(cache) >= 64:
+                cache.pop(next(iter(cache)))
+            cache[eff] = evaluate(eff)["predicted"].to_numpy(float)
+        return cache[eff]
+
     rows = rows[rows["in_mape"] & (rows["precision"] == "bf16")]
     pub = pd.DataFrame({"pos": rows.index.to_numpy(), "row": rows["row"].to_numpy(),
                         "tps_per_gpu": rows["published"].to_numpy(float)})
