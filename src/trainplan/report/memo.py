@@ -23,6 +23,7 @@ from trainplan import pkgdata
 from trainplan.io import read_json, write_bytes
 from trainplan.model.layout import Layout
 from trainplan.provenance import sidecar_path
+from trainplan.published.tables import NEVER_FITTED
 from trainplan.report.figures import parity_table, representative_layouts
 from trainplan.report.labels import memo_labels as report_labels  # noqa: F401 (re-exported)
 
@@ -357,7 +358,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         "techniques": _techniques(res.csv("techniques")),
         "calibration": calib, "source": source, "source_label": ((calib or {}).get("source_detail") if source == "gpu-proxies" else None)
         or SOURCE_LABELS.get(str(source), str(source)),
-        "heldout": _records(res.csv("heldout")) or None,
+        "heldout": _records(res.csv("heldout")) or None, "never_fitted": list(NEVER_FITTED),
         "production": prod, "chosen": (prod or {}).get("chosen"),
         "production_rows": _records(res.csv("production_table")) or None,
         "cost": cost, "targets": (cost or {}).get("targets") or None,
