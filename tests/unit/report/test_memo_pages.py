@@ -44,3 +44,25 @@ def test_nothing_runs_into_the_side_edges(pages):
     for i, img in enumerate(pages, 1):
         ink = _ink(img)
         assert not ink[:, :edge].any() and not ink[:, -edge:].any(), f"page {i}: content reaches the side edge"
+
+
+def test_a_table_row_never_splits_across_pages(tmp_path):
+    """memo.css keeps each table row on one page: a long table of two-line rows, rendered by WeasyPrint with the
+    memo's stylesheet, has both lines of every row on the same page (pdftotext, one text per page). Without the
+    rule WeasyPrint splits a wrapped row at the page end (seen on the memo's comparable-runs table)."""
+    if shutil.which("pdftotext") is None:
+        pytest.skip("pdftotext (poppler-utils) is not installed")
+    from weasyprint import CSS, HTML
+
+    css = Path(__file__).resolve().parents[3] / "report" / "templates" / "memo.css"
+    rows = "".join(f"<tr><td>row{i:03d}top<br>row{i:03d}bottom</td><td>{i}</td></tr>" for i in range(160))
+    pdfs = {}
+    for name, sheets in (("memo", [CSS(filename=str(css))]), ("bare", [])):
+        pdf = tmp_path / f"{name}.pdf"
+        HTML(string=f"<table>{rows}</table>").write_pdf(pdf, stylesheets=sheets)
+        text = subprocess.run(["pdftotext", str(pdf), "-"], check=True, capture_output=True, text=True).stdout
+        pdfs[name] = [{w[3:6] for w in page.split() if w.startswith("row") and w.endswith("top")}
+                      ^ {w[3:6] for w in page.split() if w.startswith("row") and w.endswith("bottom")}
+                      for page in text.split("\f")]
+    assert len(pdfs["memo"]) > 2 and not any(pdfs["memo"]), pdfs["memo"]
+    assert any(pdfs["bare"]), "WeasyPrint no longer splits rows by itself: the check cannot fail"
