@@ -11,8 +11,8 @@ from rich.table import Table
 
 from trainplan.commands.common import check_out_path, console, write_csv_arg
 from trainplan.model.base import ConfigError
-from trainplan.published.fit import family_bias, heldout_rows, interval_coverage, never_fitted_rows
-from trainplan.published.tables import mape_table, validate_all
+from trainplan.published.fit import GEN_FIT, family_bias, heldout_rows, interval_coverage, never_fitted_rows
+from trainplan.published.tables import NEVER_FITTED, mape_table, validate_all
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,11 +35,13 @@ def run(args: argparse.Namespace) -> int:
             t.add_row(r["row"], r["metric"], f"{r['published']:.4g}", f"{r['predicted']:.4g}", f"{r['err_pct']:+.1f}",
                       "yes" if r["in_mape"] else "no", r["note"])
         con.print(t)
-    m = Table(title="MAPE per table (rows the model speaks to)")
-    for c in ("table", "metric", "MAPE %", "bias %", "rows"):
+    m = Table(title="MAPE per table (rows the model speaks to; in-sample for the fitted tables)")
+    for c in ("table", "metric", "MAPE %", "bias %", "rows", "role"):
         m.add_column(c)
+    fitted = {t for spec in GEN_FIT.values() for t in spec["tables"]}
     for _, r in mape_table(df).iterrows():
-        m.add_row(r["table"], r["metric"], f"{r['mape_pct']:.1f}", f"{r['bias_pct']:+.1f}", str(r["rows"]))
+        role = "fitted" if r["table"] in fitted else ("never fitted" if r["table"] in NEVER_FITTED else "scored")
+        m.add_row(r["table"], r["metric"], f"{r['mape_pct']:.1f}", f"{r['bias_pct']:+.1f}", str(r["rows"]), role)
     con.print(m)
     return 0
 

@@ -69,6 +69,10 @@ def test_validate_prints_mape(capsys):
     assert main(["validate"]) == 0
     out = capsys.readouterr().out
     assert "MAPE" in out and "korthikanti2022_t3_5" in out
+    # each table's role: NeMo's TE FP8 tables are scored, never fitted; the rest are their generation's fit
+    rows = {ln.split("│")[1].strip(): ln.split("│")[-2].strip() for ln in out.splitlines() if ln.count("│") >= 7}
+    assert rows["nemo_longseq_h100"] == rows["nemo2407_h100"] == "never fitted"
+    assert rows["torchtitan_h100"] == rows["korthikanti2022_t3_5"] == "fitted"
 
 
 @pytest.mark.skipif(not (ROOT / "config" / "config.yaml").exists(), reason="config/config.yaml not written yet")
