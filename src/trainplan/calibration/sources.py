@@ -22,7 +22,7 @@ from trainplan.calibration.fitting import (
 )
 from trainplan.calibration.gpu import calibrate_gpu, load_gpu_records
 from trainplan.model.efficiency import Efficiency, generation_fits
-from trainplan.published.fit import FIT_PARAMS, GEN_FIT, throughput_rel_errors
+from trainplan.published.fit import FIT_PARAMS, GEN_FIT, scored_rows, throughput_rel_errors
 from trainplan.published.tables import TABLE_GENERATION, mape_table, validate_all
 
 
@@ -105,7 +105,7 @@ OPEN_SET = "published-open-set"
 
 def _throughput_rel_errors(df: pd.DataFrame) -> np.ndarray:
     """predicted/measured − 1 of *throughput* per published row (time metrics inverted)."""
-    return throughput_rel_errors(df[df["in_mape"] & (df["metric"] != "memory_gib")])
+    return throughput_rel_errors(scored_rows(df))
 
 
 def heldout_errors_by_family(generation: str | None) -> dict[str, list[float]]:
@@ -142,7 +142,8 @@ def open_set_report(eff: Any, generation: str | None = None) -> tuple[dict[str, 
             loto.setdefault(r["table"], []).append(abs(float(r["err_pct"])) / 100.0)
     heldout["loto_mape"] = [float(np.mean(loto[t])) if t in loto and mt != "memory_gib" else np.nan
                             for t, mt in zip(heldout["table"], heldout["metric"], strict=True)]
-    fit_rows = rows[rows["in_mape"] & rows["table"].isin(fit_tables) & (rows["metric"] != "memory_gib")]
+    fit_rows = scored_rows(rows)
+    fit_rows = fit_rows[fit_rows["table"].isin(fit_tables)]
     lp, lm = np.log(fit_rows["predicted"].to_numpy(float)), np.log(fit_rows["published"].to_numpy(float))
     r2 = 1.0 - float(((lm - lp) ** 2).sum()) / float(((lm - lm.mean()) ** 2).sum())
     mape = float(np.mean(np.abs(_throughput_rel_errors(fit_rows))))

@@ -113,10 +113,15 @@ def _split(gen: str, x: dict[str, float], eff0: Efficiency) -> tuple[dict[str, E
     return {gen: eff}, peak
 
 
+def scored_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows a table is scored on: in scope of the model (``in_mape``) and throughput, not memory."""
+    return df[df["in_mape"] & (df["metric"] != "memory_gib")]
+
+
 def _fit_frame(gen: str, x: dict[str, float], eff0: Efficiency, tables: tuple[str, ...]) -> pd.DataFrame:
     effs, peak = _split(gen, x, eff0)
     df = validate_all(effs, h100_peak_flops=peak, tables=tables)
-    return df[df["in_mape"] & (df["metric"] != "memory_gib")]
+    return scored_rows(df)
 
 
 def _fit_residuals(eff: Efficiency, tables: tuple[str, ...], gen: str = "a100", extra: dict | None = None) -> np.ndarray:
@@ -224,7 +229,7 @@ def heldout_rows(params: tuple[str, ...] | None = None, only: tuple[str, ...] | 
             peak = f["hardware"].get(TT500_PARAM)
             d = validate_all({gen: f["efficiency"]}, h100_peak_flops=None if peak is None else peak * 989e12,
                              tables=(held,))
-            d = d[d["in_mape"] & (d["metric"] != "memory_gib")]
+            d = scored_rows(d)
             # An FP8 recipe no remaining table measures has no fitted efficiency to predict with: such rows are
             # not held-out predictions (the fp8-rowwise rows exist only in the async-TP table).
             seen = set(validate_all({gen: f["efficiency"]}, tables=fit_on)["precision"])
@@ -237,7 +242,7 @@ def never_fitted_rows() -> pd.DataFrame:
     predicted by the shipped per-generation fits: held out by construction. ``trainplan validate --heldout`` prints
     them apart from the leave-one-table-out pool, whose bias targets are about the fitted recipes."""
     d = validate_all(tables=NEVER_FITTED)
-    return d[d["in_mape"] & (d["metric"] != "memory_gib")].reset_index(drop=True)
+    return scored_rows(d).reset_index(drop=True)
 
 
 def throughput_rel_errors(df: pd.DataFrame) -> np.ndarray:
@@ -325,7 +330,8 @@ def comparable_runs(model: ModelSpec, generation: str, kernels: str, family: str
     what this model predicts for it, both against ``peak_flops`` (the study GPU's BF16 peak) when given, so that a
     power-capped part's run reads on the same scale as the plan."""
     d = validate_all() if rows is None else rows
-    d = d[d["in_mape"] & (d["metric"] != "memory_gib") & (d["generation"] == generation)].copy()
+    d = scored_rows(d)
+    d = d[d["generation"] == generation].copy()
     if "precision" in d:  # an FP8 run is no evidence for a bf16 plan (its MFU is over the BF16 peak), nor v.v.
         d = d[d["precision"] == precision]
     if not len(d):
@@ -348,7 +354,7 @@ def comparable_runs(model: ModelSpec, generation: str, kernels: str, family: str
 def fp8_speedups(df: pd.DataFrame) -> pd.DataFrame:
     """FP8 ÷ bf16 throughput per published pair (same table, model, layout and kernels): published vs predicted
     ratio — the number an FP8 decision needs. From the torchtitan tables (NeMo publishes FP8 only)."""
-    d = df[(df["metric"] != "memory_gib") & df["in_mape"]]
+    d = scored_rows(df)
     if "precision" not in d:
         return pd.DataFrame()
     out = []
@@ -365,7 +371,7 @@ def fp8_speedups(df: pd.DataFrame) -> pd.DataFrame:
 
 def family_bias(df: pd.DataFrame) -> pd.DataFrame:
     """Bias and MAPE (%) per (generation, family class) over scored throughput rows (FSDP/ZeRO, TP, PP, CP)."""
-    d = df[df["in_mape"] & (df["metric"] != "memory_gib")]
+    d = scored_rows(df)
     g = d.groupby(["generation", "family"], sort=True)["err_pct"]
     return pd.DataFrame({"rows": g.size(), "bias_pct": g.mean(), "mape_pct": g.apply(lambda e: float(e.abs().mean())),
                          "worst_abs_pct": g.apply(lambda e: float(e.abs().max()))}).reset_index()
