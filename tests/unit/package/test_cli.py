@@ -22,6 +22,20 @@ def test_estimate_json_schema(capsys):
     assert js["params"] == 13_015_864_320 and js["layout"]["dp"] == 32
 
 
+def test_estimate_hsdp_names_its_default_group(capsys):
+    """--sharding hsdp without --shard-group shards inside a node: the layout says hsdp/8 and predicts the same as an
+    explicit --shard-group 8 (the estimate once printed hsdp/None)."""
+    base = ["estimate", "--model", "llama2-13b", "--gpus", "32", "--sharding", "hsdp", "--json"]
+    assert main(base) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert main([*base, "--shard-group", "8"]) == 0
+    explicit = json.loads(capsys.readouterr().out)
+    assert default["layout_text"].split()[1] == "hsdp/8" and default["layout"]["shard_group"] == 8
+    assert default["tokens_per_s_per_gpu"] == explicit["tokens_per_s_per_gpu"]
+    assert main([*base, "--shard-group", "16"]) == 0
+    assert json.loads(capsys.readouterr().out)["layout_text"].split()[1] == "hsdp/16"
+
+
 def test_estimate_arch_overrides(capsys):
     assert main(["estimate", "--arch", "layers=2,hidden=256,heads=4,vocab=1000", "--gpus", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["model"] == "custom"
