@@ -219,3 +219,21 @@ def test_the_snakemake_entry_point_verifies_inputs_before_the_stage_runs(study):
     with pytest.raises(common.CorruptResultError, match="width-h64.json: its content differs"):
         aggregate.main(_Smk({"records": runs}, {"records": str(study / "records2.csv")}))
     assert not Path(runs[2]).exists() and not (study / "records2.csv").exists()
+
+
+def test_read_table_parses_a_late_text_column_without_a_mixed_type_warning(tmp_path):
+    """candidates.csv's ``reason`` is empty for the feasible layouts (most rows, first) and text for the rest; pandas'
+    chunked parse warns of mixed types there (the default study printed that DtypeWarning from two stages).
+    ``read_table`` parses whole: no warning, and the column is text."""
+    import warnings
+
+    n, first_text = 54_288, 24_092  # the default study's candidates.csv: 54,288 rows × 46 columns, text from 24,092
+    p = tmp_path / "candidates.csv"
+    cols = {f"c{i}": [0.123456] * n for i in range(45)}
+    pd.DataFrame({**cols, "reason": [""] * first_text + ["OOM: needs 90 GiB"] * (n - first_text)}).to_csv(p, index=False)
+    with pytest.warns(pd.errors.DtypeWarning):
+        pd.read_csv(p)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        df = common.read_table(p)
+    assert len(df) == n and df["reason"].iloc[-1] == "OOM: needs 90 GiB"

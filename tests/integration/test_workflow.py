@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -56,6 +57,8 @@ def test_tiny_study_runs_end_to_end_and_reruns_only_what_changed(tmp_path):
     wf = copy_workflow(tmp_path)
     r = snakemake(wf, *TINY, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # a clean run prints no Python warnings (pandas' DtypeWarning on candidates.csv once did, from two stages)
+    assert not re.findall(r"\w+Warning: .*", r.stdout + r.stderr), re.findall(r"\w+Warning: .*", r.stdout + r.stderr)
     res = wf / "results"
     pdf = res / "memo" / "design_memo.pdf"
     assert pdf.read_bytes()[:5] == b"%PDF-"

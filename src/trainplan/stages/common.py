@@ -136,9 +136,10 @@ def verify_inputs(inp: Mapping[str, Any]) -> None:
 
 
 def read_table(path: str | Path) -> Any:
-    """A results CSV, checked against its sidecar first (:func:`verify_result`)."""
+    """A results CSV, checked against its sidecar first (:func:`verify_result`), parsed whole: read in chunks (pandas'
+    default), a column empty for the first rows and text later (candidates.csv's ``reason``) warns of mixed types."""
     verify_result(path)
-    return pd.read_csv(path)
+    return pd.read_csv(path, low_memory=False)
 
 
 def _smk_dicts(smk: Any) -> tuple[dict, dict, dict, dict]:
