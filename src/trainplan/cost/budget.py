@@ -200,7 +200,12 @@ def lognormal_from_quantiles(p10: float, p50: float, p90: float, u: np.ndarray) 
 
 
 def _q(a: Any) -> dict[str, float]:
-    p10, p50, p90 = np.quantile(np.asarray(a, dtype=float), [0.1, 0.5, 0.9])
+    """p10/p50/p90 of samples. Linear interpolation between two infinite samples is inf − inf = NaN: with no
+    failures (``failures.interruptions: 0``) every MTBF and checkpoint-interval sample is +inf, so non-finite samples
+    take the order statistics themselves (``inverted_cdf``), and the interval reads inf, not NaN."""
+    a = np.asarray(a, dtype=float)
+    method = "linear" if np.isfinite(a).all() else "inverted_cdf"
+    p10, p50, p90 = np.quantile(a, [0.1, 0.5, 0.9], method=method)
     return {"p10": float(p10), "p50": float(p50), "p90": float(p90)}
 
 
