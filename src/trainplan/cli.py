@@ -64,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     es.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8, at most 128)")
     es.add_argument("--seq-len", type=int, default=4096,
                     help="tokens per sequence (above the model's max_seq_len: a warning, as with RoPE scaling)")
-    es.add_argument("--micro-batch", type=int, default=1, help="sequences per rank per forward")
+    es.add_argument("--micro-batch", default="auto",
+                    help="sequences per rank per forward, or auto (default): the fastest that fits, of the powers of "
+                         "two dividing the local batch (global batch / dp) and the local batch itself")
     es.add_argument("--global-batch", type=int, default=256, help="sequences per optimizer step")
     es.add_argument("--tp", type=int, default=1)
     es.add_argument("--pp", type=int, default=1)

@@ -14,7 +14,7 @@ from trainplan.io import to_jsonable
 from trainplan.model.arch import ModelSpec, resolve_model
 from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
-from trainplan.model.estimate import estimate
+from trainplan.model.estimate import estimate, fastest_micro_batch
 from trainplan.model.hardware import ClusterSpec, resolve_gpu
 from trainplan.model.layout import Layout, check_layout
 from trainplan.model.training import TrainingSpec
@@ -76,6 +76,15 @@ def _arch_model(make: Any) -> Any:
 
 def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
 
+    if args.micro_batch == "auto":
+        args.auto_micro_batch, args.micro_batch = True, 1  # build with 1; run() picks the fastest that fits
+    else:
+        args.auto_micro_batch = False
+        try:
+            args.micro_batch = int(args.micro_batch)
+        except (TypeError, ValueError):
+            raise ConfigError("micro-batch", args.micro_batch,
+                              f"must be auto or an integer in 1..{INT_FLAGS['micro_batch']}") from None
     for key, hi in INT_FLAGS.items():
         v = getattr(args, key)
         if not 1 <= v <= hi:
@@ -127,13 +136,23 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
 def run(args: argparse.Namespace) -> int:
 
     model, cluster, training, layout = build(args)
-    est = estimate(model, cluster, training, layout, Efficiency.for_gpu(cluster.gpu))
+    eff = Efficiency.for_gpu(cluster.gpu)
+    if args.auto_micro_batch:
+        est, tried = fastest_micro_batch(model, cluster, training, layout, eff)
+    else:
+        est, tried = estimate(model, cluster, training, layout, eff), [layout.micro_batch]
+    layout = est.layout
     js = est.to_json()
+    js["micro_batch_choice"] = {"auto": args.auto_micro_batch, "chosen": layout.micro_batch, "tried": tried}
     if args.json:
         print(json.dumps(to_jsonable(js), indent=2, sort_keys=True))
         return 0
     print(f"{model.name} ({model.n_params / 1e9:.2f}B params) on {cluster.n_gpus}× {cluster.gpu.name}: "
           f"{layout.describe()}")
+    if args.auto_micro_batch:
+        print(f"micro-batch auto: {layout.micro_batch} ("
+              + ("the fastest that fits" if est.feasible else "none fits; the smallest")
+              + f" of {', '.join(map(str, tried))}; --micro-batch N pins one)")
     mem = js["memory_gib"]
     print("memory/GPU GiB: " + ", ".join(f"{k} {v:.1f}" for k, v in mem.items())
           + f"  (HBM {js['hbm_gib']:.1f}, headroom {js['headroom']:.0%})")

@@ -36,6 +36,35 @@ def test_estimate_hsdp_names_its_default_group(capsys):
     assert json.loads(capsys.readouterr().out)["layout_text"].split()[1] == "hsdp/16"
 
 
+GPT2_SMALL = "layers=12,hidden=768,heads=12,vocab=50257,mlp=gelu,norm=layernorm,pos=learned,bias=all,tied=true"
+
+
+def test_estimate_micro_batch_auto_is_the_fastest_that_fits(capsys):
+    """Without --micro-batch the estimate tries the powers of two dividing the local batch and keeps the fastest
+    feasible one; each is the same as pinning it. A 13B at 4096 tokens: memory decides (mb 2 is faster but OOM);
+    GPT-2 small at 512 tokens: per-call overheads decide, mb 32 (= 256 sequences / 8 ranks) beats mb 1 several-fold."""
+    def est(*argv):
+        assert main(["estimate", "--json", *argv]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    big = est("--model", "llama2-13b", "--gpus", "32")
+    assert big["micro_batch_choice"] == {"auto": True, "chosen": 1, "tried": [1, 2, 4, 8]}
+    mb2 = est("--model", "llama2-13b", "--gpus", "32", "--micro-batch", "2")
+    assert not mb2["feasible"] and mb2["tokens_per_s_per_gpu"] > big["tokens_per_s_per_gpu"]
+    assert mb2["micro_batch_choice"] == {"auto": False, "chosen": 2, "tried": [2]}
+    small = est("--arch", GPT2_SMALL, "--seq-len", "512", "--gpus", "8")
+    assert small["feasible"] and small["layout"]["micro_batch"] == 32 == max(small["micro_batch_choice"]["tried"])
+    pinned = est("--arch", GPT2_SMALL, "--seq-len", "512", "--gpus", "8", "--micro-batch", "32")
+    one = est("--arch", GPT2_SMALL, "--seq-len", "512", "--gpus", "8", "--micro-batch", "1")
+    assert small["tokens_per_s_per_gpu"] == pinned["tokens_per_s_per_gpu"] > 2 * one["tokens_per_s_per_gpu"]
+    # a global batch of 24 on 8 ranks: local batch 3, so 1 and 3 (no gradient accumulation) are tried
+    assert est("--arch", GPT2_SMALL, "--seq-len", "512", "--gpus", "8", "--global-batch", "24")[
+        "micro_batch_choice"]["tried"] == [1, 3]
+    # nothing fits: the smallest micro-batch, reported infeasible
+    none = est("--model", "llama2-70b", "--gpus", "8", "--seq-len", "65536")
+    assert not none["feasible"] and none["layout"]["micro_batch"] == 1 and none["reason"].startswith("OOM")
+
+
 def test_estimate_arch_overrides(capsys):
     assert main(["estimate", "--arch", "layers=2,hidden=256,heads=4,vocab=1000", "--gpus", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["model"] == "custom"
@@ -46,6 +75,8 @@ def test_estimate_arch_overrides(capsys):
     (["--tp", "16", "--gpus", "32"], "layout.tp"),
     (["--gpu", "b300"], "gpu"),
     (["--global-batch", "-1"], "global-batch"),
+    (["--micro-batch", "two"], "micro-batch"),
+    (["--micro-batch", "0"], "micro-batch"),
     (["--model", "/nonexistent/config.json"], "model"),
     (["--arch", "layers=x"], "arch.layers"),
     (["--arch", "depth=3"], "arch.depth"),
