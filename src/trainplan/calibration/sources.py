@@ -23,6 +23,7 @@ from trainplan.calibration.fitting import (
 from trainplan.calibration.gpu import calibrate_gpu, load_gpu_records
 from trainplan.model.efficiency import Efficiency, generation_fits
 from trainplan.published.fit import FIT_PARAMS, GEN_FIT, scored_rows, throughput_rel_errors
+from trainplan.published.intervals import heldout_errors_by_family  # noqa: F401  (re-exported)
 from trainplan.published.tables import TABLE_GENERATION, mape_table, validate_all
 
 
@@ -106,16 +107,6 @@ OPEN_SET = "published-open-set"
 def _throughput_rel_errors(df: pd.DataFrame) -> np.ndarray:
     """predicted/measured − 1 of *throughput* per published row (time metrics inverted)."""
     return throughput_rel_errors(scored_rows(df))
-
-
-def heldout_errors_by_family(generation: str | None) -> dict[str, list[float]]:
-    """Leave-one-table-out throughput errors (predicted/measured − 1) of ``generation``'s published rows, per
-    family class (FSDP/ZeRO, TP, PP, CP), as shipped in trainplan/data/efficiency_fits.json."""
-    out: dict[str, list[float]] = {}
-    for r in (generation_fits().get(str(generation)) or {}).get("heldout", []):
-        ratio = float(r["predicted"]) / float(r["published"])
-        out.setdefault(r["family"], []).append((1.0 / ratio if str(r.get("metric", "")).endswith("_s") else ratio) - 1.0)
-    return out
 
 
 def open_set_report(eff: Any, generation: str | None = None) -> tuple[dict[str, Any], pd.DataFrame, np.ndarray, np.ndarray]:

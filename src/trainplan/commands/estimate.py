@@ -18,6 +18,7 @@ from trainplan.model.estimate import estimate, fastest_micro_batch
 from trainplan.model.hardware import ClusterSpec, resolve_gpu
 from trainplan.model.layout import Layout, check_layout
 from trainplan.model.training import TrainingSpec
+from trainplan.published.intervals import error_pool, family_class, heldout_errors_by_family, interval_bounds
 
 # --arch key → ModelSpec field. Integers, then the kinds, then booleans.
 ARCH_KEYS = {"layers": "layers", "hidden": "hidden", "heads": "heads", "kv_heads": "kv_heads", "ffn": "ffn_hidden",
@@ -133,6 +134,27 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     return model, cluster, training, layout
 
 
+def throughput_interval(js: dict[str, Any], generation: str, family: str) -> dict[str, Any]:
+    """p10–p90 of tokens/s/GPU and MFU around the estimate: the predictive interval over the leave-one-table-out
+    errors of the generation's open published rows of the same family class (``published.intervals``; the interval
+    whose coverage ``trainplan validate --heldout`` measures). None where the generation has no shipped errors."""
+    errors = heldout_errors_by_family(generation)
+    tps, mfu = js.get("tokens_per_s_per_gpu"), js.get("mfu")
+    out: dict[str, Any] = {"generation": generation, "family": family, "errors_n": 0, "source": "",
+                           "tokens_per_s_per_gpu_p10": None, "tokens_per_s_per_gpu_p90": None,
+                           "mfu_p10": None, "mfu_p90": None}
+    if not errors or tps is None:
+        return out
+    pool = error_pool(errors, family)
+    lo, hi = interval_bounds(tps, pool)
+    own = len(errors.get(family) or []) == len(pool)
+    out |= {"errors_n": len(pool), "tokens_per_s_per_gpu_p10": lo, "tokens_per_s_per_gpu_p90": hi,
+            "mfu_p10": mfu * lo / tps, "mfu_p90": mfu * hi / tps,
+            "source": f"held-out errors of {len(pool)} published {generation.upper()} rows"
+                      + (f" of the {family} family" if own else f" (every family: {family} has too few)")}
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
 
     model, cluster, training, layout = build(args)
@@ -144,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
     layout = est.layout
     js = est.to_json()
     js["micro_batch_choice"] = {"auto": args.auto_micro_batch, "chosen": layout.micro_batch, "tried": tried}
+    js["interval"] = throughput_interval(js, cluster.gpu.generation, family_class(layout))
     if args.json:
         print(json.dumps(to_jsonable(js), indent=2, sort_keys=True))
         return 0
@@ -158,5 +181,9 @@ def run(args: argparse.Namespace) -> int:
           + f"  (HBM {js['hbm_gib']:.1f}, headroom {js['headroom']:.0%})")
     print(f"step {js['step_time_s']:.2f} s, {js['tokens_per_s']:.0f} tokens/s, "
           f"{js['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, MFU {js['mfu']:.1%}, HFU {js['hfu']:.1%}")
+    iv = js["interval"]
+    if iv["tokens_per_s_per_gpu_p10"] is not None:
+        print(f"p10–p90 {iv['tokens_per_s_per_gpu_p10']:.0f}–{iv['tokens_per_s_per_gpu_p90']:.0f} tokens/s/GPU, "
+              f"MFU {iv['mfu_p10']:.1%}–{iv['mfu_p90']:.1%}: {iv['source']}")
     print("feasible" if js["feasible"] else f"NOT feasible: {js['reason']}")
     return 0

@@ -16,6 +16,12 @@ import pandas as pd
 from trainplan.model.arch import ModelSpec
 from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency, generation_fits
+from trainplan.published.intervals import (  # noqa: F401  (re-exported: fit's interval API)
+    MIN_FAMILY_ROWS,
+    error_pool,
+    interval_bounds,
+    predictive_error_draws,
+)
 from trainplan.published.tables import (
     H100_96GB_500W,
     H100_NVL_PEAK_BF16,
@@ -250,49 +256,6 @@ def throughput_rel_errors(df: pd.DataFrame) -> np.ndarray:
     ratio = df["predicted"].to_numpy(float) / df["published"].to_numpy(float)
     is_time = df["metric"].astype(str).str.endswith("_s").to_numpy() if "metric" in df else np.zeros(len(df), bool)
     return np.where(is_time, 1.0 / ratio, ratio) - 1.0
-
-
-MIN_FAMILY_ROWS = 3  # fewer held-out rows of a family than this: its interval uses the whole generation's errors
-
-
-def error_pool(errors: dict[str, list[float]], family: str) -> np.ndarray:
-    """The held-out relative errors an interval for ``family`` draws on: the family's own when it has at least
-    MIN_FAMILY_ROWS, else every family's of that generation."""
-    own = errors.get(family) or []
-    if len(own) >= MIN_FAMILY_ROWS:
-        return np.asarray(own, dtype=float)
-    return np.asarray([e for v in errors.values() for e in v] or [0.0], dtype=float)
-
-
-def interval_bounds(predicted: float, errors: Any, quantiles: tuple[float, float] = (0.1, 0.9)) -> tuple[float, float]:
-    """p_lo–p_hi of the measured value given a prediction and held-out relative errors e (predicted/measured − 1).
-
-    A prediction interval, not the errors' own quantiles: le = log(1 + e) is taken as normal with the pool's mean
-    and standard deviation, and a new row's le as Student-t with n − 1 degrees of freedom scaled by sqrt(1 + 1/n)
-    (the textbook predictive interval; it widens for small pools, where raw quantiles of a dozen errors
-    under-cover). measured = predicted · exp(−le)."""
-    from scipy.stats import t as student_t
-
-    le = np.log1p(np.asarray(errors, dtype=float))
-    n = len(le)
-    if n < 2:
-        return float(predicted), float(predicted)
-    m, sd = float(le.mean()), float(le.std(ddof=1))
-    k = sd * np.sqrt(1.0 + 1.0 / n)
-    lo_q, hi_q = quantiles
-    l_hi = m + k * float(student_t.ppf(1.0 - lo_q, n - 1))  # a large le → a low measured value
-    l_lo = m + k * float(student_t.ppf(1.0 - hi_q, n - 1))
-    return float(predicted * np.exp(-l_hi)), float(predicted * np.exp(-l_lo))
-
-
-def predictive_error_draws(errors: Any, size: int, rng: np.random.Generator) -> np.ndarray:
-    """Relative errors e drawn from the predictive distribution interval_bounds uses (log(1 + e) Student-t,
-    n − 1 degrees of freedom, scale sd·sqrt(1 + 1/n)); the pool itself when it has fewer than 3 errors."""
-    le = np.log1p(np.asarray(errors, dtype=float))
-    if len(le) < 3:
-        return rng.choice(np.expm1(le) if len(le) else np.zeros(1), size=size)
-    k = float(le.std(ddof=1)) * np.sqrt(1.0 + 1.0 / len(le))
-    return np.expm1(float(le.mean()) + k * rng.standard_t(len(le) - 1, size=size))
 
 
 def interval_coverage(held: pd.DataFrame, quantiles: tuple[float, float] = (0.1, 0.9)) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from trainplan.model.efficiency import Efficiency, generation_fits
 from trainplan.model.hardware import ClusterSpec, GPUSpec, resolve_gpu
 from trainplan.model.layout import Layout, layout_problems
 from trainplan.model.training import TrainingSpec
+from trainplan.published.intervals import family_class  # noqa: F401  (re-exported)
 
 TABLES = ("megatron2021_t1", "korthikanti2022_t3_5", "torchtitan_a100", "torchtitan_h100", "torchtitan_asynctp_h100",
           "megatron2024_h100", "llama3_405b_h100", "nemo2407_h100", "nemo_longseq_h100")
@@ -85,11 +86,6 @@ def _gpt(layers: int, hidden: int, heads: int, name: str) -> ModelSpec:
 def _cluster(n_gpus: int, gpu: GPUSpec, intra: float, inter: float) -> ClusterSpec:
     return ClusterSpec(nodes=max(1, int(n_gpus) // 8), gpus_per_node=min(8, int(n_gpus)), gpu=gpu,
                        intra_busbw_Bps=intra, inter_busbw_Bps=inter)
-
-
-def family_class(layout: Layout) -> str:
-    """The bias class of a layout: CP if it uses CP, else PP, else TP, else FSDP/ZeRO (data parallel only)."""
-    return "CP" if layout.cp > 1 else "PP" if layout.pp > 1 else "TP" if layout.tp > 1 else "FSDP/ZeRO"
 
 
 def _row(table: str, label: str, metric: str, published: float, predicted: float, in_mape: bool, note: str,

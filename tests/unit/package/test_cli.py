@@ -65,6 +65,45 @@ def test_estimate_micro_batch_auto_is_the_fastest_that_fits(capsys):
     assert not none["feasible"] and none["layout"]["micro_batch"] == 1 and none["reason"].startswith("OOM")
 
 
+def test_estimate_prints_the_heldout_interval_of_its_family(capsys):
+    """The estimate's p10–p90 is the predictive interval over the shipped leave-one-table-out errors of the same
+    GPU generation and family class (the interval whose coverage validate --heldout measures): the pool is the
+    family's own rows in efficiency_fits.json, and a TP layout draws on other rows than a data-parallel one."""
+    from trainplan.model.efficiency import generation_fits
+    from trainplan.published.intervals import interval_bounds
+
+    def est(*argv):
+        assert main(["estimate", "--json", "--model", "llama2-13b", *argv]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    def shipped(gen, family):
+        rows = [r for r in generation_fits()[gen]["heldout"] if r["family"] == family]
+        return [(r["published"] / r["predicted"] if r["metric"].endswith("_s") else r["predicted"] / r["published"]) - 1
+                for r in rows]  # a time metric's ratio inverted: errors of throughput
+
+    for argv, gen, family in [(("--sharding", "zero2"), "h100", "FSDP/ZeRO"), (("--tp", "8", "--sp"), "h100", "TP"),
+                              (("--gpu", "a100-80gb", "--sharding", "zero2"), "a100", "FSDP/ZeRO")]:
+        js = est(*argv)
+        iv, pool = js["interval"], shipped(gen, family)
+        assert (iv["generation"], iv["family"], iv["errors_n"]) == (gen, family, len(pool)) and len(pool) >= 3
+        lo, hi = interval_bounds(js["tokens_per_s_per_gpu"], pool)
+        assert (iv["tokens_per_s_per_gpu_p10"], iv["tokens_per_s_per_gpu_p90"]) == pytest.approx((lo, hi), rel=1e-12)
+        assert iv["tokens_per_s_per_gpu_p10"] < iv["tokens_per_s_per_gpu_p90"]
+        assert iv["mfu_p10"] == pytest.approx(js["mfu"] * lo / js["tokens_per_s_per_gpu"])
+    a, b = est("--sharding", "zero2")["interval"], est("--tp", "8", "--sp")["interval"]
+    assert a["tokens_per_s_per_gpu_p90"] / a["tokens_per_s_per_gpu_p10"] != pytest.approx(
+        b["tokens_per_s_per_gpu_p90"] / b["tokens_per_s_per_gpu_p10"])  # different pools, different widths
+    assert main(["estimate", "--model", "llama2-13b", "--sharding", "zero2"]) == 0
+    assert "p10–p90" in capsys.readouterr().out
+
+
+def test_estimate_interval_is_absent_without_shipped_errors():
+    from trainplan.commands.estimate import throughput_interval
+
+    iv = throughput_interval({"tokens_per_s_per_gpu": 1000.0, "mfu": 0.4}, "b200", "TP")
+    assert iv["errors_n"] == 0 and iv["tokens_per_s_per_gpu_p10"] is None and iv["mfu_p90"] is None
+
+
 def test_estimate_arch_overrides(capsys):
     assert main(["estimate", "--arch", "layers=2,hidden=256,heads=4,vocab=1000", "--gpus", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["model"] == "custom"

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("specs", {"model.base", "model.arch", "model.hardware", "model.training", "model.layout"}),
     ("analytic core (no torch, no snakemake)",
      {"model.efficiency", "model.flops", "model.memory", "model.comm", "model.timing", "model.estimate",
-      "search.layouts", "published.tables", "published.fit", "config", "cost.budget", "cost.sensitivity", "provenance"}),
+      "search.layouts", "published.intervals", "published.tables", "published.fit", "config", "cost.budget", "cost.sensitivity", "provenance"}),
     ("harness, calibration, report, launch",
      {"proxy.aggregate", "proxy.command", "proxy.fakemem", "proxy.torchrun", "proxy.lora", "proxy.measure",
       "proxy.model", "proxy.parallelize", "proxy.analytic", "proxy.record", "proxy.run", "proxy.schema",

@@ -1,0 +1,74 @@
+"""Prediction intervals from held-out errors, without pandas (``trainplan estimate`` imports this).
+
+The errors are the leave-one-table-out throughput errors of a GPU generation's open published rows, per family
+class (FSDP/ZeRO, TP, PP, CP), as shipped in ``trainplan/data/efficiency_fits.json`` (``published.fit`` writes them;
+``trainplan validate --heldout`` recomputes them and measures how often the interval holds a held-out row).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from trainplan.model.efficiency import generation_fits
+
+__all__ = ["MIN_FAMILY_ROWS", "error_pool", "family_class", "heldout_errors_by_family", "interval_bounds",
+           "predictive_error_draws"]
+
+MIN_FAMILY_ROWS = 3  # fewer held-out rows of a family than this: its interval uses the whole generation's errors
+
+
+def family_class(layout: Any) -> str:
+    """The bias class of a layout: CP if it uses CP, else PP, else TP, else FSDP/ZeRO (data parallel only)."""
+    return "CP" if layout.cp > 1 else "PP" if layout.pp > 1 else "TP" if layout.tp > 1 else "FSDP/ZeRO"
+
+
+def heldout_errors_by_family(generation: str | None) -> dict[str, list[float]]:
+    """Leave-one-table-out throughput errors (predicted/measured − 1; a time metric's ratio inverted) of
+    ``generation``'s published rows, per family class, as shipped in trainplan/data/efficiency_fits.json."""
+    out: dict[str, list[float]] = {}
+    for r in (generation_fits().get(str(generation)) or {}).get("heldout", []):
+        ratio = float(r["predicted"]) / float(r["published"])
+        out.setdefault(r["family"], []).append((1.0 / ratio if str(r.get("metric", "")).endswith("_s") else ratio) - 1.0)
+    return out
+
+
+def error_pool(errors: dict[str, list[float]], family: str) -> np.ndarray:
+    """The held-out relative errors an interval for ``family`` draws on: the family's own when it has at least
+    MIN_FAMILY_ROWS, else every family's of that generation."""
+    own = errors.get(family) or []
+    if len(own) >= MIN_FAMILY_ROWS:
+        return np.asarray(own, dtype=float)
+    return np.asarray([e for v in errors.values() for e in v] or [0.0], dtype=float)
+
+
+def interval_bounds(predicted: float, errors: Any, quantiles: tuple[float, float] = (0.1, 0.9)) -> tuple[float, float]:
+    """p_lo–p_hi of the measured value given a prediction and held-out relative errors e (predicted/measured − 1).
+
+    A prediction interval, not the errors' own quantiles: le = log(1 + e) is taken as normal with the pool's mean
+    and standard deviation, and a new row's le as Student-t with n − 1 degrees of freedom scaled by sqrt(1 + 1/n)
+    (the textbook predictive interval; it widens for small pools, where raw quantiles of a dozen errors
+    under-cover). measured = predicted · exp(−le)."""
+    from scipy.special import stdtrit  # Student-t quantile (= scipy.stats.t.ppf; a third of the import time)
+
+    le = np.log1p(np.asarray(errors, dtype=float))
+    n = len(le)
+    if n < 2:
+        return float(predicted), float(predicted)
+    m, sd = float(le.mean()), float(le.std(ddof=1))
+    k = sd * np.sqrt(1.0 + 1.0 / n)
+    lo_q, hi_q = quantiles
+    l_hi = m + k * float(stdtrit(n - 1, 1.0 - lo_q))  # a large le → a low measured value
+    l_lo = m + k * float(stdtrit(n - 1, 1.0 - hi_q))
+    return float(predicted * np.exp(-l_hi)), float(predicted * np.exp(-l_lo))
+
+
+def predictive_error_draws(errors: Any, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Relative errors e drawn from the predictive distribution interval_bounds uses (log(1 + e) Student-t,
+    n − 1 degrees of freedom, scale sd·sqrt(1 + 1/n)); the pool itself when it has fewer than 3 errors."""
+    le = np.log1p(np.asarray(errors, dtype=float))
+    if len(le) < 3:
+        return rng.choice(np.expm1(le) if len(le) else np.zeros(1), size=size)
+    k = float(le.std(ddof=1)) * np.sqrt(1.0 + 1.0 / len(le))
+    return np.expm1(float(le.mean()) + k * rng.standard_t(len(le) - 1, size=size))
