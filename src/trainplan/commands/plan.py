@@ -9,6 +9,8 @@ from rich.table import Table
 from trainplan.commands.common import check_out_path, console, warn, write_csv_arg
 from trainplan.config import default_config_path, load_config
 from trainplan.model.base import ConfigError
+from trainplan.model.efficiency import Efficiency
+from trainplan.published.intervals import error_pool, family_class, heldout_errors_by_family, interval_bounds
 from trainplan.search.layouts import family_verdicts, search, technique_verdicts
 
 
@@ -25,15 +27,28 @@ def run(args: argparse.Namespace) -> int:
     feas = df[df["feasible"]]
     t = Table(title=f"{cfg.model.name} on {cfg.cluster.n_gpus}× {cfg.cluster.gpu.name}, seq {cfg.training.seq_len}, "
                     f"global batch {cfg.training.global_batch}: {len(feas)} feasible of {len(df)} layouts")
-    for c in ("#", "layout", "family", "tok/s/GPU", "MFU", "step s", "weights", "grads", "optim", "activ",
+    # p10–p90 of each row: the held-out errors of the generation's published rows of its family class, valid for the
+    # shipped fit only (a config's efficiency overrides are a different model, whose errors nobody measured)
+    gen = cfg.cluster.gpu.generation
+    errors = heldout_errors_by_family(gen) if eff == Efficiency.for_gpu(cfg.cluster.gpu) else {}
+    factors = {f: interval_bounds(1.0, error_pool(errors, f)) for f in ("FSDP/ZeRO", "TP", "PP", "CP")} if errors else {}
+    for c in ("#", "layout", "family", "tok/s/GPU", "p10–p90", "MFU", "step s", "weights", "grads", "optim", "activ",
               "total GiB", "headroom"):
         t.add_column(c, justify="left" if c in ("layout", "family") else "right")
     for _, r in feas.head(args.top).iterrows():
-        t.add_row(str(r["rank"]), r["layout_text"], r["family"], f"{r['tokens_per_s_per_gpu']:.0f}", f"{r['mfu']:.1%}",
+        lo, hi = factors.get(family_class(r), (None, None))
+        tps = r["tokens_per_s_per_gpu"]
+        band = f"{lo * tps:.0f}–{hi * tps:.0f}" if lo is not None else "—"
+        t.add_row(str(r["rank"]), r["layout_text"], r["family"], f"{tps:.0f}", band, f"{r['mfu']:.1%}",
                   f"{r['step_time_s']:.2f}", f"{r['mem_weights_gib']:.1f}", f"{r['mem_gradients_gib']:.1f}",
                   f"{r['mem_optimizer_gib']:.1f}", f"{r['mem_activations_gib']:.1f}", f"{r['mem_total_gib']:.1f}",
                   f"{r['headroom_frac']:.0%}")
     con.print(t)
+    con.print(f"p10–p90: predictive interval over the leave-one-table-out errors of the {gen.upper()} published rows of "
+              "the layout's family class (FSDP/ZeRO, TP, PP, CP); layouts whose intervals overlap are not ranked by the "
+              "model alone" if factors else
+              "p10–p90: — (the config overrides the shipped efficiency fit, or its GPU generation has no held-out "
+              "errors: no measured interval applies)", highlight=False)
     con.print("[bold]Why each family loses[/bold] (data-parallel sharding × TP × PP; best layout of each):")
     for _, v in family_verdicts(df).iterrows():
         con.print(f"  [bold]{v['family']}[/bold] ({v['verdict']}): {v['line']}", highlight=False)

@@ -1,6 +1,7 @@
 """The trainplan CLI: estimate/validate/plan via main(argv) and via a subprocess; one-line errors, exit 2."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,9 +37,6 @@ def test_estimate_hsdp_names_its_default_group(capsys):
     assert json.loads(capsys.readouterr().out)["layout_text"].split()[1] == "hsdp/16"
 
 
-GPT2_SMALL = "layers=12,hidden=768,heads=12,vocab=50257,mlp=gelu,norm=layernorm,pos=learned,bias=all,tied=true"
-
-
 def test_estimate_micro_batch_auto_is_the_fastest_that_fits(capsys):
     """Without --micro-batch the estimate tries the powers of two dividing the local batch and keeps the fastest
     feasible one; each is the same as pinning it. A 13B at 4096 tokens: memory decides (mb 2 is faster but OOM);
@@ -52,13 +50,13 @@ def test_estimate_micro_batch_auto_is_the_fastest_that_fits(capsys):
     mb2 = est("--model", "llama2-13b", "--gpus", "32", "--micro-batch", "2")
     assert not mb2["feasible"] and mb2["tokens_per_s_per_gpu"] > big["tokens_per_s_per_gpu"]
     assert mb2["micro_batch_choice"] == {"auto": False, "chosen": 2, "tried": [2]}
-    small = est("--arch", GPT2_SMALL, "--seq-len", "512", "--gpus", "8")
+    small = est("--arch", GPT2, "--seq-len", "512", "--gpus", "8")
     assert small["feasible"] and small["layout"]["micro_batch"] == 32 == max(small["micro_batch_choice"]["tried"])
-    pinned = est("--arch", GPT2_SMALL, "--seq-len", "512", "--gpus", "8", "--micro-batch", "32")
-    one = est("--arch", GPT2_SMALL, "--seq-len", "512", "--gpus", "8", "--micro-batch", "1")
+    pinned = est("--arch", GPT2, "--seq-len", "512", "--gpus", "8", "--micro-batch", "32")
+    one = est("--arch", GPT2, "--seq-len", "512", "--gpus", "8", "--micro-batch", "1")
     assert small["tokens_per_s_per_gpu"] == pinned["tokens_per_s_per_gpu"] > 2 * one["tokens_per_s_per_gpu"]
     # a global batch of 24 on 8 ranks: local batch 3, so 1 and 3 (no gradient accumulation) are tried
-    assert est("--arch", GPT2_SMALL, "--seq-len", "512", "--gpus", "8", "--global-batch", "24")[
+    assert est("--arch", GPT2, "--seq-len", "512", "--gpus", "8", "--global-batch", "24")[
         "micro_batch_choice"]["tried"] == [1, 3]
     # nothing fits: the smallest micro-batch, reported infeasible
     none = est("--model", "llama2-70b", "--gpus", "8", "--seq-len", "65536")
@@ -166,6 +164,25 @@ def test_plan_default_config(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "tok/s/GPU" in text and "chosen" in text
     assert out_csv.exists()
+
+
+def test_plan_prints_each_rows_heldout_interval(tmp_path, capsys):
+    """The ranked table's p10–p90 is estimate's interval for the same layout (same pools); with the config's
+    efficiency overridden no measured interval applies and the column says so."""
+    cfg = ROOT / "config" / "config.yaml"
+    assert main(["plan", str(cfg), "--top", "1"]) == 0
+    text = capsys.readouterr().out
+    assert main(["estimate", "--json", "--model", "llama2-13b", "--gpus", "32", "--sharding", "zero2",
+                 "--micro-batch", "1"]) == 0
+    iv = json.loads(capsys.readouterr().out)["interval"]
+    row = next(ln for ln in text.splitlines() if "dp32·tp1·pp1·cp1 zero2 rc=none mb=1" in ln)
+    assert f"{iv['tokens_per_s_per_gpu_p10']:.0f}–{iv['tokens_per_s_per_gpu_p90']:.0f}" in row
+    over = tmp_path / "over.yaml"
+    over.write_text(cfg.read_text().replace("\nefficiency: {}", "\nefficiency: {gemm_eff_max: 0.5}", 1))
+    assert main(["plan", str(over), "--top", "1"]) == 0
+    text = capsys.readouterr().out
+    row = next(ln for ln in text.splitlines() if ln.startswith("│ 1 "))
+    assert "overrides the shipped efficiency fit" in text and re.search(r"│\s+—\s+│", row)
 
 
 # ------------------------------------------------------------------- issue 12 item 4, issue 13 items 1 and 5
