@@ -49,7 +49,10 @@ def resolve_gpu(name: str | GPUSpec) -> GPUSpec:
     if isinstance(name, GPUSpec):
         return name
     if name not in GPUS:
-        raise ConfigError("gpu", name, "must be one of " + ", ".join(GPUS))
+        key = str(name).strip().lower()
+        near = [g for g in GPUS if key and (g.startswith(key) or key.startswith(g.split("-")[0]))]
+        hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+        raise ConfigError("gpu", name, "must be one of " + ", ".join(GPUS) + hint)
     return GPUS[name]
 
 

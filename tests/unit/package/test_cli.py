@@ -281,3 +281,13 @@ def test_plan_without_a_feasible_layout_says_why(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("trainplan: warning: no feasible layout of")
     assert "global_batch=7 is not a multiple" in err[0] and "OOM" in err[0]
+
+
+def test_an_unknown_gpu_name_suggests_the_known_ones_it_resembles(capsys):
+    """--gpu h100 is ambiguous (SXM or PCIe): the one-line error lists both; a name nothing resembles gets none."""
+    assert main(["estimate", "--gpu", "H100"]) == 2
+    assert capsys.readouterr().err.strip().endswith("(did you mean h100-sxm-80gb or h100-pcie-80gb?)")
+    assert main(["estimate", "--gpu", "a100"]) == 2
+    assert "(did you mean a100-80gb?)" in capsys.readouterr().err
+    assert main(["estimate", "--gpu", "b200"]) == 2
+    assert "did you mean" not in capsys.readouterr().err
