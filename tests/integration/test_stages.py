@@ -116,6 +116,8 @@ def test_cpu_records_never_calibrate_time():
     roles = dict(zip(heldout["table"] + ":" + heldout["metric"], heldout["role"], strict=True))
     assert roles["torchtitan_h100:tokens_per_s_per_gpu"] == "fit"
     assert roles["megatron2021_t1:tflops_per_gpu"] == "other generation"
+    # NeMo's TE FP8 tables: scored, never fitted (the memo's published-data check says so, as validate does)
+    assert roles["nemo2407_h100:tokens_per_s_per_gpu"] == roles["nemo_longseq_h100:tflops_per_gpu"] == "never fitted"
     assert (heldout["mape"] < 1.0).all()  # fractions, not percent
     # the interval rests on the H100 leave-one-table-out errors, per family class
     assert len(doc["loo_relative_errors"]) >= 20 and doc["memory_relative_errors"]

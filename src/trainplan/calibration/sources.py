@@ -24,7 +24,7 @@ from trainplan.calibration.gpu import calibrate_gpu, load_gpu_records
 from trainplan.model.efficiency import Efficiency, generation_fits
 from trainplan.published.fit import FIT_PARAMS, GEN_FIT, scored_rows, throughput_rel_errors
 from trainplan.published.intervals import heldout_errors_by_family  # noqa: F401  (re-exported)
-from trainplan.published.tables import TABLE_GENERATION, mape_table, validate_all
+from trainplan.published.tables import NEVER_FITTED, TABLE_GENERATION, mape_table, validate_all
 
 
 # ----------------------------------------------------------------------------------------- sources
@@ -124,9 +124,11 @@ def open_set_report(eff: Any, generation: str | None = None) -> tuple[dict[str, 
     fit_tables = GEN_FIT[gen]["tables"]
     heldout = pd.DataFrame({"table": m["table"], "metric": m["metric"], "n": m["rows"],
                             "mape": m["mape_pct"] / 100.0, "bias": m["bias_pct"] / 100.0,
+                            # NeMo's TE FP8 tables: no fit ever sees them (validate's role column says the same)
                             "role": np.where(m["table"].isin(fit_tables), "fit",
-                                             np.where(m["table"].map(TABLE_GENERATION) == gen, "held out",
-                                                      "other generation"))})
+                                             np.where(m["table"].isin(NEVER_FITTED), "never fitted",
+                                                      np.where(m["table"].map(TABLE_GENERATION) == gen, "held out",
+                                                               "other generation")))})
     loto: dict[str, list[float]] = {}
     for f in generation_fits().values():
         for r in f.get("heldout", []):
