@@ -21,8 +21,6 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config if args.config is not None else default_config_path())
     eff = cfg.efficiency  # the generation's fitted Efficiency with the config's overrides (config.build_efficiency)
     df = search(cfg.model, cfg.cluster, cfg.training, eff, cfg.search)
-    if args.csv:
-        write_csv_arg("csv", df, args.csv)
     con = console()
     feas = df[df["feasible"]]
     t = Table(title=f"{cfg.model.name} on {cfg.cluster.n_gpus}× {cfg.cluster.gpu.name}, seq {cfg.training.seq_len}, "
@@ -32,6 +30,12 @@ def run(args: argparse.Namespace) -> int:
     gen = cfg.cluster.gpu.generation
     errors = heldout_errors_by_family(gen) if eff == Efficiency.for_gpu(cfg.cluster.gpu) else {}
     factors = {f: interval_bounds(1.0, error_pool(errors, f)) for f in ("FSDP/ZeRO", "TP", "PP", "CP")} if errors else {}
+    if args.csv:  # every candidate, with its p10/p90 (empty where no measured interval applies)
+        fam = family_class(df)
+        lo_f, hi_f = ([factors.get(f, (float("nan"),) * 2)[i] for f in fam] for i in (0, 1))
+        out = df.assign(interval_family=fam, tokens_per_s_per_gpu_p10=df["tokens_per_s_per_gpu"] * lo_f,
+                        tokens_per_s_per_gpu_p90=df["tokens_per_s_per_gpu"] * hi_f)
+        write_csv_arg("csv", out, args.csv)
     for c in ("#", "layout", "family", "tok/s/GPU", "p10–p90", "MFU", "step s", "weights", "grads", "optim", "activ",
               "total GiB", "headroom"):
         t.add_column(c, justify="left" if c in ("layout", "family") else "right")

@@ -19,9 +19,12 @@ __all__ = ["MIN_FAMILY_ROWS", "error_pool", "family_class", "heldout_errors_by_f
 MIN_FAMILY_ROWS = 3  # fewer held-out rows of a family than this: its interval uses the whole generation's errors
 
 
-def family_class(layout: Any) -> str:
-    """The bias class of a layout: CP if it uses CP, else PP, else TP, else FSDP/ZeRO (data parallel only)."""
-    return "CP" if layout.cp > 1 else "PP" if layout.pp > 1 else "TP" if layout.tp > 1 else "FSDP/ZeRO"
+def family_class(layout: Any) -> Any:
+    """The bias class of a layout: CP if it uses CP, else PP, else TP, else FSDP/ZeRO (data parallel only).
+    A str for one layout; an array of them for a table (a DataFrame or LayoutTable with cp, pp, tp columns)."""
+    cp, pp, tp = np.asarray(layout.cp), np.asarray(layout.pp), np.asarray(layout.tp)
+    out = np.where(cp > 1, "CP", np.where(pp > 1, "PP", np.where(tp > 1, "TP", "FSDP/ZeRO")))
+    return str(out) if out.ndim == 0 else out
 
 
 def heldout_errors_by_family(generation: str | None) -> dict[str, list[float]]:

@@ -163,7 +163,13 @@ def test_plan_default_config(tmp_path, capsys):
     assert main(["plan", str(ROOT / "config" / "config.yaml"), "--top", "3", "--csv", str(out_csv)]) == 0
     text = capsys.readouterr().out
     assert "tok/s/GPU" in text and "chosen" in text
-    assert out_csv.exists()
+    import pandas as pd
+
+    c = pd.read_csv(out_csv, low_memory=False)  # every candidate, with its family class's p10–p90
+    assert {"interval_family", "tokens_per_s_per_gpu_p10", "tokens_per_s_per_gpu_p90"} <= set(c.columns)
+    assert set(c["interval_family"]) <= {"FSDP/ZeRO", "TP", "PP", "CP"} and len(set(c["interval_family"])) == 4
+    f = c[c["feasible"].astype(bool)]
+    assert len(f) and (f["tokens_per_s_per_gpu_p10"] < f["tokens_per_s_per_gpu_p90"]).all()
 
 
 def test_plan_prints_each_rows_heldout_interval(tmp_path, capsys):
