@@ -14,14 +14,13 @@ import subprocess
 import sys
 import time
 
-from trainplan.commands.estimate import throughput_interval
 from trainplan.model.arch import resolve_model
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.estimate import estimate, fastest_micro_batch
 from trainplan.model.hardware import ClusterSpec, resolve_gpu
 from trainplan.model.layout import Layout
 from trainplan.model.training import TrainingSpec
-from trainplan.published.intervals import family_class
+from trainplan.published.intervals import family_class, throughput_interval
 
 
 def median_s(fn, n: int) -> float:

@@ -18,7 +18,7 @@ from trainplan.model.estimate import estimate, fastest_micro_batch
 from trainplan.model.hardware import ClusterSpec, resolve_gpu
 from trainplan.model.layout import Layout, check_layout
 from trainplan.model.training import TrainingSpec
-from trainplan.published.intervals import error_pool, family_class, heldout_errors_by_family, interval_bounds
+from trainplan.published.intervals import family_class, throughput_interval
 
 # --arch key → ModelSpec field. Integers, then the kinds, then booleans.
 ARCH_KEYS = {"layers": "layers", "hidden": "hidden", "heads": "heads", "kv_heads": "kv_heads", "ffn": "ffn_hidden",
@@ -132,27 +132,6 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
                     tp_overlap=args.tp_overlap)
     check_layout(model, cluster, training, layout)
     return model, cluster, training, layout
-
-
-def throughput_interval(js: dict[str, Any], generation: str, family: str) -> dict[str, Any]:
-    """p10–p90 of tokens/s/GPU and MFU around the estimate: the predictive interval over the leave-one-table-out
-    errors of the generation's open published rows of the same family class (``published.intervals``; the interval
-    whose coverage ``trainplan validate --heldout`` measures). None where the generation has no shipped errors."""
-    errors = heldout_errors_by_family(generation)
-    tps, mfu = js.get("tokens_per_s_per_gpu"), js.get("mfu")
-    out: dict[str, Any] = {"generation": generation, "family": family, "errors_n": 0, "source": "",
-                           "tokens_per_s_per_gpu_p10": None, "tokens_per_s_per_gpu_p90": None,
-                           "mfu_p10": None, "mfu_p90": None}
-    if not errors or tps is None:
-        return out
-    pool = error_pool(errors, family)
-    lo, hi = interval_bounds(tps, pool)
-    own = len(errors.get(family) or []) == len(pool)
-    out |= {"errors_n": len(pool), "tokens_per_s_per_gpu_p10": lo, "tokens_per_s_per_gpu_p90": hi,
-            "mfu_p10": mfu * lo / tps, "mfu_p90": mfu * hi / tps,
-            "source": f"held-out errors of {len(pool)} published {generation.upper()} rows"
-                      + (f" of the {family} family" if own else f" (every family: {family} has too few)")}
-    return out
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ import numpy as np
 from trainplan.model.efficiency import generation_fits
 
 __all__ = ["MIN_FAMILY_ROWS", "error_pool", "family_class", "heldout_errors_by_family", "interval_bounds",
-           "predictive_error_draws"]
+           "predictive_error_draws", "throughput_interval"]
 
 MIN_FAMILY_ROWS = 3  # fewer held-out rows of a family than this: its interval uses the whole generation's errors
 
@@ -75,3 +75,25 @@ def predictive_error_draws(errors: Any, size: int, rng: np.random.Generator) -> 
         return rng.choice(np.expm1(le) if len(le) else np.zeros(1), size=size)
     k = float(le.std(ddof=1)) * np.sqrt(1.0 + 1.0 / len(le))
     return np.expm1(float(le.mean()) + k * rng.standard_t(len(le) - 1, size=size))
+
+
+def throughput_interval(js: dict[str, Any], generation: str, family: str) -> dict[str, Any]:
+    """p10–p90 of tokens/s/GPU and MFU around an estimate (``Estimate.to_json()``: its ``tokens_per_s_per_gpu`` and
+    ``mfu``): the predictive interval over the leave-one-table-out errors of the generation's open published rows of
+    the layout's family class, the interval whose coverage ``trainplan validate --heldout`` measures. What
+    ``trainplan estimate`` prints. None where the generation has no shipped errors."""
+    errors = heldout_errors_by_family(generation)
+    tps, mfu = js.get("tokens_per_s_per_gpu"), js.get("mfu")
+    out: dict[str, Any] = {"generation": generation, "family": family, "errors_n": 0, "source": "",
+                           "tokens_per_s_per_gpu_p10": None, "tokens_per_s_per_gpu_p90": None,
+                           "mfu_p10": None, "mfu_p90": None}
+    if not errors or tps is None:
+        return out
+    pool = error_pool(errors, family)
+    lo, hi = interval_bounds(tps, pool)
+    own = len(errors.get(family) or []) == len(pool)
+    out |= {"errors_n": len(pool), "tokens_per_s_per_gpu_p10": lo, "tokens_per_s_per_gpu_p90": hi,
+            "mfu_p10": mfu * lo / tps, "mfu_p90": mfu * hi / tps,
+            "source": f"held-out errors of {len(pool)} published {generation.upper()} rows"
+                      + (f" of the {family} family" if own else f" (every family: {family} has too few)")}
+    return out

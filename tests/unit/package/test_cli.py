@@ -96,7 +96,7 @@ def test_estimate_prints_the_heldout_interval_of_its_family(capsys):
 
 
 def test_estimate_interval_is_absent_without_shipped_errors():
-    from trainplan.commands.estimate import throughput_interval
+    from trainplan.published.intervals import throughput_interval
 
     iv = throughput_interval({"tokens_per_s_per_gpu": 1000.0, "mfu": 0.4}, "b200", "TP")
     assert iv["errors_n"] == 0 and iv["tokens_per_s_per_gpu_p10"] is None and iv["mfu_p90"] is None
