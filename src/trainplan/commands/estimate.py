@@ -14,7 +14,7 @@ from trainplan.io import to_jsonable
 from trainplan.model.arch import ModelSpec, resolve_model
 from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
-from trainplan.model.estimate import estimate, fastest_micro_batch
+from trainplan.model.estimate import MAX_MICRO_BATCH, estimate, fastest_micro_batch
 from trainplan.model.hardware import ClusterSpec, resolve_gpu
 from trainplan.model.layout import Layout, check_layout
 from trainplan.model.training import TrainingSpec
@@ -28,7 +28,7 @@ ARCH_KEYS = {"layers": "layers", "hidden": "hidden", "heads": "heads", "kv_heads
 _ARCH_BOOL = ("tied", "qk_norm")
 _ARCH_STR = ("mlp", "norm", "pos", "bias")
 # Upper bounds of the integer flags (the config schema's): beyond them a float or int64 would overflow.
-INT_FLAGS = {"gpus": 2**23, "gpus_per_node": 128, "seq_len": 2**21, "micro_batch": 65536, "global_batch": 2**24,
+INT_FLAGS = {"gpus": 2**23, "gpus_per_node": 128, "seq_len": 2**21, "micro_batch": MAX_MICRO_BATCH, "global_batch": 2**24,
              "tp": 128, "pp": 4096, "cp": 65536, "vpp": 4096}
 
 

@@ -91,7 +91,7 @@ def throughput_interval(js: dict[str, Any], generation: str, family: str) -> dic
         return out
     pool = error_pool(errors, family)
     lo, hi = interval_bounds(tps, pool)
-    own = len(errors.get(family) or []) == len(pool)
+    own = len(errors.get(family) or []) >= MIN_FAMILY_ROWS  # error_pool's rule: the family's own rows, else all
     out |= {"errors_n": len(pool), "tokens_per_s_per_gpu_p10": lo, "tokens_per_s_per_gpu_p90": hi,
             "mfu_p10": mfu * lo / tps, "mfu_p90": mfu * hi / tps,
             "source": f"held-out errors of {len(pool)} published {generation.upper()} rows"
