@@ -36,7 +36,9 @@ class ModelSpec:
     is the 2-matrix GPT/NeoX/MPT MLP. ``head_dim_override`` is the per-head width when it is not
     ``hidden/heads`` (Gemma: 3072/16 = 192 but head_dim 256; Qwen3-0.6B: 1024/16 = 64 but 128), so the q/o
     projections are ``hidden × heads·head_dim``. ``norms_per_layer`` counts the block's norms (2; Gemma 2/3
-    sandwich norms: 4); ``qk_norm`` adds a per-head norm on q and k (Qwen3, Gemma 3). ``sliding_window`` is
+    sandwich norms: 4); ``qk_norm`` adds a per-head norm on q and k (Qwen3, Gemma 3). ``norm_bias``: a LayerNorm
+    has a bias as well as a weight (PyTorch's default; MPT's ``no_bias`` LayerNorms have the weight only; RMSNorm
+    never has one). ``sliding_window`` is
     set only when *every* layer attends within that window (Mistral v0.1): the planner models full causal
     attention, so a sequence above the window is refused (config/CLI), at or below it the two are equal.
     """
@@ -56,6 +58,7 @@ class ModelSpec:
     max_seq_len: int = 4096
     head_dim_override: int | None = None  # None → hidden // heads
     qk_norm: bool = False
+    norm_bias: bool = True
     norms_per_layer: int = 2
     sliding_window: int | None = None
 
@@ -68,7 +71,7 @@ class ModelSpec:
         one_of(self, "norm", NORM_KINDS)
         one_of(self, "pos_embedding", POS_KINDS)
         one_of(self, "bias", BIAS_KINDS)
-        for k in ("tied_embeddings", "qk_norm"):
+        for k in ("tied_embeddings", "qk_norm", "norm_bias"):
             if not isinstance(getattr(self, k), bool):
                 raise ConfigError(k, getattr(self, k), "must be true or false")
         for k in ("head_dim_override", "sliding_window"):
@@ -105,13 +108,18 @@ class ModelSpec:
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
 
+    @property
+    def params_per_norm_feature(self) -> int:
+        """Parameters of a norm per normalised feature: weight, plus a bias for a biased LayerNorm."""
+        return 2 if self.norm == "layernorm" and self.norm_bias else 1
+
     # Parameter counts: exact, checked against the proxy model's nn.Module and published counts in tests.
     @property
     def n_params_per_layer(self) -> int:
         h, f, q, kv = self.hidden, self.ffn_hidden, self.q_dim, self.kv_dim
         attn = h * q + 2 * h * kv + q * h  # q, k, v, o
         mlp = (3 if self.mlp == "swiglu" else 2) * h * f
-        per_norm = 2 if self.norm == "layernorm" else 1  # weight (+ bias)
+        per_norm = self.params_per_norm_feature
         norms = self.norms_per_layer * h * per_norm + (2 * self.head_dim * per_norm if self.qk_norm else 0)
         if self.bias == "qkv":
             attn += q + 2 * kv
@@ -130,7 +138,7 @@ class ModelSpec:
 
     @property
     def n_params_final_norm(self) -> int:
-        return self.hidden * (2 if self.norm == "layernorm" else 1)
+        return self.hidden * self.params_per_norm_feature
 
     @property
     def n_params(self) -> int:
@@ -197,8 +205,8 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 
 # ------------------------------------------------------------------------ Hugging Face config.json
 MAX_HF_CONFIG_BYTES = 4 * 1024**2  # published config.json files are a few KB
-HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gpt2", "gpt_neox",
-                  "mpt")
+HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt2",
+                  "gpt_bigcode", "gpt_neox", "starcoder2", "mpt")
 _DENSE = ("trainplan plans dense decoder-only models (model_type " + ", ".join(HF_MODEL_TYPES) + ")")
 # Keys whose presence means an architecture the planner does not model; checked before model_type.
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
@@ -276,6 +284,8 @@ _HF_FIELDS = {  # ModelSpec field → the config.json key it is read from, per f
               "sliding_window": "sliding_window"},
     "gpt2": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "kv_heads": "n_head", "ffn_hidden": "n_inner",
              "vocab": "vocab_size", "max_seq_len": "n_positions"},
+    "gpt_bigcode": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "kv_heads": "multi_query",
+                    "ffn_hidden": "n_inner", "vocab": "vocab_size", "max_seq_len": "n_positions"},
     "mpt": {"layers": "n_layers", "hidden": "d_model", "heads": "n_heads", "kv_heads": "n_heads",
             "ffn_hidden": "expansion_ratio", "vocab": "vocab_size", "max_seq_len": "max_seq_len"},
 }
@@ -294,7 +304,7 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
     """A ModelSpec from the fields of a Hugging Face ``config.json``.
 
     Every field of the dense families is read with transformers' default when absent (Llama 2/3.x, Mistral,
-    Qwen2/3, Gemma 1/2/3, GPT-2, GPT-NeoX, MPT). Mixture-of-experts, encoder-decoder, multimodal and unknown
+    Qwen2/3, Gemma 1/2/3, Phi-3/Phi-4, GPT-2, GPT-BigCode (StarCoder), GPT-NeoX, StarCoder2, MPT). Mixture-of-experts, encoder-decoder, multimodal and unknown
     ``model_type`` configs are refused with one ConfigError naming the field.
     """
     if not isinstance(cfg, dict):
@@ -319,6 +329,27 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
                    pos_embedding="learned", tied_embeddings=hf.bool("tie_word_embeddings", True),
                    max_seq_len=hf.int("n_positions", "n_ctx", default=1024))
         return _hf_spec(kw, where, mt)
+    if mt == "gpt_bigcode":  # StarCoder 1 / SantaCoder: GPT-2 with multi-query attention (one K/V head)
+        h, heads = hf.int("n_embd", hi=lim["hidden"]), hf.int("n_head", hi=lim["heads"])
+        kw |= dict(layers=hf.int("n_layer", hi=lim["layers"]), hidden=h, heads=heads,
+                   kv_heads=1 if hf.bool("multi_query", True) else heads,
+                   ffn_hidden=hf.int("n_inner", default=4 * h, hi=lim["ffn_hidden"]),
+                   vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="gelu", norm="layernorm", bias="all",
+                   pos_embedding="learned", tied_embeddings=hf.bool("tie_word_embeddings", True),
+                   max_seq_len=hf.int("n_positions", default=1024))
+        return _hf_spec(kw, where, mt)
+    if mt == "starcoder2":  # GQA + RoPE, biased LayerNorms, a 2-matrix GELU MLP; use_bias on every linear layer
+        heads = hf.int("num_attention_heads", hi=lim["heads"])
+        kw |= dict(layers=hf.int("num_hidden_layers", hi=lim["layers"]), hidden=hf.int("hidden_size", hi=lim["hidden"]),
+                   heads=heads, kv_heads=hf.int("num_key_value_heads", default=heads, hi=lim["kv_heads"]),
+                   ffn_hidden=hf.int("intermediate_size", hi=lim["ffn_hidden"]),
+                   vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="gelu", norm="layernorm",
+                   bias="all" if hf.bool("use_bias", True) else "none",
+                   tied_embeddings=hf.bool("tie_word_embeddings", True),
+                   max_seq_len=hf.int("max_position_embeddings", default=4096),
+                   # every layer windowed when set (the published configs: 4096)
+                   sliding_window=hf.int("sliding_window", default=None, nullable=True))
+        return _hf_spec(kw, where, mt)
     if mt == "gpt_neox":
         kw |= dict(layers=hf.int("num_hidden_layers", hi=lim["layers"]), hidden=hf.int("hidden_size", hi=lim["hidden"]),
                    heads=hf.int("num_attention_heads", hi=lim["heads"]),
@@ -332,10 +363,12 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
         ratio = cfg.get("expansion_ratio", 4)
         if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio <= 64:
             raise hf.err("expansion_ratio", ratio, "must be a number in (0, 64]")
+        # no_bias (transformers' default: true) drops the biases of every linear layer and of the LayerNorms
+        no_bias = hf.bool("no_bias", True)
         kw |= dict(layers=hf.int("n_layers", hi=lim["layers"]), hidden=d, heads=hf.int("n_heads", hi=lim["heads"]),
                    ffn_hidden=max(1, int(ratio * d)), vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="gelu",
-                   norm="layernorm", tied_embeddings=True, pos_embedding="alibi",
-                   max_seq_len=hf.int("max_seq_len", default=2048))
+                   norm="layernorm", norm_bias=not no_bias, bias="none" if no_bias else "all",
+                   tied_embeddings=True, pos_embedding="alibi", max_seq_len=hf.int("max_seq_len", default=2048))
         return _hf_spec(kw, where, mt)
     # The Llama lineage: gated MLP, RMSNorm, RoPE. transformers' per-family defaults for absent fields.
     gemma = mt.startswith("gemma")
@@ -351,8 +384,10 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
                qk_norm=mt in ("qwen3", "gemma3_text"), norms_per_layer=4 if mt in ("gemma2", "gemma3_text") else 2,
                max_seq_len=hf.int("max_position_embeddings", default={
                    "llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768, "gemma": 8192,
-                   "gemma2": 8192, "gemma3_text": 131072}[mt]))
-    if mt == "mistral":  # every layer windowed (v0.1: 4096; v0.2+ null); transformers' default is 4096
+                   "gemma2": 8192, "gemma3_text": 131072, "phi3": 4096}[mt]))
+    if mt == "phi3":  # fused qkv and gate·up projections: the Llama count; the window (when set) on every layer
+        kw["sliding_window"] = hf.int("sliding_window", default=None, nullable=True)
+    elif mt == "mistral":  # every layer windowed (v0.1: 4096; v0.2+ null); transformers' default is 4096
         kw["sliding_window"] = hf.int("sliding_window", default=4096, nullable="sliding_window" in cfg)
     elif mt in ("qwen2", "qwen3") and hf.bool("use_sliding_window", False):
         kw["sliding_window"] = hf.int("sliding_window", default=4096)

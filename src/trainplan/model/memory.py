@@ -97,7 +97,7 @@ def layer_other_params_per_rank(model: ModelSpec, tp: Any = 1) -> Any:
     """Norms (replicated under TP) and biases (column-parallel ones sharded) of one block on one TP rank."""
     h, kv, f, q = model.hidden, model.kv_dim, model.ffn_hidden, model.q_dim
     tp = np.asarray(tp, dtype=float)
-    per_norm = 2 if model.norm == "layernorm" else 1  # + Gemma 2/3 sandwich norms, Qwen3/Gemma 3 q/k norms
+    per_norm = model.params_per_norm_feature  # + Gemma 2/3 sandwich norms, Qwen3/Gemma 3 q/k norms
     n = (model.norms_per_layer * h + 2 * model.head_dim * model.qk_norm) * per_norm + 0 * tp
     if model.bias in ("qkv", "all"):
         n = n + q / tp + 2 * kv / _kv_shards(model, tp)

@@ -32,7 +32,7 @@ class RMSNorm(nn.Module):
 
 
 def _norm(spec: ModelSpec) -> nn.Module:
-    return RMSNorm(spec.hidden) if spec.norm == "rmsnorm" else nn.LayerNorm(spec.hidden)
+    return RMSNorm(spec.hidden) if spec.norm == "rmsnorm" else nn.LayerNorm(spec.hidden, bias=spec.norm_bias)
 
 
 def rope_cos_sin(seq_len: int, head_dim: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:

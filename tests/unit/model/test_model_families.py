@@ -212,6 +212,79 @@ def test_mpt_uses_alibi_positions():
     assert m.pos_embedding == "alibi" and m.n_params_embedding == 50432 * 4096  # alibi has no parameters
 
 
+# Families whose reference configs are transformers' own config-class defaults (no number typed in here), with the
+# switches that change the count: transformers builds each on the meta device and counts its parameters.
+REFERENCE_DEFAULTS = {
+    "phi3": {},  # Phi3Config(): Phi-3-mini's shape (fused qkv and gate·up)
+    "phi3-gqa": {"model_type": "phi3", "num_key_value_heads": 8, "tie_word_embeddings": True},
+    "starcoder2": {},  # GQA, biased linears and LayerNorms, 2-matrix GELU MLP, tied
+    "starcoder2-nobias": {"model_type": "starcoder2", "use_bias": False, "tie_word_embeddings": False},
+    "gpt_bigcode": {},  # multi-query: one K/V head
+    "gpt_bigcode-mha": {"model_type": "gpt_bigcode", "multi_query": False, "n_inner": 2048},
+    "mpt": {},  # no_bias: LayerNorms with a weight only, no linear biases
+}
+
+
+def _transformers_count(cfg: dict) -> int:
+    """Parameters of transformers' own model for ``cfg``, built on the meta device (no memory, no weights)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    c = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "rope_scaling"})  # rope_scaling: no params
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(c)
+    return sum(p.numel() for p in m.parameters())
+
+
+def _reference_config(name: str) -> dict:
+    from transformers import AutoConfig
+
+    over = dict(REFERENCE_DEFAULTS[name])
+    mt = over.pop("model_type", name)
+    return {**AutoConfig.for_model(mt).to_dict(), **over, "model_type": mt}
+
+
+@pytest.mark.parametrize("name", list(FAMILIES) + list(REFERENCE_DEFAULTS))
+def test_count_equals_transformers_reference_implementation(name):
+    """An independent check of every count: transformers' model class for the same config.json, on meta."""
+    cfg = FAMILIES[name][0] if name in FAMILIES else _reference_config(name)
+    m = model_from_hf_dict(cfg)
+    assert m.n_params == _transformers_count(cfg), name
+    from trainplan.model import memory
+
+    per = memory.layer_matmul_params_per_rank(m, 1) + memory.layer_other_params_per_rank(m, 1)
+    assert float(per) == m.n_params_per_layer
+
+
+def test_new_families_read_their_architecture():
+    sc2 = model_from_hf_dict({**_reference_config("starcoder2"), "sliding_window": 4096})
+    assert (sc2.mlp, sc2.norm, sc2.bias, sc2.pos_embedding, sc2.kv_heads, sc2.sliding_window) == (
+        "gelu", "layernorm", "all", "rope", 2, 4096)
+    big = model_from_hf_dict(_reference_config("gpt_bigcode"))
+    assert (big.kv_heads, big.pos_embedding, big.bias, big.tied_embeddings) == (1, "learned", "all", True)
+    phi = model_from_hf_dict({**_reference_config("phi3"), "sliding_window": 2047})
+    assert (phi.mlp, phi.norm, phi.sliding_window, phi.tied_embeddings) == ("swiglu", "rmsnorm", 2047, False)
+    mpt = model_from_hf_dict(_reference_config("mpt"))
+    assert (mpt.norm, mpt.norm_bias, mpt.bias) == ("layernorm", False, "none")
+    # transformers' MptModel hard-codes no_bias and a 4h MLP (every MPT checkpoint on the Hub has both); llm-foundry's
+    # own MPT, which trained them, honours the two fields, and so does the planner
+    biased = model_from_hf_dict({**_reference_config("mpt"), "no_bias": False, "expansion_ratio": 3})
+    assert (biased.norm_bias, biased.bias, biased.ffn_hidden) == (True, "all", 3 * biased.hidden)
+
+
+def test_layernorm_without_bias_counts_its_weight_only():
+    """MPT's no_bias LayerNorm: one parameter per feature (the 7B's published 6,649,286,656 would be 266,240
+    higher with biased norms); RMSNorm has no bias whatever norm_bias says."""
+    kw = dict(layers=32, hidden=4096, heads=32, vocab=50432, mlp="gelu", norm="layernorm", pos_embedding="alibi",
+              tied_embeddings=True)
+    a, b = ModelSpec(**kw), ModelSpec(**kw, norm_bias=False)
+    assert a.n_params - b.n_params == (2 * 32 + 1) * 4096
+    r = dict(kw, norm="rmsnorm")
+    assert ModelSpec(**r).n_params == ModelSpec(**r, norm_bias=False).n_params
+    with pytest.raises(ConfigError, match="norm_bias"):
+        ModelSpec(**kw, norm_bias="no")
+
+
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_memory_parameter_terms_match_the_count(name):
     """Weights/gradients/optimizer memory rest on per-rank parameter counts: at tp=1 they add up to the

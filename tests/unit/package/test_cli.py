@@ -207,6 +207,20 @@ def test_arch_expresses_gpt_style_models(capsys):
         assert json.loads(capsys.readouterr().out)["params"] == 124_439_808 - 1024 * 768
 
 
+def test_arch_expresses_mpt_layernorms_without_bias(capsys):
+    """MPT-7B's shape through --arch: its no_bias LayerNorms (norm_bias=false) give the count transformers' MptModel
+    has (tests/unit/model/test_model_families.py builds it): 65 norms × 4096 fewer than biased LayerNorms."""
+    mpt = "layers=32,hidden=4096,heads=32,vocab=50432,mlp=gelu,norm=layernorm,pos=alibi,tied=true,max_seq=2048"
+    counts = {}
+    for nb in ("true", "false"):
+        assert main(["estimate", "--arch", f"{mpt},norm_bias={nb}", "--gpus", "8", "--seq-len", "2048",
+                     "--global-batch", "64", "--json"]) == 0
+        counts[nb] = json.loads(capsys.readouterr().out)["params"]
+    assert counts["true"] - counts["false"] == 65 * 4096
+    assert main(["estimate", "--arch", f"{mpt},norm_bias=maybe"]) == 2
+    assert "arch.norm_bias" in capsys.readouterr().err
+
+
 def test_arch_without_max_seq_has_no_cap(capsys):
     arch = "layers=2,hidden=256,heads=4,vocab=1000"
     assert main(["estimate", "--arch", arch, "--gpus", "8", "--seq-len", "131072", "--global-batch", "8",
@@ -240,7 +254,7 @@ def test_kernels_and_attn_impl_flags_change_the_estimate(capsys):
     assert "--kernels" in capsys.readouterr().err
     h = subprocess.run([sys.executable, "-m", "trainplan.cli", "estimate", "--help"], capture_output=True, text=True,
                        timeout=60).stdout
-    for word in ("--kernels", "--attn-impl", "max_seq", "head_dim", "pos (rope|learned|alibi)", "qk_norm"):
+    for word in ("--kernels", "--attn-impl", "max_seq", "head_dim", "pos (rope|learned|alibi)", "qk_norm", "norm_bias"):
         assert word in h
 
 

@@ -126,7 +126,7 @@ def estimate_argv(draw):
 @st.composite
 def arch_text(draw):
     keys = ["layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "head_dim", "max_seq", "norms", "mlp", "norm",
-            "pos", "bias", "tied", "qk_norm", "depth", ""]
+            "pos", "bias", "tied", "qk_norm", "norm_bias", "depth", ""]
     vals = st.one_of(st.sampled_from(["1", "2", "4", "8", "64", "128", "256", "1000", "gelu", "swiglu", "layernorm",
                                       "learned", "alibi", "rope", "all", "qkv", "true", "false"]), int_text)
     items = draw(st.lists(st.tuples(st.sampled_from(keys), vals), max_size=8))
