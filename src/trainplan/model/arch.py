@@ -38,7 +38,8 @@ class ModelSpec:
     projections are ``hidden × heads·head_dim``. ``norms_per_layer`` counts the block's norms (2; Gemma 2/3
     sandwich norms: 4); ``qk_norm`` adds a per-head norm on q and k (Qwen3, Gemma 3). ``norm_bias``: a LayerNorm
     has a bias as well as a weight (PyTorch's default; MPT's ``no_bias`` LayerNorms have the weight only; RMSNorm
-    never has one). ``sliding_window`` is
+    never has one). ``pos_offset``: rows of a learned position table beyond ``max_seq_len`` (OPT: 2, its
+    positions start at 2). ``sliding_window`` is
     set only when *every* layer attends within that window (Mistral v0.1): the planner models full causal
     attention, so a sequence above the window is refused (config/CLI), at or below it the two are equal.
     """
@@ -59,6 +60,7 @@ class ModelSpec:
     head_dim_override: int | None = None  # None → hidden // heads
     qk_norm: bool = False
     norm_bias: bool = True
+    pos_offset: int = 0
     norms_per_layer: int = 2
     sliding_window: int | None = None
 
@@ -74,6 +76,8 @@ class ModelSpec:
         for k in ("tied_embeddings", "qk_norm", "norm_bias"):
             if not isinstance(getattr(self, k), bool):
                 raise ConfigError(k, getattr(self, k), "must be true or false")
+        if isinstance(self.pos_offset, bool) or not isinstance(self.pos_offset, int) or not 0 <= self.pos_offset <= 64:
+            raise ConfigError("pos_offset", self.pos_offset, "must be an integer in 0..64")
         for k in ("head_dim_override", "sliding_window"):
             if getattr(self, k) is not None:
                 bounded_int(self, k, 1, MODEL_LIMITS[k])
@@ -109,6 +113,11 @@ class ModelSpec:
         return self.kv_heads * self.head_dim
 
     @property
+    def pos_params(self) -> int:
+        """Parameters of the learned position table ((max_seq_len + pos_offset) × hidden); 0 for RoPE and ALiBi."""
+        return (self.max_seq_len + self.pos_offset) * self.hidden if self.pos_embedding == "learned" else 0
+
+    @property
     def params_per_norm_feature(self) -> int:
         """Parameters of a norm per normalised feature: weight, plus a bias for a biased LayerNorm."""
         return 2 if self.norm == "layernorm" and self.norm_bias else 1
@@ -131,10 +140,7 @@ class ModelSpec:
     @property
     def n_params_embedding(self) -> int:
         """Input embedding (+ learned positions) and, if untied, the output projection."""
-        emb = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        if self.pos_embedding == "learned":
-            emb += self.max_seq_len * self.hidden
-        return emb
+        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2) + self.pos_params
 
     @property
     def n_params_final_norm(self) -> int:
@@ -206,7 +212,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 # ------------------------------------------------------------------------ Hugging Face config.json
 MAX_HF_CONFIG_BYTES = 4 * 1024**2  # published config.json files are a few KB
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt2",
-                  "gpt_bigcode", "gpt_neox", "starcoder2", "mpt")
+                  "gpt_bigcode", "gpt_neox", "starcoder2", "mpt", "opt", "falcon")
 _DENSE = ("trainplan plans dense decoder-only models (model_type " + ", ".join(HF_MODEL_TYPES) + ")")
 # Keys whose presence means an architecture the planner does not model; checked before model_type.
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
@@ -286,6 +292,12 @@ _HF_FIELDS = {  # ModelSpec field → the config.json key it is read from, per f
              "vocab": "vocab_size", "max_seq_len": "n_positions"},
     "gpt_bigcode": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "kv_heads": "multi_query",
                     "ffn_hidden": "n_inner", "vocab": "vocab_size", "max_seq_len": "n_positions"},
+    "opt": {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+            "kv_heads": "num_attention_heads", "ffn_hidden": "ffn_dim", "vocab": "vocab_size",
+            "max_seq_len": "max_position_embeddings"},
+    "falcon": {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+               "kv_heads": "num_kv_heads", "ffn_hidden": "ffn_hidden_size", "vocab": "vocab_size",
+               "max_seq_len": "max_position_embeddings", "norms_per_layer": "num_ln_in_parallel_attn"},
     "mpt": {"layers": "n_layers", "hidden": "d_model", "heads": "n_heads", "kv_heads": "n_heads",
             "ffn_hidden": "expansion_ratio", "vocab": "vocab_size", "max_seq_len": "max_seq_len"},
 }
@@ -304,7 +316,7 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
     """A ModelSpec from the fields of a Hugging Face ``config.json``.
 
     Every field of the dense families is read with transformers' default when absent (Llama 2/3.x, Mistral,
-    Qwen2/3, Gemma 1/2/3, Phi-3/Phi-4, GPT-2, GPT-BigCode (StarCoder), GPT-NeoX, StarCoder2, MPT). Mixture-of-experts, encoder-decoder, multimodal and unknown
+    Qwen2/3, Gemma 1/2/3, Phi-3/Phi-4, GPT-2, GPT-BigCode (StarCoder), GPT-NeoX, StarCoder2, MPT, OPT, Falcon). Mixture-of-experts, encoder-decoder, multimodal and unknown
     ``model_type`` configs are refused with one ConfigError naming the field.
     """
     if not isinstance(cfg, dict):
@@ -349,6 +361,42 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
                    max_seq_len=hf.int("max_position_embeddings", default=4096),
                    # every layer windowed when set (the published configs: 4096)
                    sliding_window=hf.int("sliding_window", default=None, nullable=True))
+        return _hf_spec(kw, where, mt)
+    if mt == "opt":  # pre-LN OPT: learned positions offset by 2, biased linears and LayerNorms, a 2-matrix ReLU MLP
+        h = hf.int("hidden_size", hi=lim["hidden"])
+        if hf.int("word_embed_proj_dim", default=h, hi=lim["hidden"]) != h:
+            raise hf.err("word_embed_proj_dim", cfg["word_embed_proj_dim"], f"an embedding projection (≠ hidden_size={h}, "
+                         "OPT-350m) is not modelled; the other OPT sizes have none")
+        if not hf.bool("do_layer_norm_before", True):
+            raise hf.err("do_layer_norm_before", False, "post-LayerNorm OPT (OPT-350m) is not modelled")
+        if not hf.bool("layer_norm_elementwise_affine", True):
+            raise hf.err("layer_norm_elementwise_affine", False, "LayerNorms without parameters are not modelled")
+        if hf.bool("_remove_final_layer_norm", False):
+            raise hf.err("_remove_final_layer_norm", True, "a model without its final LayerNorm is not modelled")
+        kw |= dict(layers=hf.int("num_hidden_layers", hi=lim["layers"]), hidden=h,
+                   heads=hf.int("num_attention_heads", hi=lim["heads"]),
+                   ffn_hidden=hf.int("ffn_dim", hi=lim["ffn_hidden"]), vocab=hf.int("vocab_size", hi=lim["vocab"]),
+                   mlp="gelu", norm="layernorm", bias="all" if hf.bool("enable_bias", True) else "none",
+                   pos_embedding="learned", pos_offset=2, tied_embeddings=hf.bool("tie_word_embeddings", True),
+                   max_seq_len=hf.int("max_position_embeddings", default=2048))
+        return _hf_spec(kw, where, mt)
+    if mt == "falcon":
+        # Attention and MLP in parallel off the same input (parallel_attn): planned as the sequential block with the
+        # same weights (same FLOPs and parameters). K/V heads: new_decoder_architecture → num_kv_heads,
+        # else multi_query → 1, else all heads. LayerNorms per block: 2 unless parallel with one shared norm.
+        h = hf.int("hidden_size", "n_embed", hi=lim["hidden"])
+        heads = hf.int("num_attention_heads", "n_head", hi=lim["heads"])
+        new_arch, parallel = hf.bool("new_decoder_architecture", False), hf.bool("parallel_attn", True)
+        kv = (hf.int("num_kv_heads", default=heads, hi=lim["kv_heads"]) if new_arch
+              else 1 if hf.bool("multi_query", True) else heads)
+        n_ln = hf.int("num_ln_in_parallel_attn", default=2 if new_arch else 1, hi=2)
+        kw |= dict(layers=hf.int("num_hidden_layers", "n_layer", hi=lim["layers"]), hidden=h, heads=heads, kv_heads=kv,
+                   ffn_hidden=hf.int("ffn_hidden_size", default=4 * h, hi=lim["ffn_hidden"]),
+                   vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="gelu", norm="layernorm",
+                   norms_per_layer=n_ln if parallel else 2, bias="all" if hf.bool("bias", False) else "none",
+                   pos_embedding="alibi" if hf.bool("alibi", False) else "rope",
+                   tied_embeddings=hf.bool("tie_word_embeddings", True),
+                   max_seq_len=hf.int("max_position_embeddings", default=2048))
         return _hf_spec(kw, where, mt)
     if mt == "gpt_neox":
         kw |= dict(layers=hf.int("num_hidden_layers", hi=lim["layers"]), hidden=hf.int("hidden_size", hi=lim["hidden"]),

@@ -41,9 +41,7 @@ def n_params_dense(model: ModelSpec) -> int:
     n = model.n_params - model.vocab * model.hidden  # drop the input embedding lookup
     if model.tied_embeddings:  # the shared matrix is still used as the output projection
         n += model.vocab * model.hidden
-    if model.pos_embedding == "learned":
-        n -= model.max_seq_len * model.hidden
-    return n
+    return n - model.pos_params
 
 
 def n_params_blocks(model: ModelSpec) -> int:

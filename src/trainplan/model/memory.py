@@ -126,7 +126,7 @@ def stage_params(model: ModelSpec, tp: Any = 1, pp: Any = 1, stage: str = "first
     h, V = model.hidden, model.vocab
     n_layers = _layers_per_stage(model, pp)
     emb = V * h / tp
-    pos = model.max_seq_len * h if model.pos_embedding == "learned" else 0
+    pos = model.pos_params
     head = np.where(pp > 1, emb, 0 if model.tied_embeddings else emb)
     if stage == "first":
         ends = emb + pos + np.where(pp == 1, model.n_params_final_norm + head, 0)

@@ -110,7 +110,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.spec = spec
         self.tok_embeddings = nn.Embedding(spec.vocab, spec.hidden)
-        self.pos_embeddings = nn.Embedding(spec.max_seq_len, spec.hidden) if spec.pos_embedding == "learned" else None
+        self.pos_embeddings = (nn.Embedding(spec.max_seq_len + spec.pos_offset, spec.hidden)
+                               if spec.pos_embedding == "learned" else None)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(spec) for i in range(spec.layers)})
         self.norm = _norm(spec)
         self.output = None if spec.tied_embeddings else nn.Linear(spec.hidden, spec.vocab, bias=False)
@@ -120,7 +121,7 @@ class Transformer(nn.Module):
         h = self.tok_embeddings(tokens)
         cos = sin = None
         if self.pos_embeddings is not None:
-            h = h + self.pos_embeddings(torch.arange(s, device=tokens.device))[None]
+            h = h + self.pos_embeddings(torch.arange(s, device=tokens.device) + self.spec.pos_offset)[None]
         else:
             cos, sin = rope_cos_sin(s, self.spec.head_dim, tokens.device, h.dtype)
         for layer in self.layers.values():

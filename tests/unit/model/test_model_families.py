@@ -183,7 +183,7 @@ MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 32, "hidden_size": 4096
     ({**FAMILIES["llama2-7b"][0], "model_type": "deepseek_v3", "n_routed_experts": 256}, "n_routed_experts"),
     ({"model_type": "t5", "is_encoder_decoder": True, "d_model": 512}, "is_encoder_decoder"),
     ({"model_type": "gemma3", "text_config": {"hidden_size": 2560}, "vision_config": {}}, "vision_config"),
-    ({"model_type": "falcon", "num_hidden_layers": 32, "hidden_size": 4544}, "model_type"),
+    ({"model_type": "bloom", "n_layer": 30, "hidden_size": 4096}, "model_type"),
     ({"model_type": "bert"}, "model_type"),
     ({"num_hidden_layers": 2}, "model_type"),
     ({**FAMILIES["llama2-7b"][0], "attention_bias": True}, "attention_bias"),
@@ -222,6 +222,12 @@ REFERENCE_DEFAULTS = {
     "gpt_bigcode": {},  # multi-query: one K/V head
     "gpt_bigcode-mha": {"model_type": "gpt_bigcode", "multi_query": False, "n_inner": 2048},
     "mpt": {},  # no_bias: LayerNorms with a weight only, no linear biases
+    "opt": {},  # OPT-125m's shape: learned positions with 2 extra rows, biases, ReLU MLP, tied
+    "opt-nobias": {"model_type": "opt", "enable_bias": False, "tie_word_embeddings": False},
+    "falcon": {},  # Falcon-7B's shape: parallel attention, multi-query, one LayerNorm per block, 71 heads
+    "falcon-new": {"model_type": "falcon", "new_decoder_architecture": True, "hidden_size": 8192,  # 40B's shape
+                   "num_attention_heads": 128, "num_kv_heads": 8, "num_hidden_layers": 60},
+    "falcon-rw": {"model_type": "falcon", "parallel_attn": False, "multi_query": False, "bias": True, "alibi": True},
 }
 
 
@@ -270,6 +276,30 @@ def test_new_families_read_their_architecture():
     # own MPT, which trained them, honours the two fields, and so does the planner
     biased = model_from_hf_dict({**_reference_config("mpt"), "no_bias": False, "expansion_ratio": 3})
     assert (biased.norm_bias, biased.bias, biased.ffn_hidden) == (True, "all", 3 * biased.hidden)
+
+
+def test_opt_and_falcon_read_their_architecture():
+    opt = model_from_hf_dict(_reference_config("opt"))
+    assert (opt.pos_embedding, opt.pos_offset, opt.max_seq_len, opt.mlp, opt.bias, opt.tied_embeddings) == (
+        "learned", 2, 2048, "gelu", "all", True)
+    assert opt.n_params_embedding == (opt.vocab + opt.max_seq_len + 2) * opt.hidden
+    f7 = model_from_hf_dict(_reference_config("falcon"))
+    assert (f7.kv_heads, f7.norms_per_layer, f7.bias, f7.pos_embedding, f7.head_dim) == (1, 1, "none", "rope", 64)
+    f40 = model_from_hf_dict(_reference_config("falcon-new"))
+    assert (f40.kv_heads, f40.norms_per_layer) == (8, 2)
+    rw = model_from_hf_dict(_reference_config("falcon-rw"))
+    assert (rw.kv_heads, rw.norms_per_layer, rw.bias, rw.pos_embedding) == (rw.heads, 2, "all", "alibi")
+
+
+@pytest.mark.parametrize("over, field", [
+    ({"word_embed_proj_dim": 512}, "word_embed_proj_dim"),  # OPT-350m's projection
+    ({"do_layer_norm_before": False}, "do_layer_norm_before"),  # OPT-350m's post-LN
+    ({"layer_norm_elementwise_affine": False}, "layer_norm_elementwise_affine"),
+])
+def test_opt_variants_it_does_not_model_are_refused_by_field(over, field):
+    with pytest.raises(ConfigError) as e:
+        model_from_hf_dict({**_reference_config("opt"), **over})
+    assert e.value.key == f"config.json:{field}"
 
 
 def test_layernorm_without_bias_counts_its_weight_only():

@@ -23,6 +23,7 @@ def test_module_param_count_equals_spec_for_every_preset(name):
 @pytest.mark.parametrize("kw", [
     {"mlp": "gelu", "norm": "layernorm", "bias": "all", "pos_embedding": "learned"},
     {"mlp": "gelu", "norm": "layernorm", "norm_bias": False, "pos_embedding": "alibi", "tied_embeddings": True},  # MPT
+    {"mlp": "gelu", "norm": "layernorm", "bias": "all", "pos_embedding": "learned", "pos_offset": 2},  # OPT
     {"bias": "qkv", "tied_embeddings": True},
     {"bias": "all"},
 ])
