@@ -212,7 +212,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 # ------------------------------------------------------------------------ Hugging Face config.json
 MAX_HF_CONFIG_BYTES = 4 * 1024**2  # published config.json files are a few KB
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt2",
-                  "gpt_bigcode", "gpt_neox", "starcoder2", "mpt", "opt", "falcon")
+                  "gpt_bigcode", "gpt_neox", "starcoder2", "mpt", "opt", "falcon", "cohere", "cohere2")
 _DENSE = ("trainplan plans dense decoder-only models (model_type " + ", ".join(HF_MODEL_TYPES) + ")")
 # Keys whose presence means an architecture the planner does not model; checked before model_type.
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
@@ -316,7 +316,8 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
     """A ModelSpec from the fields of a Hugging Face ``config.json``.
 
     Every field of the dense families is read with transformers' default when absent (Llama 2/3.x, Mistral,
-    Qwen2/3, Gemma 1/2/3, Phi-3/Phi-4, GPT-2, GPT-BigCode (StarCoder), GPT-NeoX, StarCoder2, MPT, OPT, Falcon). Mixture-of-experts, encoder-decoder, multimodal and unknown
+    Qwen2/3, Gemma 1/2/3, Phi-3/Phi-4, GPT-2, GPT-BigCode (StarCoder), GPT-NeoX, StarCoder2, MPT, OPT, Falcon,
+    Cohere (Command R) 1/2). Mixture-of-experts, encoder-decoder, multimodal and unknown
     ``model_type`` configs are refused with one ConfigError naming the field.
     """
     if not isinstance(cfg, dict):
@@ -419,7 +420,9 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
                    tied_embeddings=True, pos_embedding="alibi", max_seq_len=hf.int("max_seq_len", default=2048))
         return _hf_spec(kw, where, mt)
     # The Llama lineage: gated MLP, RMSNorm, RoPE. transformers' per-family defaults for absent fields.
-    gemma = mt.startswith("gemma")
+    gemma, cohere = mt.startswith("gemma"), mt.startswith("cohere")
+    if cohere and hf.bool("use_qk_norm", False):
+        raise hf.err("use_qk_norm", True, "Cohere's q/k LayerNorms (one weight per head) are not modelled")
     layers, hidden = hf.int("num_hidden_layers", hi=lim["layers"]), hf.int("hidden_size", hi=lim["hidden"])
     heads = hf.int("num_attention_heads", hi=lim["heads"])
     kw |= dict(layers=layers, hidden=hidden, heads=heads, kv_heads=hf.int("num_key_value_heads", default=heads, hi=lim["kv_heads"]),
@@ -427,19 +430,21 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
                vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="swiglu",
                head_dim_override=hf.int("head_dim", default=256 if gemma else (128 if mt == "qwen3" else None),
                                         hi=lim["head_dim_override"], nullable=not (gemma or mt == "qwen3")),
-               tied_embeddings=hf.bool("tie_word_embeddings", gemma),
+               tied_embeddings=hf.bool("tie_word_embeddings", gemma or cohere),
                bias=_hf_bias(hf, qkv_default=mt == "qwen2") if mt != "qwen2" else "qkv",
                qk_norm=mt in ("qwen3", "gemma3_text"), norms_per_layer=4 if mt in ("gemma2", "gemma3_text") else 2,
                max_seq_len=hf.int("max_position_embeddings", default={
                    "llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768, "gemma": 8192,
-                   "gemma2": 8192, "gemma3_text": 131072, "phi3": 4096}[mt]))
+                   "gemma2": 8192, "gemma3_text": 131072, "phi3": 4096, "cohere": 8192, "cohere2": 8192}[mt]))
+    if cohere:  # one weight-only LayerNorm feeds attention and MLP in parallel (planned as the sequential block)
+        kw |= dict(norm="layernorm", norm_bias=False, norms_per_layer=1)
     if mt == "phi3":  # fused qkv and gate·up projections: the Llama count; the window (when set) on every layer
         kw["sliding_window"] = hf.int("sliding_window", default=None, nullable=True)
     elif mt == "mistral":  # every layer windowed (v0.1: 4096; v0.2+ null); transformers' default is 4096
         kw["sliding_window"] = hf.int("sliding_window", default=4096, nullable="sliding_window" in cfg)
     elif mt in ("qwen2", "qwen3") and hf.bool("use_sliding_window", False):
         kw["sliding_window"] = hf.int("sliding_window", default=4096)
-    # gemma2 / gemma3_text interleave windowed and global layers: the global ones attend over the whole
+    # gemma2 / gemma3_text / cohere2 interleave windowed and global layers: the global ones attend over the whole
     # sequence, so full attention is modelled (an upper bound on the windowed layers' attention work).
     return _hf_spec(kw, where, mt)
 

@@ -228,6 +228,9 @@ REFERENCE_DEFAULTS = {
     "falcon-new": {"model_type": "falcon", "new_decoder_architecture": True, "hidden_size": 8192,  # 40B's shape
                    "num_attention_heads": 128, "num_kv_heads": 8, "num_hidden_layers": 60},
     "falcon-rw": {"model_type": "falcon", "parallel_attn": False, "multi_query": False, "bias": True, "alibi": True},
+    "cohere": {},  # Command R's shape: one weight-only LayerNorm per (parallel) block, tied
+    "cohere-gqa": {"model_type": "cohere", "num_key_value_heads": 8, "tie_word_embeddings": False},
+    "cohere2": {},  # interleaved windowed / global layers: full attention planned (the global layers' work)
 }
 
 
@@ -289,6 +292,18 @@ def test_opt_and_falcon_read_their_architecture():
     assert (f40.kv_heads, f40.norms_per_layer) == (8, 2)
     rw = model_from_hf_dict(_reference_config("falcon-rw"))
     assert (rw.kv_heads, rw.norms_per_layer, rw.bias, rw.pos_embedding) == (rw.heads, 2, "all", "alibi")
+
+
+def test_cohere_reads_its_weight_only_layernorm():
+    m = model_from_hf_dict(_reference_config("cohere"))
+    assert (m.norm, m.norm_bias, m.norms_per_layer, m.mlp, m.tied_embeddings) == ("layernorm", False, 1, "swiglu", True)
+    assert model_from_hf_dict(_reference_config("cohere2")).sliding_window is None
+    with pytest.raises(ConfigError) as e:
+        model_from_hf_dict({**_reference_config("cohere"), "use_qk_norm": True})  # Command R+
+    assert e.value.key == "config.json:use_qk_norm"
+    with pytest.raises(ConfigError) as e:
+        model_from_hf_dict({**_reference_config("cohere"), "attention_bias": True})  # q/k/v/o only: not modelled
+    assert e.value.key == "config.json:attention_bias"
 
 
 @pytest.mark.parametrize("over, field", [
