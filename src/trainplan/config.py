@@ -183,6 +183,29 @@ def _fill_defaults(node: Any, schema: Mapping[str, Any]) -> Any:
     return node
 
 
+# A YAML 1.2 number that YAML 1.1 loaders (PyYAML, so Snakemake's --configfile too) read as a string: an exponent
+# without a sign or without a dot (1e9, 1.0e9, 2.5E10). Only these forms: anything else stays the string it was.
+_YAML12_EXP_FLOAT = re.compile(r"[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+")
+
+
+def _yaml12_numbers(node: Any, schema: Mapping[str, Any]) -> Any:
+    """Read the exponent forms of ``_YAML12_EXP_FLOAT`` as numbers where the schema asks for a number (and not a
+    string): ``dataset_tokens: 1.0e9`` means 10⁹ whichever YAML loader read the file. An integer field gets an
+    int when the value is integral (else the schema refuses it, naming the key)."""
+    if isinstance(node, dict) and schema.get("type") == "object":
+        for name, sub in schema.get("properties", {}).items():
+            if name in node:
+                node[name] = _yaml12_numbers(node[name], sub)
+        return node
+    types = schema.get("type")
+    types = set(types) if isinstance(types, list) else {types}
+    if isinstance(node, str) and types & {"number", "integer"} and "string" not in types \
+            and _YAML12_EXP_FLOAT.fullmatch(node):
+        v = float(node.replace("_", ""))
+        return int(v) if "integer" in types and v.is_integer() and abs(v) < 2**63 else v
+    return node
+
+
 def _schema_at(schema: Mapping[str, Any], path: Iterable[Any]) -> Mapping[str, Any]:
     s = schema
     for part in path:
@@ -236,8 +259,9 @@ def validate_raw(raw: dict) -> dict:
 
     schema = load_schema()
     _check_size(raw)
+    raw = _yaml12_numbers(copy.deepcopy(raw), schema)  # before the finiteness check: "1e999" reads as inf
     _check_finite(raw)
-    raw = _fill_defaults(copy.deepcopy(raw), schema)
+    raw = _fill_defaults(raw, schema)
     validator = jsonschema.Draft202012Validator(schema)
     err = jsonschema.exceptions.best_match(validator.iter_errors(raw))
     if err is None:

@@ -136,6 +136,10 @@ BAD = [
     ("training.kernels", lambda r: r["training"].update(kernels="triton")),
     ("training.attn_impl", lambda r: r["training"].update(attn_impl="sdpa")),
     ("calibration.source", lambda r: r["calibration"].update(source="cpu-proxies")),
+    ("cost", lambda r: r.pop("cost")),  # was a KeyError traceback in the semantic checks
+    ("training.global_batch", lambda r: r["training"].update(global_batch="2.55e1")),  # 25.5: not integral
+    ("training.global_batch", lambda r: r["training"].update(global_batch="2e")),  # not a number at all
+    ("training.dataset_tokens", lambda r: r["training"].update(dataset_tokens="1e999")),  # reads as inf
 ]
 
 
@@ -147,6 +151,24 @@ def test_bad_config_names_the_key(key, mutate):
         load_config(r)
     assert e.value.key.startswith(key), str(e.value)
     assert e.value.valid  # says what would be valid
+
+
+def test_yaml12_exponent_numbers_are_numbers_whichever_loader_read_them(tmp_path):
+    """``1.0e9`` is a number in YAML 1.2 and a string to YAML 1.1 loaders (PyYAML, hence Snakemake's --configfile):
+    where the schema wants a number it is read as one, from a file and from an already-loaded dict alike."""
+    text = DEFAULT.read_text()
+    assert "dataset_tokens:" in text
+    r = raw()
+    r["training"].update(dataset_tokens="1.0e9", global_batch="2.56E2")  # as Snakemake's loader hands them over
+    r["memo"]["title"] = "1e9"  # a string field keeps its string
+    c = load_config(r)
+    assert c.training.total_tokens == 1e9 and c.training.global_batch == 256
+    assert isinstance(c.raw["training"]["global_batch"], int) and c.raw["memo"]["title"] == "1e9"
+    f = tmp_path / "study.yaml"
+    f.write_text(yaml.safe_dump({**raw(), "training": {**raw()["training"], "dataset_tokens": "X"}})
+                 .replace("dataset_tokens: X", "dataset_tokens: 1.0e9"))
+    assert yaml.safe_load(f.read_text())["training"]["dataset_tokens"] == "1.0e9"  # what YAML 1.1 makes of it
+    assert load_config(f).training.total_tokens == 1e9
 
 
 def test_tp_not_dividing_heads_is_rejected_with_the_reason():
