@@ -228,6 +228,16 @@ def _norm_bytes(model: ModelSpec, d: int, norm_impl: str, frozen: bool) -> float
     return (1 if norm_impl == "fused" or frozen else 2) * model.hidden * d + FP32
 
 
+def _qk_norm_bytes(model: ModelSpec, d: int, norm_impl: str, frozen: bool, q_loc: Any, kv_loc: Any) -> Any:
+    """The per-head q and k norms' saves per token (Qwen3, Gemma 3; 0 without): as a block norm, over the rank's
+    q and k widths (the projection outputs they normalise), with one fp32 statistic per head."""
+    if not model.qk_norm:
+        return 0.0 * q_loc
+    stats = (2 if model.norm == "layernorm" else 1) * FP32
+    mult = 1 if model.norm == "layernorm" or norm_impl == "fused" or frozen else 2
+    return mult * (q_loc + kv_loc) * d + (q_loc + kv_loc) / model.head_dim * stats
+
+
 def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any = 1,
                                      sp: Any = False, cp: Any = 1, recompute: Any = "none",
                                      dtype_bytes: int = 2, attn_impl: str = "flash",
@@ -238,8 +248,9 @@ def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch
 
     Counted per token (``s·b/cp`` tokens), in units of ``dtype_bytes`` unless marked fp32:
 
-    * each norm: its input ``h`` (+ ``h`` for x·rstd if ``norm_impl='composite'``, i.e. ``F.rms_norm``
-      on CPU, which decomposes, and the weight trains) + rstd (fp32; LayerNorm also the mean);
+    * each of the ``norms_per_layer`` norms: its input ``h`` (+ ``h`` for x·rstd if ``norm_impl='composite'``,
+      i.e. ``F.rms_norm`` on CPU, which decomposes, and the weight trains) + rstd (fp32; LayerNorm also the mean);
+      per-head q/k norms (``qk_norm``) the same over the q and k widths, one statistic per head;
     * the inputs of the QKV and MLP-in linears: ``h`` each (k/v/q share one saved input);
     * attention, ``attn_impl='flash'`` (CUDA flash and CPU ``_scaled_dot_product_flash_attention_for_cpu``):
       q ``h``, k, v ``kv_dim`` each, output ``h`` (the o-proj input is a view of it), logsumexp
@@ -273,6 +284,7 @@ def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch
     # h_loc is the attention width per rank (q, SDPA output, o-proj input): heads·head_dim, ≠ h for Gemma
     h_loc, kv_loc, f_loc, a_loc = model.q_dim / tp, kv / _kv_shards(model, tp), f / tp, a / tp
     norm = _norm_bytes(model, d, norm_impl, lora) / rep
+    norms = model.norms_per_layer * norm + _qk_norm_bytes(model, d, norm_impl, lora, h_loc, kv_loc)
     # A linear input saved for the weight gradient: SP shard (Megatron) or the gathered sequence (DTensor).
     lin_in = np.where(sp & (sp_impl == "pytorch"), h * d, h * d / rep)
     qkv_in = lin_in if not lora or tg & {"q", "k", "v"} else 0.0 * lin_in
@@ -286,10 +298,10 @@ def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch
     else:  # fc1 out (GELU backward); GELU out (fc2 input) unless fc2 is frozen
         mlp = (1 + (0 if lora and "down" not in tg else 1)) * f_loc * d
     adapters = sum(1 for t in tg if swiglu or t != "gate") * lora_rank * d  # x·Aᵀ of each adapter
-    none = 2 * norm + qkv_in + mlp_in + attn + mlp + adapters
+    none = norms + qkv_in + mlp_in + attn + mlp + adapters
     full = h * d / rep
     selective = _sac_kept_per_token(model, d, tp, sp, attn_impl, sac_policy, h_loc, kv_loc, f_loc, a_loc,
-                                    norm, qkv_in, mlp_in, mlp, rep)
+                                    norms, qkv_in, mlp_in, mlp, rep)
     per_token = np.select([recompute == "full", recompute == "selective"], [full, selective], none)
     return _out(tokens * per_token)
 
@@ -298,7 +310,7 @@ SAC_KEEPS = ("attention", "torchtitan_op", "matmul")
 
 
 def _sac_kept_per_token(model: ModelSpec, d: int, tp: Any, sp: Any, attn_impl: str, policy: str, h_loc: Any,
-                        kv_loc: Any, f_loc: Any, a_loc: Any, norm: Any, qkv_in: Any, mlp_in: Any, mlp: Any,
+                        kv_loc: Any, f_loc: Any, a_loc: Any, norms: Any, qkv_in: Any, mlp_in: Any, mlp: Any,
                         rep: Any) -> Any:
     """Bytes per token a block keeps under selective recompute ``policy`` (docs/analytic-model.md §3.2).
 
@@ -314,7 +326,7 @@ def _sac_kept_per_token(model: ModelSpec, d: int, tp: Any, sp: Any, attn_impl: s
     block_in = h * d / rep
     sdpa = (h_loc * d + a_loc * FP32) if attn_impl == "flash" else 0.0 * h_loc
     if policy == "attention":
-        return 2 * norm + qkv_in + mlp_in + (2 * h_loc + 2 * np.asarray(kv_loc)) * d + mlp
+        return norms + qkv_in + mlp_in + (2 * h_loc + 2 * np.asarray(kv_loc)) * d + mlp
     if policy == "torchtitan_op":
         mms = (h_loc + kv_loc + f_loc) * d + (h * d if swiglu else 0.0)  # wq, wv, w1 (+ w2's partial sum)
         rs = np.where(np.asarray(sp, dtype=bool), 2 * h * d / tp, 0.0)  # _c10d_functional.reduce_scatter_tensor

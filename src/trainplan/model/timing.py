@@ -171,10 +171,11 @@ def membound_bytes_fwd(model: ModelSpec, kernels: str, tp: Array, sp: Array, e: 
     ``replicated`` ops run on all h features on every TP rank unless SP splits them; ``split`` ops act on
     the TP-split q/k/v/FFN activations.
     """
-    h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
+    h, f, kv, q = model.hidden, model.ffn_hidden, model.kv_dim, model.q_dim
     eager = kernels == "eager"
     residual = 3.0 * e  # x + y: read 2, write 1 (Megatron/Inductor fuse it with dropout/norm: same traffic)
-    replicated = 2.0 * norm_bytes_per_elem(model, kernels, e) + 2.0 * residual
+    norm = norm_bytes_per_elem(model, kernels, e)
+    replicated = model.norms_per_layer * norm + 2.0 * residual  # 2 norms (Gemma 2/3 sandwich: 4; Falcon: 1)
     if model.mlp == "swiglu":
         act = 5.0 * e if eager else 3.0 * e  # silu (r, w) then ·up (2 r, w) | one fused kernel (2 r, w)
     else:
@@ -185,10 +186,11 @@ def membound_bytes_fwd(model: ModelSpec, kernels: str, tp: Array, sp: Array, e: 
         # "compiled" keeps that count: Inductor does not generate code for complex ops and falls back to the eager
         # kernels (pytorch/pytorch#98155; the warning torchtitan#15 reports for this very RoPE), so only a fused
         # real-valued RoPE kernel (Megatron/TE, "fused") reads and writes each element once.
-        rope = (16.0 + 2.0 * e if kernels in ("eager", "compiled") else 2.0 * e) * (h + kv)
-    # GQA: eager/compiled torchtitan and HF materialise repeat_kv for SDPA (k and v: read kv, write h)
-    gqa = 2.0 * e * (kv + h) if (kv < h and kernels != "fused") else 0.0
-    split = act * f + rope + gqa
+        rope = (16.0 + 2.0 * e if kernels in ("eager", "compiled") else 2.0 * e) * (q + kv)
+    # GQA: eager/compiled torchtitan and HF materialise repeat_kv for SDPA (k and v: read kv, write q's width)
+    gqa = 2.0 * e * (kv + q) if (kv < q and kernels != "fused") else 0.0
+    qk_norm = norm * (q + kv) if model.qk_norm else 0.0  # per-head q/k norms (Qwen3, Gemma 3)
+    split = act * f + rope + gqa + qk_norm
     return replicated * h / np.where(sp, tp, 1) + split / tp
 
 

@@ -303,3 +303,42 @@ def test_lora_frozen_linears_keep_no_inputs() -> None:
                                               lora_targets=("q", "v"))
     # full − LoRA: x·rstd of both norms, the MLP input and the down input (frozen), minus two rank-4 intermediates
     assert full - lora == s * b * 4 * (2 * m.hidden + m.hidden + m.ffn_hidden - 2 * 4)
+
+
+def _saved_norm_bytes(dim: int, shape: tuple[int, ...]) -> int:
+    """Bytes PyTorch saves for backward (unique storages, parameters excluded) when the proxy's RMSNorm over
+    ``dim`` features normalises a (trainable-input) fp32 tensor of ``shape``: what one norm keeps."""
+    torch = pytest.importorskip("torch")
+    proxy = pytest.importorskip("trainplan.proxy.model")
+    norm = proxy.RMSNorm(dim)
+    x = torch.randn(*shape, requires_grad=True)
+    params = {p.untyped_storage().data_ptr() for p in norm.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):  # type: ignore[no-untyped-def]
+        k = t.untyped_storage().data_ptr()
+        if k not in params:
+            seen[k] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        norm(x)
+    return sum(seen.values())
+
+
+def test_norms_per_layer_and_qk_norms_add_what_pytorch_saves() -> None:
+    """Gemma 2/3's sandwich norms (4 per block), Falcon's and Cohere's single norm, and Qwen3's per-head q/k
+    norms: the formula's difference from the 2-norm block equals what real RMSNorms save for backward (fp32,
+    CPU: F.rms_norm decomposes, norm_impl='composite'), per token, no TP."""
+    base = ModelSpec(layers=1, hidden=64, heads=4, kv_heads=2, vocab=100)
+    s, b = 16, 2
+    kw = dict(dtype_bytes=4, norm_impl="composite")
+    per = {n: M.saved_activation_bytes_per_layer(replace(base, norms_per_layer=n), s, b, **kw) for n in (1, 2, 4)}
+    one = _saved_norm_bytes(base.hidden, (b, s, base.hidden))
+    assert one > 0 and per[4] - per[2] == 2 * one and per[2] - per[1] == one
+    qk = M.saved_activation_bytes_per_layer(replace(base, qk_norm=True), s, b, **kw) - per[2]
+    d = base.head_dim
+    assert qk == (_saved_norm_bytes(d, (b, s, base.heads, d)) + _saved_norm_bytes(d, (b, s, base.kv_heads, d)))
+    # the selective policies that keep every norm keep these too; full recompute keeps the block input only
+    assert M.saved_activation_bytes_per_layer(replace(base, norms_per_layer=4), s, b, recompute="full", **kw) == \
+        M.saved_activation_bytes_per_layer(base, s, b, recompute="full", **kw)

@@ -295,3 +295,24 @@ def test_flash_calls_see_one_ring_chunk_but_the_whole_sequence_under_ulysses():
     assert timing.attn_keys_per_call(8192, Layout(dp=16)) == 8192
     table = LayoutTable.from_layouts([ring, uly])
     assert list(timing.attn_keys_per_call(8192, table)) == [2048, 8192]
+
+
+@pytest.mark.parametrize("kernels", ["eager", "compiled", "fused"])
+def test_norm_traffic_follows_the_norms_a_block_has(kernels):
+    """Non-GEMM bytes count every norm of the block (Gemma 2/3: 4, Falcon/Cohere: 1) and the per-head q/k norms
+    over the q and k widths (Qwen3, Gemma 3); RoPE and the GQA copy run over q's width (heads·head_dim, which is
+    not hidden for Gemma)."""
+    from dataclasses import replace
+
+    m = resolve_model("llama3-8b")
+    e, tp = 2.0, 2
+    per_norm = timing.norm_bytes_per_elem(m, kernels, e)
+    b = {n: float(timing.membound_bytes_fwd(replace(m, norms_per_layer=n), kernels, tp, False, e)) for n in (1, 2, 4)}
+    assert b[4] - b[2] == pytest.approx(2 * per_norm * m.hidden) and b[2] - b[1] == pytest.approx(per_norm * m.hidden)
+    qk = float(timing.membound_bytes_fwd(replace(m, qk_norm=True), kernels, tp, False, e)) - b[2]
+    assert qk == pytest.approx(per_norm * (m.q_dim + m.kv_dim) / tp)
+    wide = replace(m, head_dim_override=256)  # q_dim 8192 ≠ hidden 4096, as Gemma
+    extra = float(timing.membound_bytes_fwd(wide, kernels, tp, False, e)) - b[2]
+    rope = (16.0 + 2 * e if kernels != "fused" else 2 * e) * (wide.q_dim + wide.kv_dim - m.q_dim - m.kv_dim)
+    gqa = 2 * e * (wide.q_dim + wide.kv_dim - m.q_dim - m.kv_dim) if kernels != "fused" else 0.0
+    assert extra == pytest.approx((rope + gqa) / tp)
