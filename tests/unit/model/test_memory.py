@@ -155,11 +155,10 @@ def test_pipeline_first_stage_holds_L_layers_worth() -> None:
     assert M.activation_bytes(LLAMA13, TRAIN, inter) == pytest.approx(LLAMA13.layers * per * (1 + 3 / 8) + 4 * extra)
 
 
-def _saved_bytes(model, tokens, math: bool) -> int:  # type: ignore[no-untyped-def]
+def _saved_storage_bytes(module, *args, ctx=None) -> int:  # type: ignore[no-untyped-def]
+    """Bytes PyTorch saves for backward while ``module(*args)`` runs: unique storages, parameters excluded."""
     torch = pytest.importorskip("torch")
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     seen: dict[int, int] = {}
 
     def pack(t):  # type: ignore[no-untyped-def]
@@ -168,10 +167,16 @@ def _saved_bytes(model, tokens, math: bool) -> int:  # type: ignore[no-untyped-d
             seen[k] = t.untyped_storage().nbytes()
         return t
 
-    ctx = sdpa_kernel(SDPBackend.MATH) if math else contextlib.nullcontext()
-    with ctx, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(tokens)
+    with ctx or contextlib.nullcontext(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(*args)
     return sum(seen.values())
+
+
+def _saved_bytes(model, tokens, math: bool) -> int:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return _saved_storage_bytes(model, tokens, ctx=sdpa_kernel(SDPBackend.MATH) if math else None)
 
 
 @pytest.mark.timeout(60)
@@ -306,24 +311,10 @@ def test_lora_frozen_linears_keep_no_inputs() -> None:
 
 
 def _saved_norm_bytes(dim: int, shape: tuple[int, ...]) -> int:
-    """Bytes PyTorch saves for backward (unique storages, parameters excluded) when the proxy's RMSNorm over
-    ``dim`` features normalises a (trainable-input) fp32 tensor of ``shape``: what one norm keeps."""
+    """What one proxy RMSNorm over ``dim`` features saves for backward on a trainable fp32 input of ``shape``."""
     torch = pytest.importorskip("torch")
     proxy = pytest.importorskip("trainplan.proxy.model")
-    norm = proxy.RMSNorm(dim)
-    x = torch.randn(*shape, requires_grad=True)
-    params = {p.untyped_storage().data_ptr() for p in norm.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):  # type: ignore[no-untyped-def]
-        k = t.untyped_storage().data_ptr()
-        if k not in params:
-            seen[k] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        norm(x)
-    return sum(seen.values())
+    return _saved_storage_bytes(proxy.RMSNorm(dim), torch.randn(*shape, requires_grad=True))
 
 
 def test_norms_per_layer_and_qk_norms_add_what_pytorch_saves() -> None:
