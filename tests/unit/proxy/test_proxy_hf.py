@@ -39,7 +39,7 @@ def _step(impl: str, recompute: str) -> dict:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten())
         loss.backward()
     opt.step()
-    return {"flops": fl, "saved": tracker.summary(), "state": measure.state_bytes(model, opt), "loss": float(loss),
+    return {"flops": fl, "saved": tracker.summary(), "state": measure.state_bytes(model, opt), "loss": loss.item(),
             "params": n_params(model), "layout": layout}
 
 
