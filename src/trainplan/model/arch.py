@@ -15,6 +15,7 @@ MLP_KINDS = ("swiglu", "gelu")  # swiglu = any gated 3-matrix MLP (SwiGLU, GeGLU
 NORM_KINDS = ("rmsnorm", "layernorm")
 POS_KINDS = ("rope", "learned", "alibi")  # only "learned" has parameters (a max_seq_len × hidden table)
 BIAS_KINDS = ("none", "qkv", "all")
+QK_NORM_SCOPES = ("head", "full")  # one norm per head of head_dim features (Qwen3, Gemma 3) | over all of q, k (OLMo 2)
 # Upper bounds of the architecture fields: far above any published dense model, low enough that every
 # product the analytic model forms stays exact in int64/float64 (no overflow, no OverflowError).
 MODEL_LIMITS = {"layers": 4096, "hidden": 2**18, "heads": 4096, "kv_heads": 4096, "ffn_hidden": 2**21,
@@ -36,7 +37,8 @@ class ModelSpec:
     is the 2-matrix GPT/NeoX/MPT MLP. ``head_dim_override`` is the per-head width when it is not
     ``hidden/heads`` (Gemma: 3072/16 = 192 but head_dim 256; Qwen3-0.6B: 1024/16 = 64 but 128), so the q/o
     projections are ``hidden × heads·head_dim``. ``norms_per_layer`` counts the block's norms (2; Gemma 2/3
-    sandwich norms: 4); ``qk_norm`` adds a per-head norm on q and k (Qwen3, Gemma 3). ``norm_bias``: a LayerNorm
+    sandwich norms: 4); ``qk_norm`` adds a norm on q and on k, per head (``qk_norm_scope='head'``: Qwen3, Gemma 3)
+    or over the whole q and k projections (``'full'``: OLMo 2). ``norm_bias``: a LayerNorm
     has a bias as well as a weight (PyTorch's default; MPT's ``no_bias`` LayerNorms have the weight only; RMSNorm
     never has one). ``pos_offset``: rows of a learned position table beyond ``max_seq_len`` (OPT: 2, its
     positions start at 2). ``sliding_window`` is
@@ -59,6 +61,7 @@ class ModelSpec:
     max_seq_len: int = 4096
     head_dim_override: int | None = None  # None → hidden // heads
     qk_norm: bool = False
+    qk_norm_scope: str = "head"
     norm_bias: bool = True
     pos_offset: int = 0
     norms_per_layer: int = 2
@@ -73,6 +76,7 @@ class ModelSpec:
         one_of(self, "norm", NORM_KINDS)
         one_of(self, "pos_embedding", POS_KINDS)
         one_of(self, "bias", BIAS_KINDS)
+        one_of(self, "qk_norm_scope", QK_NORM_SCOPES)
         for k in ("tied_embeddings", "qk_norm", "norm_bias"):
             if not isinstance(getattr(self, k), bool):
                 raise ConfigError(k, getattr(self, k), "must be true or false")
@@ -113,6 +117,14 @@ class ModelSpec:
         return self.kv_heads * self.head_dim
 
     @property
+    def qk_norm_features(self) -> int:
+        """Features the q and k norms scale (their weights): 2·head_dim per head-wise pair (shared by the heads),
+        q_dim + kv_dim over whole projections (OLMo 2), 0 without q/k norms."""
+        if not self.qk_norm:
+            return 0
+        return 2 * self.head_dim if self.qk_norm_scope == "head" else self.q_dim + self.kv_dim
+
+    @property
     def pos_params(self) -> int:
         """Parameters of the learned position table ((max_seq_len + pos_offset) × hidden); 0 for RoPE and ALiBi."""
         return (self.max_seq_len + self.pos_offset) * self.hidden if self.pos_embedding == "learned" else 0
@@ -129,7 +141,7 @@ class ModelSpec:
         attn = h * q + 2 * h * kv + q * h  # q, k, v, o
         mlp = (3 if self.mlp == "swiglu" else 2) * h * f
         per_norm = self.params_per_norm_feature
-        norms = self.norms_per_layer * h * per_norm + (2 * self.head_dim * per_norm if self.qk_norm else 0)
+        norms = self.norms_per_layer * h * per_norm + self.qk_norm_features * per_norm
         if self.bias == "qkv":
             attn += q + 2 * kv
         elif self.bias == "all":
@@ -212,7 +224,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 # ------------------------------------------------------------------------ Hugging Face config.json
 MAX_HF_CONFIG_BYTES = 4 * 1024**2  # published config.json files are a few KB
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt2",
-                  "gpt_bigcode", "gpt_neox", "starcoder2", "mpt", "opt", "falcon", "cohere", "cohere2")
+                  "gpt_bigcode", "gpt_neox", "starcoder2", "mpt", "opt", "falcon", "cohere", "cohere2", "olmo2")
 _DENSE = ("trainplan plans dense decoder-only models (model_type " + ", ".join(HF_MODEL_TYPES) + ")")
 # Keys whose presence means an architecture the planner does not model; checked before model_type.
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
@@ -317,7 +329,7 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
 
     Every field of the dense families is read with transformers' default when absent (Llama 2/3.x, Mistral,
     Qwen2/3, Gemma 1/2/3, Phi-3/Phi-4, GPT-2, GPT-BigCode (StarCoder), GPT-NeoX, StarCoder2, MPT, OPT, Falcon,
-    Cohere (Command R) 1/2). Mixture-of-experts, encoder-decoder, multimodal and unknown
+    Cohere (Command R) 1/2, OLMo 2). Mixture-of-experts, encoder-decoder, multimodal and unknown
     ``model_type`` configs are refused with one ConfigError naming the field.
     """
     if not isinstance(cfg, dict):
@@ -432,10 +444,12 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
                                         hi=lim["head_dim_override"], nullable=not (gemma or mt == "qwen3")),
                tied_embeddings=hf.bool("tie_word_embeddings", gemma or cohere),
                bias=_hf_bias(hf, qkv_default=mt == "qwen2") if mt != "qwen2" else "qkv",
-               qk_norm=mt in ("qwen3", "gemma3_text"), norms_per_layer=4 if mt in ("gemma2", "gemma3_text") else 2,
+               qk_norm=mt in ("qwen3", "gemma3_text", "olmo2"), qk_norm_scope="full" if mt == "olmo2" else "head",
+               norms_per_layer=4 if mt in ("gemma2", "gemma3_text") else 2,
                max_seq_len=hf.int("max_position_embeddings", default={
                    "llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768, "gemma": 8192,
-                   "gemma2": 8192, "gemma3_text": 131072, "phi3": 4096, "cohere": 8192, "cohere2": 8192}[mt]))
+                   "gemma2": 8192, "gemma3_text": 131072, "phi3": 4096, "cohere": 8192, "cohere2": 8192,
+                   "olmo2": 2048}[mt]))
     if cohere:  # one weight-only LayerNorm feeds attention and MLP in parallel (planned as the sequential block)
         kw |= dict(norm="layernorm", norm_bias=False, norms_per_layer=1)
     if mt == "phi3":  # fused qkv and gate·up projections: the Llama count; the window (when set) on every layer

@@ -330,6 +330,9 @@ def test_norms_per_layer_and_qk_norms_add_what_pytorch_saves() -> None:
     qk = M.saved_activation_bytes_per_layer(replace(base, qk_norm=True), s, b, **kw) - per[2]
     d = base.head_dim
     assert qk == (_saved_norm_bytes(d, (b, s, base.heads, d)) + _saved_norm_bytes(d, (b, s, base.kv_heads, d)))
+    # OLMo 2's q and k norms over the whole projections: the same inputs, one statistic each per token
+    full = M.saved_activation_bytes_per_layer(replace(base, qk_norm=True, qk_norm_scope="full"), s, b, **kw) - per[2]
+    assert full == (_saved_norm_bytes(base.q_dim, (b, s, base.q_dim)) + _saved_norm_bytes(base.kv_dim, (b, s, base.kv_dim)))
     # the selective policies that keep every norm keep these too; full recompute keeps the block input only
     assert M.saved_activation_bytes_per_layer(replace(base, norms_per_layer=4), s, b, recompute="full", **kw) == \
         M.saved_activation_bytes_per_layer(base, s, b, recompute="full", **kw)

@@ -231,6 +231,8 @@ REFERENCE_DEFAULTS = {
     "cohere": {},  # Command R's shape: one weight-only LayerNorm per (parallel) block, tied
     "cohere-gqa": {"model_type": "cohere", "num_key_value_heads": 8, "tie_word_embeddings": False},
     "cohere2": {},  # interleaved windowed / global layers: full attention planned (the global layers' work)
+    "olmo2": {},  # q/k RMSNorms over the whole projections, norms after attention and MLP
+    "olmo2-gqa": {"model_type": "olmo2", "num_key_value_heads": 8, "tie_word_embeddings": True},
 }
 
 
@@ -273,6 +275,8 @@ def test_new_families_read_their_architecture():
     assert (big.kv_heads, big.pos_embedding, big.bias, big.tied_embeddings) == (1, "learned", "all", True)
     phi = model_from_hf_dict({**_reference_config("phi3"), "sliding_window": 2047})
     assert (phi.mlp, phi.norm, phi.sliding_window, phi.tied_embeddings) == ("swiglu", "rmsnorm", 2047, False)
+    olmo = model_from_hf_dict(_reference_config("olmo2-gqa"))
+    assert (olmo.qk_norm, olmo.qk_norm_scope, olmo.qk_norm_features) == (True, "full", olmo.q_dim + olmo.kv_dim)
     mpt = model_from_hf_dict(_reference_config("mpt"))
     assert (mpt.norm, mpt.norm_bias, mpt.bias) == ("layernorm", False, "none")
     # transformers' MptModel hard-codes no_bias and a 4h MLP (every MPT checkpoint on the Hub has both); llm-foundry's
