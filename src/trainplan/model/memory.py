@@ -254,7 +254,8 @@ def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch
 
     * each of the ``norms_per_layer`` norms: its input ``h`` (+ ``h`` for x·rstd if ``norm_impl='composite'``,
       i.e. ``F.rms_norm`` on CPU, which decomposes, and the weight trains) + rstd (fp32; LayerNorm also the mean);
-      per-head q/k norms (``qk_norm``) the same over the q and k widths, one statistic per head;
+      q/k norms (``qk_norm``) the same over the q and k widths, one statistic per head (``qk_norm_scope='head'``)
+      or one for each of q and k (``'full'``, OLMo 2);
     * the inputs of the QKV and MLP-in linears: ``h`` each (k/v/q share one saved input);
     * attention, ``attn_impl='flash'`` (CUDA flash and CPU ``_scaled_dot_product_flash_attention_for_cpu``):
       q ``h``, k, v ``kv_dim`` each, output ``h`` (the o-proj input is a view of it), logsumexp

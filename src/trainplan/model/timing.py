@@ -189,7 +189,7 @@ def membound_bytes_fwd(model: ModelSpec, kernels: str, tp: Array, sp: Array, e: 
         rope = (16.0 + 2.0 * e if kernels in ("eager", "compiled") else 2.0 * e) * (q + kv)
     # GQA: eager/compiled torchtitan and HF materialise repeat_kv for SDPA (k and v: read kv, write q's width)
     gqa = 2.0 * e * (kv + q) if (kv < q and kernels != "fused") else 0.0
-    qk_norm = norm * (q + kv) if model.qk_norm else 0.0  # per-head q/k norms (Qwen3, Gemma 3)
+    qk_norm = norm * (q + kv) if model.qk_norm else 0.0  # q/k norms (Qwen3, Gemma 3 per head; OLMo 2 whole)
     split = act * f + rope + gqa + qk_norm
     return replicated * h / np.where(sp, tp, 1) + split / tp
 
