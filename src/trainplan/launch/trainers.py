@@ -60,6 +60,8 @@ def torchtitan_model_problems(model: ModelSpec, training: TrainingSpec) -> list[
     why = llama_block_problems(model, "torchtitan llama3")
     if model.bias != "none":
         why.append(f"bias={model.bias}: llama3 linears have no bias")
+    if model.head_bias:
+        why.append("head_bias: llama3's output projection has no bias")
     if getattr(model, "head_dim_override", None) not in (None, model.hidden // model.heads):
         why.append("head_dim != hidden/heads: llama3 derives head_dim from dim/n_heads")
     if training.finetune != "full":

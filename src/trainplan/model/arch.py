@@ -14,7 +14,7 @@ from trainplan.model.base import ConfigError, one_of
 MLP_KINDS = ("swiglu", "gelu")  # swiglu = any gated 3-matrix MLP (SwiGLU, GeGLU); gelu = 2-matrix (GPT)
 NORM_KINDS = ("rmsnorm", "layernorm")
 POS_KINDS = ("rope", "learned", "alibi")  # only "learned" has parameters (a max_seq_len × hidden table)
-BIAS_KINDS = ("none", "qkv", "all")
+BIAS_KINDS = ("none", "qkv", "mlp", "all")  # qkv: Qwen2; mlp: the MLP's linears only (GPT-J, Llama mlp_bias)
 QK_NORM_SCOPES = ("head", "full")  # one norm per head of head_dim features (Qwen3, Gemma 3) | over all of q, k (OLMo 2)
 # Upper bounds of the architecture fields: far above any published dense model, low enough that every
 # product the analytic model forms stays exact in int64/float64 (no overflow, no OverflowError).
@@ -41,7 +41,7 @@ class ModelSpec:
     or over the whole q and k projections (``'full'``: OLMo 2). ``norm_bias``: a LayerNorm
     has a bias as well as a weight (PyTorch's default; MPT's ``no_bias`` LayerNorms have the weight only; RMSNorm
     never has one). ``pos_offset``: rows of a learned position table beyond ``max_seq_len`` (OPT: 2, its
-    positions start at 2). ``sliding_window`` is
+    positions start at 2). ``head_bias``: the LM head has a bias (GPT-J, Phi-1/2). ``sliding_window`` is
     set only when *every* layer attends within that window (Mistral v0.1): the planner models full causal
     attention, so a sequence above the window is refused (config/CLI), at or below it the two are equal.
     """
@@ -63,6 +63,7 @@ class ModelSpec:
     qk_norm: bool = False
     qk_norm_scope: str = "head"
     norm_bias: bool = True
+    head_bias: bool = False
     pos_offset: int = 0
     norms_per_layer: int = 2
     sliding_window: int | None = None
@@ -77,7 +78,7 @@ class ModelSpec:
         one_of(self, "pos_embedding", POS_KINDS)
         one_of(self, "bias", BIAS_KINDS)
         one_of(self, "qk_norm_scope", QK_NORM_SCOPES)
-        for k in ("tied_embeddings", "qk_norm", "norm_bias"):
+        for k in ("tied_embeddings", "qk_norm", "norm_bias", "head_bias"):
             if not isinstance(getattr(self, k), bool):
                 raise ConfigError(k, getattr(self, k), "must be true or false")
         if isinstance(self.pos_offset, bool) or not isinstance(self.pos_offset, int) or not 0 <= self.pos_offset <= 64:
@@ -142,17 +143,16 @@ class ModelSpec:
         mlp = (3 if self.mlp == "swiglu" else 2) * h * f
         per_norm = self.params_per_norm_feature
         norms = self.norms_per_layer * h * per_norm + self.qk_norm_features * per_norm
-        if self.bias == "qkv":
-            attn += q + 2 * kv
-        elif self.bias == "all":
-            attn += q + 2 * kv + h
+        if self.bias in ("qkv", "all"):
+            attn += q + 2 * kv + (h if self.bias == "all" else 0)
+        if self.bias in ("mlp", "all"):
             mlp += (2 if self.mlp == "swiglu" else 1) * f + h
         return attn + mlp + norms
 
     @property
     def n_params_embedding(self) -> int:
-        """Input embedding (+ learned positions) and, if untied, the output projection."""
-        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2) + self.pos_params
+        """Input embedding (+ learned positions) and, if untied, the output projection (+ its bias)."""
+        return self.vocab * (self.hidden * (1 if self.tied_embeddings else 2) + self.head_bias) + self.pos_params
 
     @property
     def n_params_final_norm(self) -> int:
@@ -224,7 +224,8 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 # ------------------------------------------------------------------------ Hugging Face config.json
 MAX_HF_CONFIG_BYTES = 4 * 1024**2  # published config.json files are a few KB
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt2",
-                  "gpt_bigcode", "gpt_neox", "starcoder2", "mpt", "opt", "falcon", "cohere", "cohere2", "olmo2")
+                  "gpt_bigcode", "gpt_neox", "starcoder2", "mpt", "opt", "falcon", "cohere", "cohere2", "olmo2", "phi",
+                  "gptj")
 _DENSE = ("trainplan plans dense decoder-only models (model_type " + ", ".join(HF_MODEL_TYPES) + ")")
 # Keys whose presence means an architecture the planner does not model; checked before model_type.
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
@@ -287,11 +288,12 @@ def _hf_bias(hf: _HF, *, qkv_default: bool = False) -> str:
     attn, mlp = hf.bool("attention_bias", False), hf.bool("mlp_bias", False)
     if attn and mlp:
         return "all"
-    if attn or mlp:
-        key = "attention_bias" if attn else "mlp_bias"
-        raise hf.err(key, True, "biases on only the attention (q, k, v, o) or only the MLP are not modelled; "
-                                "modelled: none, q/k/v only (Qwen2), or every linear layer (attention_bias "
-                                "and mlp_bias both true)")
+    if attn:
+        raise hf.err("attention_bias", True, "biases on only the attention (q, k, v, o) are not modelled; "
+                                             "modelled: none, q/k/v only (Qwen2), the MLP only (mlp_bias), or every "
+                                             "linear layer (attention_bias and mlp_bias both true)")
+    if mlp:
+        return "mlp"
     return "qkv" if qkv_default else "none"
 
 
@@ -310,6 +312,8 @@ _HF_FIELDS = {  # ModelSpec field → the config.json key it is read from, per f
     "falcon": {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
                "kv_heads": "num_kv_heads", "ffn_hidden": "ffn_hidden_size", "vocab": "vocab_size",
                "max_seq_len": "max_position_embeddings", "norms_per_layer": "num_ln_in_parallel_attn"},
+    "gptj": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "kv_heads": "n_head", "ffn_hidden": "n_inner",
+             "vocab": "vocab_size", "max_seq_len": "n_positions"},
     "mpt": {"layers": "n_layers", "hidden": "d_model", "heads": "n_heads", "kv_heads": "n_heads",
             "ffn_hidden": "expansion_ratio", "vocab": "vocab_size", "max_seq_len": "max_seq_len"},
 }
@@ -329,7 +333,7 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
 
     Every field of the dense families is read with transformers' default when absent (Llama 2/3.x, Mistral,
     Qwen2/3, Gemma 1/2/3, Phi-3/Phi-4, GPT-2, GPT-BigCode (StarCoder), GPT-NeoX, StarCoder2, MPT, OPT, Falcon,
-    Cohere (Command R) 1/2, OLMo 2). Mixture-of-experts, encoder-decoder, multimodal and unknown
+    Cohere (Command R) 1/2, OLMo 2, Phi-1/2, GPT-J). Mixture-of-experts, encoder-decoder, multimodal and unknown
     ``model_type`` configs are refused with one ConfigError naming the field.
     """
     if not isinstance(cfg, dict):
@@ -410,6 +414,22 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
                    pos_embedding="alibi" if hf.bool("alibi", False) else "rope",
                    tied_embeddings=hf.bool("tie_word_embeddings", True),
                    max_seq_len=hf.int("max_position_embeddings", default=2048))
+        return _hf_spec(kw, where, mt)
+    if mt in ("phi", "gptj"):
+        # Phi-1/1.5/2 and GPT-J: attention and a 2-matrix GELU MLP in parallel off one LayerNorm (planned as the
+        # sequential block with the same weights), partial RoPE, a biased LM head; GPT-J biases only its MLP
+        gptj = mt == "gptj"
+        h = hf.int("n_embd" if gptj else "hidden_size", hi=lim["hidden"])
+        heads = hf.int("n_head" if gptj else "num_attention_heads", hi=lim["heads"])
+        kw |= dict(layers=hf.int("n_layer" if gptj else "num_hidden_layers", hi=lim["layers"]), hidden=h, heads=heads,
+                   kv_heads=heads if gptj else hf.int("num_key_value_heads", default=heads, hi=lim["kv_heads"]),
+                   ffn_hidden=hf.int("n_inner", default=4 * h, hi=lim["ffn_hidden"]) if gptj
+                   else hf.int("intermediate_size", hi=lim["ffn_hidden"]),
+                   vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="gelu", norm="layernorm", norms_per_layer=1,
+                   bias="mlp" if gptj else "all", head_bias=True,
+                   qk_norm=not gptj and hf.bool("qk_layernorm", False),  # Phi: one LayerNorm of head_dim for q, k
+                   tied_embeddings=hf.bool("tie_word_embeddings", False),
+                   max_seq_len=hf.int("n_positions" if gptj else "max_position_embeddings", default=2048))
         return _hf_spec(kw, where, mt)
     if mt == "gpt_neox":
         kw |= dict(layers=hf.int("num_hidden_layers", hi=lim["layers"]), hidden=hf.int("hidden_size", hi=lim["hidden"]),
@@ -534,6 +554,8 @@ def hf_unsupported_reason(spec: ModelSpec) -> str | None:
     why = llama_block_problems(spec, "LlamaForCausalLM")
     if spec.bias == "qkv":
         why.append("bias=qkv (LlamaConfig.attention_bias adds a bias to o_proj as well; that is Qwen2's model)")
+    if spec.head_bias:
+        why.append("head_bias (LlamaForCausalLM's lm_head has no bias)")
     return "; ".join(why) or None
 
 
@@ -548,5 +570,5 @@ def hf_config_dict(spec: ModelSpec, *, rope_theta: float = ROPE_THETA) -> dict:
             "num_key_value_heads": spec.kv_heads, "head_dim": spec.head_dim, "vocab_size": spec.vocab,
             "max_position_embeddings": spec.max_seq_len, "rms_norm_eps": 1e-5, "rope_theta": rope_theta,
             "tie_word_embeddings": spec.tied_embeddings, "attention_bias": spec.bias == "all",
-            "mlp_bias": spec.bias == "all", "hidden_act": "silu", "initializer_range": 0.02,
+            "mlp_bias": spec.bias in ("mlp", "all"), "hidden_act": "silu", "initializer_range": 0.02,
             "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32", "use_cache": False}

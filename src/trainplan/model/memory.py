@@ -104,7 +104,9 @@ def layer_other_params_per_rank(model: ModelSpec, tp: Any = 1) -> Any:
     if model.bias in ("qkv", "all"):
         n = n + q / tp + 2 * kv / _kv_shards(model, tp)
     if model.bias == "all":  # o and down biases sit after the all-reduce: replicated
-        n = n + h + (2 if model.mlp == "swiglu" else 1) * f / tp + h
+        n = n + h
+    if model.bias in ("mlp", "all"):
+        n = n + (2 if model.mlp == "swiglu" else 1) * f / tp + h
     return n
 
 
@@ -129,7 +131,8 @@ def stage_params(model: ModelSpec, tp: Any = 1, pp: Any = 1, stage: str = "first
     n_layers = _layers_per_stage(model, pp)
     emb = V * h / tp
     pos = model.pos_params
-    head = np.where(pp > 1, emb, 0 if model.tied_embeddings else emb)
+    # the LM head's matrix (tied with the embedding: held once at pp=1) and its bias (vocab-parallel, GPT-J/Phi)
+    head = np.where(pp > 1, emb, 0 if model.tied_embeddings else emb) + model.head_bias * V / tp
     if stage == "first":
         ends = emb + pos + np.where(pp == 1, model.n_params_final_norm + head, 0)
     else:

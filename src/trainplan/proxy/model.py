@@ -77,7 +77,7 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        h, f, bias = spec.hidden, spec.ffn_hidden, spec.bias == "all"
+        h, f, bias = spec.hidden, spec.ffn_hidden, spec.bias in ("mlp", "all")
         self.swiglu = spec.mlp == "swiglu"
         self.w1 = nn.Linear(h, f, bias=bias)  # gate (swiglu) or up (gelu)
         self.w2 = nn.Linear(f, h, bias=bias)  # down
@@ -114,7 +114,8 @@ class Transformer(nn.Module):
                                if spec.pos_embedding == "learned" else None)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(spec) for i in range(spec.layers)})
         self.norm = _norm(spec)
-        self.output = None if spec.tied_embeddings else nn.Linear(spec.hidden, spec.vocab, bias=False)
+        self.output = None if spec.tied_embeddings else nn.Linear(spec.hidden, spec.vocab, bias=spec.head_bias)
+        self.output_bias = nn.Parameter(torch.zeros(spec.vocab)) if spec.tied_embeddings and spec.head_bias else None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         s = tokens.shape[1]
@@ -129,7 +130,7 @@ class Transformer(nn.Module):
         h = self.norm(h)
         if self.output is not None:
             return self.output(h)
-        return F.linear(h, self.tok_embeddings.weight)
+        return F.linear(h, self.tok_embeddings.weight, self.output_bias)
 
 
 def init_weights(model: Transformer, seed: int) -> None:

@@ -233,6 +233,10 @@ REFERENCE_DEFAULTS = {
     "cohere2": {},  # interleaved windowed / global layers: full attention planned (the global layers' work)
     "olmo2": {},  # q/k RMSNorms over the whole projections, norms after attention and MLP
     "olmo2-gqa": {"model_type": "olmo2", "num_key_value_heads": 8, "tie_word_embeddings": True},
+    "phi": {},  # Phi-2's shape: parallel block, one biased LayerNorm, every linear and the LM head biased
+    "phi-qk": {"model_type": "phi", "qk_layernorm": True, "num_key_value_heads": 8},
+    "gptj": {},  # GPT-J-6B's shape: biases on the MLP and the LM head only
+    "llama-mlp-bias": {"model_type": "llama", "mlp_bias": True},  # bias kind 'mlp' (was refused)
 }
 
 
@@ -277,6 +281,10 @@ def test_new_families_read_their_architecture():
     assert (phi.mlp, phi.norm, phi.sliding_window, phi.tied_embeddings) == ("swiglu", "rmsnorm", 2047, False)
     olmo = model_from_hf_dict(_reference_config("olmo2-gqa"))
     assert (olmo.qk_norm, olmo.qk_norm_scope, olmo.qk_norm_features) == (True, "full", olmo.q_dim + olmo.kv_dim)
+    gptj = model_from_hf_dict(_reference_config("gptj"))
+    assert (gptj.bias, gptj.head_bias, gptj.norms_per_layer, gptj.tied_embeddings) == ("mlp", True, 1, False)
+    phi = model_from_hf_dict(_reference_config("phi-qk"))
+    assert (phi.bias, phi.head_bias, phi.qk_norm, phi.qk_norm_scope, phi.kv_heads) == ("all", True, True, "head", 8)
     mpt = model_from_hf_dict(_reference_config("mpt"))
     assert (mpt.norm, mpt.norm_bias, mpt.bias) == ("layernorm", False, "none")
     # transformers' MptModel hard-codes no_bias and a 4h MLP (every MPT checkpoint on the Hub has both); llm-foundry's

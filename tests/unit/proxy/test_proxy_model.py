@@ -25,6 +25,8 @@ def test_module_param_count_equals_spec_for_every_preset(name):
     {"mlp": "gelu", "norm": "layernorm", "norm_bias": False, "pos_embedding": "alibi", "tied_embeddings": True},  # MPT
     {"mlp": "gelu", "norm": "layernorm", "bias": "all", "pos_embedding": "learned", "pos_offset": 2},  # OPT
     {"bias": "qkv", "tied_embeddings": True},
+    {"mlp": "gelu", "norm": "layernorm", "bias": "mlp", "head_bias": True},  # GPT-J
+    {"bias": "mlp", "head_bias": True, "tied_embeddings": True},
     {"bias": "all"},
 ])
 def test_module_param_count_equals_spec_for_variants(kw):
