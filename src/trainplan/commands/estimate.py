@@ -23,9 +23,9 @@ from trainplan.published.intervals import family_class, throughput_interval
 # --arch key → ModelSpec field. Integers, then the kinds, then booleans.
 ARCH_KEYS = {"layers": "layers", "hidden": "hidden", "heads": "heads", "kv_heads": "kv_heads", "ffn": "ffn_hidden",
              "vocab": "vocab", "head_dim": "head_dim_override", "max_seq": "max_seq_len", "norms": "norms_per_layer",
-             "mlp": "mlp", "norm": "norm", "pos": "pos_embedding", "bias": "bias",
-             "tied": "tied_embeddings", "qk_norm": "qk_norm", "norm_bias": "norm_bias",
-             "pos_offset": "pos_offset", "qk_norm_scope": "qk_norm_scope", "head_bias": "head_bias"}
+             "pos_offset": "pos_offset",
+             "mlp": "mlp", "norm": "norm", "pos": "pos_embedding", "bias": "bias", "qk_norm_scope": "qk_norm_scope",
+             "tied": "tied_embeddings", "qk_norm": "qk_norm", "norm_bias": "norm_bias", "head_bias": "head_bias"}
 _ARCH_BOOL = ("tied", "qk_norm", "norm_bias", "head_bias")
 _ARCH_STR = ("mlp", "norm", "pos", "bias", "qk_norm_scope")
 # Upper bounds of the integer flags (the config schema's): beyond them a float or int64 would overflow.

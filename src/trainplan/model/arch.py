@@ -20,7 +20,7 @@ QK_NORM_SCOPES = ("head", "full")  # one norm per head of head_dim features (Qwe
 # product the analytic model forms stays exact in int64/float64 (no overflow, no OverflowError).
 MODEL_LIMITS = {"layers": 4096, "hidden": 2**18, "heads": 4096, "kv_heads": 4096, "ffn_hidden": 2**21,
                 "vocab": 2**24, "max_seq_len": 2**31, "head_dim_override": 4096, "norms_per_layer": 8,
-                "sliding_window": 2**31}
+                "sliding_window": 2**31, "pos_offset": 64}
 
 
 def bounded_int(obj: object, name: str, lo: int, hi: int) -> None:
@@ -81,8 +81,7 @@ class ModelSpec:
         for k in ("tied_embeddings", "qk_norm", "norm_bias", "head_bias"):
             if not isinstance(getattr(self, k), bool):
                 raise ConfigError(k, getattr(self, k), "must be true or false")
-        if isinstance(self.pos_offset, bool) or not isinstance(self.pos_offset, int) or not 0 <= self.pos_offset <= 64:
-            raise ConfigError("pos_offset", self.pos_offset, "must be an integer in 0..64")
+        bounded_int(self, "pos_offset", 0, MODEL_LIMITS["pos_offset"])
         for k in ("head_dim_override", "sliding_window"):
             if getattr(self, k) is not None:
                 bounded_int(self, k, 1, MODEL_LIMITS[k])
@@ -418,18 +417,16 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
     if mt in ("phi", "gptj"):
         # Phi-1/1.5/2 and GPT-J: attention and a 2-matrix GELU MLP in parallel off one LayerNorm (planned as the
         # sequential block with the same weights), partial RoPE, a biased LM head; GPT-J biases only its MLP
-        gptj = mt == "gptj"
-        h = hf.int("n_embd" if gptj else "hidden_size", hi=lim["hidden"])
-        heads = hf.int("n_head" if gptj else "num_attention_heads", hi=lim["heads"])
-        kw |= dict(layers=hf.int("n_layer" if gptj else "num_hidden_layers", hi=lim["layers"]), hidden=h, heads=heads,
-                   kv_heads=heads if gptj else hf.int("num_key_value_heads", default=heads, hi=lim["kv_heads"]),
-                   ffn_hidden=hf.int("n_inner", default=4 * h, hi=lim["ffn_hidden"]) if gptj
-                   else hf.int("intermediate_size", hi=lim["ffn_hidden"]),
-                   vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="gelu", norm="layernorm", norms_per_layer=1,
+        gptj, k = mt == "gptj", _HF_FIELDS.get(mt, _HF_FIELDS["llama"])  # the family's config.json key names
+        h, heads = hf.int(k["hidden"], hi=lim["hidden"]), hf.int(k["heads"], hi=lim["heads"])
+        kw |= dict(layers=hf.int(k["layers"], hi=lim["layers"]), hidden=h, heads=heads,
+                   kv_heads=heads if gptj else hf.int(k["kv_heads"], default=heads, hi=lim["kv_heads"]),
+                   ffn_hidden=hf.int(k["ffn_hidden"], **({"default": 4 * h} if gptj else {}), hi=lim["ffn_hidden"]),
+                   vocab=hf.int(k["vocab"], hi=lim["vocab"]), mlp="gelu", norm="layernorm", norms_per_layer=1,
                    bias="mlp" if gptj else "all", head_bias=True,
                    qk_norm=not gptj and hf.bool("qk_layernorm", False),  # Phi: one LayerNorm of head_dim for q, k
                    tied_embeddings=hf.bool("tie_word_embeddings", False),
-                   max_seq_len=hf.int("n_positions" if gptj else "max_position_embeddings", default=2048))
+                   max_seq_len=hf.int(k["max_seq_len"], default=2048))
         return _hf_spec(kw, where, mt)
     if mt == "gpt_neox":
         kw |= dict(layers=hf.int("num_hidden_layers", hi=lim["layers"]), hidden=hf.int("hidden_size", hi=lim["hidden"]),

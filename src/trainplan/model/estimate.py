@@ -88,7 +88,8 @@ def micro_batch_choices(training: TrainingSpec, layout: Layout) -> list[int]:
     """Micro-batches worth trying for one layout: the divisors of the local batch (global_batch // dp sequences per
     data-parallel rank) that are powers of two, and the local batch itself (no gradient accumulation); ascending."""
     local = max(1, training.global_batch // layout.dp)
-    out = {1 << k for k in range(17) if (1 << k) <= min(local, MAX_MICRO_BATCH) and local % (1 << k) == 0}
+    out = {1 << k for k in range(MAX_MICRO_BATCH.bit_length()) if (1 << k) <= min(local, MAX_MICRO_BATCH)
+           and local % (1 << k) == 0}
     if local <= MAX_MICRO_BATCH:
         out.add(local)
     return sorted(out)
