@@ -30,7 +30,7 @@ DELEGATED = {"proxy": ("trainplan.proxy.command", "run one proxy training job (s
 ARCH_HELP = ("architecture k=v,...: layers, hidden, heads, vocab (all four needed without --model); kv_heads, ffn, "
              "head_dim (when not hidden/heads), max_seq (context window; omitted without --model = no cap), "
              "norms (norms per block, default 2), mlp (swiglu|gelu), norm (rmsnorm|layernorm), "
-             "pos (rope|learned|alibi), bias (none|qkv|mlp|all), tied (true|false), qk_norm (true|false), "
+             "pos (rope|learned|alibi), bias (none|qkv|mlp|o_mlp|all), tied (true|false), qk_norm (true|false), "
              "qk_norm_scope (head|full: per head, Qwen3; whole q and k, OLMo 2), "
              "norm_bias (true|false: LayerNorm bias, default true; MPT: false), pos_offset (extra learned position rows; "
              "OPT: 2), head_bias (true|false: a biased LM head, GPT-J, Phi-2). "

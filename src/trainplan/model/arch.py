@@ -14,7 +14,9 @@ from trainplan.model.base import ConfigError, one_of
 MLP_KINDS = ("swiglu", "gelu")  # swiglu = any gated 3-matrix MLP (SwiGLU, GeGLU); gelu = 2-matrix (GPT)
 NORM_KINDS = ("rmsnorm", "layernorm")
 POS_KINDS = ("rope", "learned", "alibi")  # only "learned" has parameters (a max_seq_len × hidden table)
-BIAS_KINDS = ("none", "qkv", "mlp", "all")  # qkv: Qwen2; mlp: the MLP's linears only (GPT-J, Llama mlp_bias)
+# Biased linears: qkv: q, k, v only (Qwen2, StableLM); mlp: the MLP's only (GPT-J, Llama mlp_bias); o_mlp: the attention
+# output projection and the MLP (GPT-Neo); all: every linear of the block.
+BIAS_KINDS = ("none", "qkv", "mlp", "o_mlp", "all")
 QK_NORM_SCOPES = ("head", "full")  # one norm per head of head_dim features (Qwen3, Gemma 3) | over all of q, k (OLMo 2)
 # Upper bounds of the architecture fields: far above any published dense model, low enough that every
 # product the analytic model forms stays exact in int64/float64 (no overflow, no OverflowError).
@@ -142,11 +144,25 @@ class ModelSpec:
         mlp = (3 if self.mlp == "swiglu" else 2) * h * f
         per_norm = self.params_per_norm_feature
         norms = self.norms_per_layer * h * per_norm + self.qk_norm_features * per_norm
-        if self.bias in ("qkv", "all"):
-            attn += q + 2 * kv + (h if self.bias == "all" else 0)
-        if self.bias in ("mlp", "all"):
+        attn += (q + 2 * kv) * self.qkv_bias + h * self.o_bias
+        if self.mlp_bias:
             mlp += (2 if self.mlp == "swiglu" else 1) * f + h
         return attn + mlp + norms
+
+    @property
+    def qkv_bias(self) -> bool:
+        """The q, k and v projections have biases (bias kinds qkv and all)."""
+        return self.bias in ("qkv", "all")
+
+    @property
+    def o_bias(self) -> bool:
+        """The attention output projection has a bias (bias kinds o_mlp and all)."""
+        return self.bias in ("o_mlp", "all")
+
+    @property
+    def mlp_bias(self) -> bool:
+        """The MLP's linears have biases (bias kinds mlp, o_mlp and all)."""
+        return self.bias in ("mlp", "o_mlp", "all")
 
     @property
     def n_params_embedding(self) -> int:
@@ -224,7 +240,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 MAX_HF_CONFIG_BYTES = 4 * 1024**2  # published config.json files are a few KB
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt2",
                   "gpt_bigcode", "gpt_neox", "starcoder2", "mpt", "opt", "falcon", "cohere", "cohere2", "olmo2", "phi",
-                  "gptj")
+                  "gptj", "gpt_neo", "stablelm", "granite", "smollm3", "olmo3")
 _DENSE = ("trainplan plans dense decoder-only models (model_type " + ", ".join(HF_MODEL_TYPES) + ")")
 # Keys whose presence means an architecture the planner does not model; checked before model_type.
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
@@ -313,6 +329,8 @@ _HF_FIELDS = {  # ModelSpec field → the config.json key it is read from, per f
                "max_seq_len": "max_position_embeddings", "norms_per_layer": "num_ln_in_parallel_attn"},
     "gptj": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "kv_heads": "n_head", "ffn_hidden": "n_inner",
              "vocab": "vocab_size", "max_seq_len": "n_positions"},
+    "gpt_neo": {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "kv_heads": "num_heads",
+                "ffn_hidden": "intermediate_size", "vocab": "vocab_size", "max_seq_len": "max_position_embeddings"},
     "mpt": {"layers": "n_layers", "hidden": "d_model", "heads": "n_heads", "kv_heads": "n_heads",
             "ffn_hidden": "expansion_ratio", "vocab": "vocab_size", "max_seq_len": "max_seq_len"},
 }
@@ -332,7 +350,7 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
 
     Every field of the dense families is read with transformers' default when absent (Llama 2/3.x, Mistral,
     Qwen2/3, Gemma 1/2/3, Phi-3/Phi-4, GPT-2, GPT-BigCode (StarCoder), GPT-NeoX, StarCoder2, MPT, OPT, Falcon,
-    Cohere (Command R) 1/2, OLMo 2, Phi-1/2, GPT-J). Mixture-of-experts, encoder-decoder, multimodal and unknown
+    Cohere (Command R) 1/2, OLMo 2/3, Phi-1/2, GPT-J, GPT-Neo, StableLM, Granite, SmolLM3). Mixture-of-experts, encoder-decoder, multimodal and unknown
     ``model_type`` configs are refused with one ConfigError naming the field.
     """
     if not isinstance(cfg, dict):
@@ -428,6 +446,33 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
                    tied_embeddings=hf.bool("tie_word_embeddings", False),
                    max_seq_len=hf.int(k["max_seq_len"], default=2048))
         return _hf_spec(kw, where, mt)
+    if mt == "gpt_neo":
+        # GPT-Neo: GPT-2's block with unbiased q/k/v (bias kind o_mlp), learned positions, tied head. Its local layers
+        # (attention_types, window_size 256) alternate with global ones: full attention is planned for every layer
+        # (an upper bound on the local layers' attention work, as for Gemma 2's windowed layers).
+        h = hf.int("hidden_size", hi=lim["hidden"])
+        kw |= dict(layers=hf.int("num_layers", hi=lim["layers"]), hidden=h, heads=hf.int("num_heads", hi=lim["heads"]),
+                   ffn_hidden=hf.int("intermediate_size", default=4 * h, hi=lim["ffn_hidden"]),
+                   vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="gelu", norm="layernorm", bias="o_mlp",
+                   pos_embedding="learned", tied_embeddings=hf.bool("tie_word_embeddings", True),
+                   max_seq_len=hf.int("max_position_embeddings", default=2048))
+        return _hf_spec(kw, where, mt)
+    if mt == "stablelm":
+        # StableLM (2): biased LayerNorms, a gated SiLU MLP, partial RoPE; q/k/v biases when use_qkv_bias; one norm
+        # per block when use_parallel_residual (planned as the sequential block with the same weights)
+        if hf.bool("qk_layernorm", False):
+            raise hf.err("qk_layernorm", True, "StableLM's per-head q/k LayerNorms (one weight per head) are not "
+                                               "modelled")
+        heads = hf.int("num_attention_heads", hi=lim["heads"])
+        kw |= dict(layers=hf.int("num_hidden_layers", hi=lim["layers"]), hidden=hf.int("hidden_size", hi=lim["hidden"]),
+                   heads=heads, kv_heads=hf.int("num_key_value_heads", default=heads, hi=lim["kv_heads"]),
+                   ffn_hidden=hf.int("intermediate_size", hi=lim["ffn_hidden"]),
+                   vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="swiglu", norm="layernorm",
+                   norms_per_layer=1 if hf.bool("use_parallel_residual", False) else 2,
+                   bias="qkv" if hf.bool("use_qkv_bias", False) else "none",
+                   tied_embeddings=hf.bool("tie_word_embeddings", False),
+                   max_seq_len=hf.int("max_position_embeddings", default=4096))
+        return _hf_spec(kw, where, mt)
     if mt == "gpt_neox":
         kw |= dict(layers=hf.int("num_hidden_layers", hi=lim["layers"]), hidden=hf.int("hidden_size", hi=lim["hidden"]),
                    heads=hf.int("num_attention_heads", hi=lim["heads"]),
@@ -459,14 +504,15 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
                vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="swiglu",
                head_dim_override=hf.int("head_dim", default=256 if gemma else (128 if mt == "qwen3" else None),
                                         hi=lim["head_dim_override"], nullable=not (gemma or mt == "qwen3")),
-               tied_embeddings=hf.bool("tie_word_embeddings", gemma or cohere),
+               tied_embeddings=hf.bool("tie_word_embeddings", gemma or cohere or mt == "smollm3"),
                bias=_hf_bias(hf, qkv_default=mt == "qwen2") if mt != "qwen2" else "qkv",
-               qk_norm=mt in ("qwen3", "gemma3_text", "olmo2"), qk_norm_scope="full" if mt == "olmo2" else "head",
+               qk_norm=mt in ("qwen3", "gemma3_text", "olmo2", "olmo3"),
+               qk_norm_scope="full" if mt in ("olmo2", "olmo3") else "head",
                norms_per_layer=4 if mt in ("gemma2", "gemma3_text") else 2,
                max_seq_len=hf.int("max_position_embeddings", default={
                    "llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768, "gemma": 8192,
                    "gemma2": 8192, "gemma3_text": 131072, "phi3": 4096, "cohere": 8192, "cohere2": 8192,
-                   "olmo2": 2048}[mt]))
+                   "olmo2": 2048, "olmo3": 2048, "granite": 2048, "smollm3": 32768}[mt]))
     if cohere:  # one weight-only LayerNorm feeds attention and MLP in parallel (planned as the sequential block)
         kw |= dict(norm="layernorm", norm_bias=False, norms_per_layer=1)
     if mt == "phi3":  # fused qkv and gate·up projections: the Llama count; the window (when set) on every layer
@@ -475,8 +521,11 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
         kw["sliding_window"] = hf.int("sliding_window", default=4096, nullable="sliding_window" in cfg)
     elif mt in ("qwen2", "qwen3") and hf.bool("use_sliding_window", False):
         kw["sliding_window"] = hf.int("sliding_window", default=4096)
-    # gemma2 / gemma3_text / cohere2 interleave windowed and global layers: the global ones attend over the whole
-    # sequence, so full attention is modelled (an upper bound on the windowed layers' attention work).
+    # Granite's embedding/residual/attention/logit multipliers scale activations, not parameters or FLOPs; SmolLM3's
+    # NoPE layers only skip RoPE.
+    # gemma2 / gemma3_text / cohere2 / olmo3 / smollm3 (its NoPE layers, with use_sliding_window) interleave windowed
+    # and global layers: the global ones attend over the whole sequence, so full attention is modelled (an upper
+    # bound on the windowed layers' attention work).
     return _hf_spec(kw, where, mt)
 
 
@@ -549,8 +598,8 @@ def llama_block_problems(model: ModelSpec, impl: str) -> list[str]:
 def hf_unsupported_reason(spec: ModelSpec) -> str | None:
     """Why transformers' ``LlamaForCausalLM`` cannot be this ModelSpec exactly (None: it can)."""
     why = llama_block_problems(spec, "LlamaForCausalLM")
-    if spec.bias == "qkv":
-        why.append("bias=qkv (LlamaConfig.attention_bias adds a bias to o_proj as well; that is Qwen2's model)")
+    if spec.qkv_bias != spec.o_bias:
+        why.append(f"bias={spec.bias} (LlamaConfig.attention_bias biases q, k, v and o_proj together)")
     if spec.head_bias:
         why.append("head_bias (LlamaForCausalLM's lm_head has no bias)")
     return "; ".join(why) or None
@@ -567,5 +616,5 @@ def hf_config_dict(spec: ModelSpec, *, rope_theta: float = ROPE_THETA) -> dict:
             "num_key_value_heads": spec.kv_heads, "head_dim": spec.head_dim, "vocab_size": spec.vocab,
             "max_position_embeddings": spec.max_seq_len, "rms_norm_eps": 1e-5, "rope_theta": rope_theta,
             "tie_word_embeddings": spec.tied_embeddings, "attention_bias": spec.bias == "all",
-            "mlp_bias": spec.bias in ("mlp", "all"), "hidden_act": "silu", "initializer_range": 0.02,
+            "mlp_bias": spec.mlp_bias, "hidden_act": "silu", "initializer_range": 0.02,
             "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32", "use_cache": False}

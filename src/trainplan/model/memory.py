@@ -101,11 +101,11 @@ def layer_other_params_per_rank(model: ModelSpec, tp: Any = 1) -> Any:
     head_wise = model.qk_norm_scope == "head"  # per-head q/k norm weights are replicated; whole-projection ones split
     qk = model.qk_norm_features if head_wise or not model.qk_norm else q / tp + model.kv_dim / _kv_shards(model, tp)
     n = (model.norms_per_layer * h + qk) * per_norm + 0 * tp
-    if model.bias in ("qkv", "all"):
+    if model.qkv_bias:
         n = n + q / tp + 2 * kv / _kv_shards(model, tp)
-    if model.bias == "all":  # o and down biases sit after the all-reduce: replicated
+    if model.o_bias:  # o and down biases sit after the all-reduce: replicated
         n = n + h
-    if model.bias in ("mlp", "all"):
+    if model.mlp_bias:
         n = n + (2 if model.mlp == "swiglu" else 1) * f / tp + h
     return n
 

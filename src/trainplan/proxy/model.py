@@ -54,13 +54,13 @@ class Attention(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         h, kv = spec.hidden, spec.kv_dim
-        qkv_bias = spec.bias in ("qkv", "all")
+        qkv_bias = spec.qkv_bias
         self.head_dim = spec.head_dim
         self.rope = spec.pos_embedding == "rope"
         self.wq = nn.Linear(h, h, bias=qkv_bias)
         self.wk = nn.Linear(h, kv, bias=qkv_bias)
         self.wv = nn.Linear(h, kv, bias=qkv_bias)
-        self.wo = nn.Linear(h, h, bias=spec.bias == "all")
+        self.wo = nn.Linear(h, h, bias=spec.o_bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
         b, s = x.shape[0], x.shape[1]
@@ -77,7 +77,7 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        h, f, bias = spec.hidden, spec.ffn_hidden, spec.bias in ("mlp", "all")
+        h, f, bias = spec.hidden, spec.ffn_hidden, spec.mlp_bias
         self.swiglu = spec.mlp == "swiglu"
         self.w1 = nn.Linear(h, f, bias=bias)  # gate (swiglu) or up (gelu)
         self.w2 = nn.Linear(f, h, bias=bias)  # down

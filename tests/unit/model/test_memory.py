@@ -45,10 +45,11 @@ def test_sgd_and_fp32_state_bytes() -> None:
     assert M.state_bytes_per_param("fp32", "sgd") == (4, 4, 0)
 
 
-@pytest.mark.parametrize("m", [LLAMA13, replace(LLAMA13, bias="mlp", head_bias=True, mlp="gelu", norms_per_layer=1)])
+@pytest.mark.parametrize("m", [LLAMA13, replace(LLAMA13, bias="mlp", head_bias=True, mlp="gelu", norms_per_layer=1),
+                               replace(LLAMA13, bias="o_mlp", mlp="gelu", norm="layernorm")])
 def test_stage_params_partition_the_model(m) -> None:
     """Stages hold every parameter once (untied): first + middle stages + last = N (tp = 1); GPT-J's shape too
-    (MLP biases, a biased LM head, one norm per block)."""
+    (MLP biases, a biased LM head, one norm per block), and GPT-Neo's (o and MLP biases, biased LayerNorms)."""
     pp = 4
     first, last = M.stage_params(m, 1, pp, "first"), M.stage_params(m, 1, pp, "last")
     middle = m.layers / pp * m.n_params_per_layer

@@ -192,6 +192,8 @@ MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 32, "hidden_size": 4096
     ({**FAMILIES["llama2-7b"][0], "hidden_size": 10**30}, "hidden_size"),
     ({**FAMILIES["llama2-7b"][0], "vocab_size": True}, "vocab_size"),
     ({**FAMILIES["gpt2"][0], "n_layer": None}, "n_layer"),
+    ({"model_type": "stablelm", "qk_layernorm": True, "num_hidden_layers": 40, "hidden_size": 5120,
+      "num_attention_heads": 32, "intermediate_size": 13824, "vocab_size": 100352}, "qk_layernorm"),  # StableLM 2 12B
 ])
 def test_unmodelled_architectures_refused_naming_the_field(cfg, field):
     with pytest.raises(ConfigError) as e:
@@ -237,6 +239,17 @@ REFERENCE_DEFAULTS = {
     "phi-qk": {"model_type": "phi", "qk_layernorm": True, "num_key_value_heads": 8},
     "gptj": {},  # GPT-J-6B's shape: biases on the MLP and the LM head only
     "llama-mlp-bias": {"model_type": "llama", "mlp_bias": True},  # bias kind 'mlp' (was refused)
+    "gpt_neo": {},  # GPT-Neo 1.3B's shape: unbiased q/k/v, biased o and MLP (bias kind o_mlp), learned positions, tied
+    "gpt_neo-125m": {"model_type": "gpt_neo", "num_layers": 12, "hidden_size": 768, "num_heads": 12,
+                     "attention_types": [[["global", "local"], 6]], "attention_layers": ["global", "local"] * 6},
+    "stablelm": {},  # StableLM-3B-4E1T's shape: biased LayerNorms, gated SiLU MLP, untied
+    "stablelm-qkv-parallel": {"model_type": "stablelm", "use_qkv_bias": True, "use_parallel_residual": True,
+                              "num_key_value_heads": 8},  # q/k/v biases; one LayerNorm per (parallel) block
+    "granite": {},  # Llama's shape with activation multipliers (no parameters)
+    "granite-bias": {"model_type": "granite", "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True},
+    "smollm3": {},  # Llama-shaped, GQA, tied; NoPE layers have no parameters
+    "olmo3": {},  # OLMo 2's block (q/k norms over the whole projections, post-norms)
+    "olmo3-gqa": {"model_type": "olmo3", "num_key_value_heads": 8},
 }
 
 
