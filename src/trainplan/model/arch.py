@@ -17,7 +17,9 @@ POS_KINDS = ("rope", "learned", "alibi")  # only "learned" has parameters (a max
 # Biased linears: qkv: q, k, v only (Qwen2, StableLM); mlp: the MLP's only (GPT-J, Llama mlp_bias); o_mlp: the attention
 # output projection and the MLP (GPT-Neo); all: every linear of the block.
 BIAS_KINDS = ("none", "qkv", "mlp", "o_mlp", "all")
-QK_NORM_SCOPES = ("head", "full")  # one norm per head of head_dim features (Qwen3, Gemma 3) | over all of q, k (OLMo 2)
+# head: one norm of head_dim features whose weights every head shares (Qwen3, Gemma 3); full: one norm over the whole q
+# and the whole k projection (OLMo 2); each_head: a norm per head, each with its own weights (Cohere use_qk_norm).
+QK_NORM_SCOPES = ("head", "full", "each_head")
 # Upper bounds of the architecture fields: far above any published dense model, low enough that every
 # product the analytic model forms stays exact in int64/float64 (no overflow, no OverflowError).
 MODEL_LIMITS = {"layers": 4096, "hidden": 2**18, "heads": 4096, "kv_heads": 4096, "ffn_hidden": 2**21,
@@ -40,7 +42,8 @@ class ModelSpec:
     ``hidden/heads`` (Gemma: 3072/16 = 192 but head_dim 256; Qwen3-0.6B: 1024/16 = 64 but 128), so the q/o
     projections are ``hidden × heads·head_dim``. ``norms_per_layer`` counts the block's norms (2; Gemma 2/3
     sandwich norms: 4); ``qk_norm`` adds a norm on q and on k, per head (``qk_norm_scope='head'``: Qwen3, Gemma 3)
-    or over the whole q and k projections (``'full'``: OLMo 2). ``norm_bias``: a LayerNorm
+    or over the whole q and k projections (``'full'``: OLMo 2), or per head with weights of its own (``'each_head'``:
+    Command R+). ``norm_bias``: a LayerNorm
     has a bias as well as a weight (PyTorch's default; MPT's ``no_bias`` LayerNorms have the weight only; RMSNorm
     never has one). ``pos_offset``: rows of a learned position table beyond ``max_seq_len`` (OPT: 2, its
     positions start at 2). ``head_bias``: the LM head has a bias (GPT-J, Phi-1/2). ``sliding_window`` is
@@ -121,7 +124,7 @@ class ModelSpec:
     @property
     def qk_norm_features(self) -> int:
         """Features the q and k norms scale (their weights): 2·head_dim per head-wise pair (shared by the heads),
-        q_dim + kv_dim over whole projections (OLMo 2), 0 without q/k norms."""
+        q_dim + kv_dim over whole projections (OLMo 2) or with per-head weights (Command R+), 0 without q/k norms."""
         if not self.qk_norm:
             return 0
         return 2 * self.head_dim if self.qk_norm_scope == "head" else self.q_dim + self.kv_dim
@@ -495,8 +498,6 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
         return _hf_spec(kw, where, mt)
     # The Llama lineage: gated MLP, RMSNorm, RoPE. transformers' per-family defaults for absent fields.
     gemma, cohere = mt.startswith("gemma"), mt.startswith("cohere")
-    if cohere and hf.bool("use_qk_norm", False):
-        raise hf.err("use_qk_norm", True, "Cohere's q/k LayerNorms (one weight per head) are not modelled")
     layers, hidden = hf.int("num_hidden_layers", hi=lim["layers"]), hf.int("hidden_size", hi=lim["hidden"])
     heads = hf.int("num_attention_heads", hi=lim["heads"])
     kw |= dict(layers=layers, hidden=hidden, heads=heads, kv_heads=hf.int("num_key_value_heads", default=heads, hi=lim["kv_heads"]),
@@ -515,6 +516,8 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
                    "olmo2": 2048, "olmo3": 2048, "granite": 2048, "smollm3": 32768}[mt]))
     if cohere:  # one weight-only LayerNorm feeds attention and MLP in parallel (planned as the sequential block)
         kw |= dict(norm="layernorm", norm_bias=False, norms_per_layer=1)
+        if hf.bool("use_qk_norm", False):  # Command R+: weight-only q/k LayerNorms, a weight row per head
+            kw |= dict(qk_norm=True, qk_norm_scope="each_head")
     if mt == "phi3":  # fused qkv and gate·up projections: the Llama count; the window (when set) on every layer
         kw["sliding_window"] = hf.int("sliding_window", default=None, nullable=True)
     elif mt == "mistral":  # every layer windowed (v0.1: 4096; v0.2+ null); transformers' default is 4096

@@ -98,7 +98,7 @@ def layer_other_params_per_rank(model: ModelSpec, tp: Any = 1) -> Any:
     h, kv, f, q = model.hidden, model.kv_dim, model.ffn_hidden, model.q_dim
     tp = np.asarray(tp, dtype=float)
     per_norm = model.params_per_norm_feature  # + Gemma 2/3 sandwich norms, Qwen3/Gemma 3 q/k norms
-    head_wise = model.qk_norm_scope == "head"  # per-head q/k norm weights are replicated; whole-projection ones split
+    head_wise = model.qk_norm_scope == "head"  # shared per-head q/k norm weights are replicated; the others split
     qk = model.qk_norm_features if head_wise or not model.qk_norm else q / tp + model.kv_dim / _kv_shards(model, tp)
     n = (model.norms_per_layer * h + qk) * per_norm + 0 * tp
     if model.qkv_bias:
@@ -235,13 +235,13 @@ def _norm_bytes(model: ModelSpec, d: int, norm_impl: str, frozen: bool) -> float
 
 def _qk_norm_bytes(model: ModelSpec, d: int, norm_impl: str, frozen: bool, q_loc: Any, kv_loc: Any) -> Any:
     """The q and k norms' saves per token (Qwen3, Gemma 3, OLMo 2; 0 without): as a block norm, over the rank's q
-    and k widths (the projection outputs they normalise), with fp32 statistics per head (scope 'head') or one for
-    each of q and k (scope 'full')."""
+    and k widths (the projection outputs they normalise), with fp32 statistics per head (scopes 'head' and
+    'each_head') or one for each of q and k (scope 'full')."""
     if not model.qk_norm:
         return 0.0 * q_loc
     stats = (2 if model.norm == "layernorm" else 1) * FP32
     mult = 1 if model.norm == "layernorm" or norm_impl == "fused" or frozen else 2
-    groups = (q_loc + kv_loc) / model.head_dim if model.qk_norm_scope == "head" else 2.0
+    groups = 2.0 if model.qk_norm_scope == "full" else (q_loc + kv_loc) / model.head_dim
     return mult * (q_loc + kv_loc) * d + groups * stats
 
 

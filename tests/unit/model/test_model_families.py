@@ -8,6 +8,7 @@ the expected count is the model's published parameter count (the Hugging Face mo
 """
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -232,6 +233,8 @@ REFERENCE_DEFAULTS = {
     "falcon-rw": {"model_type": "falcon", "parallel_attn": False, "multi_query": False, "bias": True, "alibi": True},
     "cohere": {},  # Command R's shape: one weight-only LayerNorm per (parallel) block, tied
     "cohere-gqa": {"model_type": "cohere", "num_key_value_heads": 8, "tie_word_embeddings": False},
+    "cohere-qk-norm": {"model_type": "cohere", "use_qk_norm": True, "num_key_value_heads": 8},  # Command R+: a q/k
+    # LayerNorm weight row per head (qk_norm_scope each_head)
     "cohere2": {},  # interleaved windowed / global layers: full attention planned (the global layers' work)
     "olmo2": {},  # q/k RMSNorms over the whole projections, norms after attention and MLP
     "olmo2-gqa": {"model_type": "olmo2", "num_key_value_heads": 8, "tie_word_embeddings": True},
@@ -323,9 +326,8 @@ def test_cohere_reads_its_weight_only_layernorm():
     m = model_from_hf_dict(_reference_config("cohere"))
     assert (m.norm, m.norm_bias, m.norms_per_layer, m.mlp, m.tied_embeddings) == ("layernorm", False, 1, "swiglu", True)
     assert model_from_hf_dict(_reference_config("cohere2")).sliding_window is None
-    with pytest.raises(ConfigError) as e:
-        model_from_hf_dict({**_reference_config("cohere"), "use_qk_norm": True})  # Command R+
-    assert e.value.key == "config.json:use_qk_norm"
+    rplus = model_from_hf_dict({**_reference_config("cohere"), "use_qk_norm": True})  # Command R+
+    assert (rplus.qk_norm, rplus.qk_norm_scope, rplus.qk_norm_features) == (True, "each_head", rplus.q_dim + rplus.kv_dim)
     with pytest.raises(ConfigError) as e:
         model_from_hf_dict({**_reference_config("cohere"), "attention_bias": True})  # q/k/v/o only: not modelled
     assert e.value.key == "config.json:attention_bias"
@@ -371,3 +373,21 @@ def test_lora_dims_use_the_attention_width():
 
     m = model_from_hf_dict(FAMILIES["gemma-7b"][0])
     assert lora_dims(m)["q"] == (3072, 4096) and lora_dims(m)["o"] == (4096, 3072)
+
+
+def test_qk_norm_scopes_split_and_save_as_their_weights_and_statistics():
+    """Under TP, shared per-head q/k norm weights (Qwen3) are replicated; whole-projection (OLMo 2) and per-head-own
+    (Command R+) weights are split with q and k. Statistics: one per head unless the norm spans the projection."""
+    from trainplan.model import memory
+
+    base = ModelSpec(layers=2, hidden=512, heads=8, kv_heads=4, vocab=100, norm="layernorm", norm_bias=False,
+                     qk_norm=True)
+    shared, full, own = (replace(base, qk_norm_scope=k) for k in ("head", "full", "each_head"))
+    blocks = base.norms_per_layer * base.hidden
+    assert memory.layer_other_params_per_rank(shared, 4) == blocks + 2 * base.head_dim
+    assert memory.layer_other_params_per_rank(own, 4) == memory.layer_other_params_per_rank(full, 4) == (
+        blocks + base.q_dim / 4 + base.kv_dim / 4)
+    q, kv = base.q_dim / 4, base.kv_dim / 4
+    stats = 2 * 4  # LayerNorm: mean and rstd in fp32
+    assert memory._qk_norm_bytes(own, 2, "fused", False, q, kv) == (q + kv) * 2 + (q + kv) / base.head_dim * stats
+    assert memory._qk_norm_bytes(full, 2, "fused", False, q, kv) == (q + kv) * 2 + 2 * stats
