@@ -34,7 +34,8 @@ ARCH_HELP = ("architecture k=v,...: layers, hidden, heads, vocab (all four neede
              "qk_norm_scope (head|full|each_head: per head, Qwen3; whole q and k, OLMo 2; per head with its own weights, "
              "Command R+), "
              "norm_bias (true|false: LayerNorm bias, default true; MPT: false), pos_offset (extra learned position rows; "
-             "OPT: 2), head_bias (true|false: a biased LM head, GPT-J, Phi-2). "
+             "OPT: 2), head_bias (true|false: a biased LM head, GPT-J, Phi-2), embed_norm (true|false: a norm after the "
+             "token embedding, BLOOM). "
              "GPT-2 small: layers=12,hidden=768,heads=12,vocab=50257,mlp=gelu,norm=layernorm,pos=learned,"
              "bias=all,tied=true,max_seq=1024")
 class _Parser(argparse.ArgumentParser):

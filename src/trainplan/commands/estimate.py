@@ -25,8 +25,9 @@ ARCH_KEYS = {"layers": "layers", "hidden": "hidden", "heads": "heads", "kv_heads
              "vocab": "vocab", "head_dim": "head_dim_override", "max_seq": "max_seq_len", "norms": "norms_per_layer",
              "pos_offset": "pos_offset",
              "mlp": "mlp", "norm": "norm", "pos": "pos_embedding", "bias": "bias", "qk_norm_scope": "qk_norm_scope",
-             "tied": "tied_embeddings", "qk_norm": "qk_norm", "norm_bias": "norm_bias", "head_bias": "head_bias"}
-_ARCH_BOOL = ("tied", "qk_norm", "norm_bias", "head_bias")
+             "tied": "tied_embeddings", "qk_norm": "qk_norm", "norm_bias": "norm_bias", "head_bias": "head_bias",
+             "embed_norm": "embed_norm"}
+_ARCH_BOOL = ("tied", "qk_norm", "norm_bias", "head_bias", "embed_norm")
 _ARCH_STR = ("mlp", "norm", "pos", "bias", "qk_norm_scope")
 # Upper bounds of the integer flags (the config schema's): beyond them a float or int64 would overflow.
 INT_FLAGS = {"gpus": 2**23, "gpus_per_node": 128, "seq_len": 2**21, "micro_batch": MAX_MICRO_BATCH, "global_batch": 2**24,

@@ -62,6 +62,8 @@ def torchtitan_model_problems(model: ModelSpec, training: TrainingSpec) -> list[
         why.append(f"bias={model.bias}: llama3 linears have no bias")
     if model.head_bias:
         why.append("head_bias: llama3's output projection has no bias")
+    if model.embed_norm:
+        why.append("embed_norm: llama3 has no norm after the token embedding")
     if getattr(model, "head_dim_override", None) not in (None, model.hidden // model.heads):
         why.append("head_dim != hidden/heads: llama3 derives head_dim from dim/n_heads")
     if training.finetune != "full":

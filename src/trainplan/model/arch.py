@@ -46,7 +46,8 @@ class ModelSpec:
     Command R+). ``norm_bias``: a LayerNorm
     has a bias as well as a weight (PyTorch's default; MPT's ``no_bias`` LayerNorms have the weight only; RMSNorm
     never has one). ``pos_offset``: rows of a learned position table beyond ``max_seq_len`` (OPT: 2, its
-    positions start at 2). ``head_bias``: the LM head has a bias (GPT-J, Phi-1/2). ``sliding_window`` is
+    positions start at 2). ``head_bias``: the LM head has a bias (GPT-J, Phi-1/2). ``embed_norm``: a norm right after
+    the token embedding (BLOOM's word_embeddings_layernorm). ``sliding_window`` is
     set only when *every* layer attends within that window (Mistral v0.1): the planner models full causal
     attention, so a sequence above the window is refused (config/CLI), at or below it the two are equal.
     """
@@ -69,6 +70,7 @@ class ModelSpec:
     qk_norm_scope: str = "head"
     norm_bias: bool = True
     head_bias: bool = False
+    embed_norm: bool = False
     pos_offset: int = 0
     norms_per_layer: int = 2
     sliding_window: int | None = None
@@ -83,7 +85,7 @@ class ModelSpec:
         one_of(self, "pos_embedding", POS_KINDS)
         one_of(self, "bias", BIAS_KINDS)
         one_of(self, "qk_norm_scope", QK_NORM_SCOPES)
-        for k in ("tied_embeddings", "qk_norm", "norm_bias", "head_bias"):
+        for k in ("tied_embeddings", "qk_norm", "norm_bias", "head_bias", "embed_norm"):
             if not isinstance(getattr(self, k), bool):
                 raise ConfigError(k, getattr(self, k), "must be true or false")
         bounded_int(self, "pos_offset", 0, MODEL_LIMITS["pos_offset"])
@@ -169,8 +171,14 @@ class ModelSpec:
 
     @property
     def n_params_embedding(self) -> int:
-        """Input embedding (+ learned positions) and, if untied, the output projection (+ its bias)."""
-        return self.vocab * (self.hidden * (1 if self.tied_embeddings else 2) + self.head_bias) + self.pos_params
+        """Input embedding (+ learned positions, + its norm) and, if untied, the output projection (+ its bias)."""
+        return (self.vocab * (self.hidden * (1 if self.tied_embeddings else 2) + self.head_bias) + self.pos_params
+                + self.n_params_embed_norm)
+
+    @property
+    def n_params_embed_norm(self) -> int:
+        """The norm after the token embedding (BLOOM), 0 without one."""
+        return self.hidden * self.params_per_norm_feature if self.embed_norm else 0
 
     @property
     def n_params_final_norm(self) -> int:
@@ -243,7 +251,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 MAX_HF_CONFIG_BYTES = 4 * 1024**2  # published config.json files are a few KB
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt2",
                   "gpt_bigcode", "gpt_neox", "starcoder2", "mpt", "opt", "falcon", "cohere", "cohere2", "olmo2", "phi",
-                  "gptj", "gpt_neo", "stablelm", "granite", "smollm3", "olmo3")
+                  "gptj", "gpt_neo", "stablelm", "granite", "smollm3", "olmo3", "bloom")
 _DENSE = ("trainplan plans dense decoder-only models (model_type " + ", ".join(HF_MODEL_TYPES) + ")")
 # Keys whose presence means an architecture the planner does not model; checked before model_type.
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
@@ -332,6 +340,8 @@ _HF_FIELDS = {  # ModelSpec field → the config.json key it is read from, per f
                "max_seq_len": "max_position_embeddings", "norms_per_layer": "num_ln_in_parallel_attn"},
     "gptj": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "kv_heads": "n_head", "ffn_hidden": "n_inner",
              "vocab": "vocab_size", "max_seq_len": "n_positions"},
+    "bloom": {"layers": "n_layer", "hidden": "hidden_size", "heads": "n_head", "kv_heads": "n_head",
+              "ffn_hidden": "hidden_size", "vocab": "vocab_size"},
     "gpt_neo": {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "kv_heads": "num_heads",
                 "ffn_hidden": "intermediate_size", "vocab": "vocab_size", "max_seq_len": "max_position_embeddings"},
     "mpt": {"layers": "n_layers", "hidden": "d_model", "heads": "n_heads", "kv_heads": "n_heads",
@@ -353,7 +363,7 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
 
     Every field of the dense families is read with transformers' default when absent (Llama 2/3.x, Mistral,
     Qwen2/3, Gemma 1/2/3, Phi-3/Phi-4, GPT-2, GPT-BigCode (StarCoder), GPT-NeoX, StarCoder2, MPT, OPT, Falcon,
-    Cohere (Command R) 1/2, OLMo 2/3, Phi-1/2, GPT-J, GPT-Neo, StableLM, Granite, SmolLM3). Mixture-of-experts, encoder-decoder, multimodal and unknown
+    Cohere (Command R) 1/2, OLMo 2/3, Phi-1/2, GPT-J, GPT-Neo, StableLM, Granite, SmolLM3, BLOOM). Mixture-of-experts, encoder-decoder, multimodal and unknown
     ``model_type`` configs are refused with one ConfigError naming the field.
     """
     if not isinstance(cfg, dict):
@@ -459,6 +469,16 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
                    vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="gelu", norm="layernorm", bias="o_mlp",
                    pos_embedding="learned", tied_embeddings=hf.bool("tie_word_embeddings", True),
                    max_seq_len=hf.int("max_position_embeddings", default=2048))
+        return _hf_spec(kw, where, mt)
+    if mt == "bloom":
+        # BLOOM: ALiBi, a LayerNorm after the word embedding, biased LayerNorms and linears, a 4h GELU MLP, tied head.
+        # ALiBi sets no length: no context cap (max_seq_len is the planner's ceiling, as for --arch without max_seq)
+        h = hf.int("hidden_size", "n_embed", hi=lim["hidden"])
+        kw |= dict(layers=hf.int("n_layer", "num_hidden_layers", hi=lim["layers"]), hidden=h,
+                   heads=hf.int("n_head", "num_attention_heads", hi=lim["heads"]), ffn_hidden=4 * h,
+                   vocab=hf.int("vocab_size", hi=lim["vocab"]), mlp="gelu", norm="layernorm", bias="all",
+                   embed_norm=True, pos_embedding="alibi", tied_embeddings=hf.bool("tie_word_embeddings", True),
+                   max_seq_len=MODEL_LIMITS["max_seq_len"])
         return _hf_spec(kw, where, mt)
     if mt == "stablelm":
         # StableLM (2): biased LayerNorms, a gated SiLU MLP, partial RoPE; q/k/v biases when use_qkv_bias; one norm
@@ -605,6 +625,8 @@ def hf_unsupported_reason(spec: ModelSpec) -> str | None:
         why.append(f"bias={spec.bias} (LlamaConfig.attention_bias biases q, k, v and o_proj together)")
     if spec.head_bias:
         why.append("head_bias (LlamaForCausalLM's lm_head has no bias)")
+    if spec.embed_norm:
+        why.append("embed_norm (LlamaForCausalLM has no norm after the embedding)")
     return "; ".join(why) or None
 
 

@@ -133,6 +133,7 @@ def stage_params(model: ModelSpec, tp: Any = 1, pp: Any = 1, stage: str = "first
     pos = model.pos_params
     # the LM head's matrix (tied with the embedding: held once at pp=1) and its bias (vocab-parallel, GPT-J/Phi)
     head = np.where(pp > 1, emb, 0 if model.tied_embeddings else emb) + model.head_bias * V / tp
+    pos = pos + model.n_params_embed_norm  # BLOOM's embedding LayerNorm sits with the embedding
     if stage == "first":
         ends = emb + pos + np.where(pp == 1, model.n_params_final_norm + head, 0)
     else:
@@ -379,8 +380,8 @@ def model_saved_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: in
                                  lora_targets: tuple[str, ...] = ()) -> float:
     """Everything a single-rank forward saves for backward, up to the logits (the CPU proxy's measurement).
 
-    = token ids (int64, saved by a trainable embedding) + RoPE tables + L × per-layer + final norm and
-    LM-head input. The loss's own saves (log-probs) are in :func:`logits_bytes`, not here. LoRA: the
+    = token ids (int64, saved by a trainable embedding; + position ids for a learned table) + RoPE tables + the embedding's norm (BLOOM) + L × per-layer
+    + final norm and LM-head input. The loss's own saves (log-probs) are in :func:`logits_bytes`, not here. LoRA: the
     frozen embedding saves no ids and the first block's input needs no gradient, so its first norm saves
     nothing (one norm less).
     """
@@ -389,8 +390,10 @@ def model_saved_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: in
     per_layer = saved_activation_bytes_per_layer(model, seq_len, micro_batch, recompute=recompute, **kw)
     lora = lora_rank > 0
     first_norm = seq_len * micro_batch * _norm_bytes(model, dtype_bytes, norm_impl, True) if lora else 0.0
-    ids = 0 if lora else 8 * seq_len * micro_batch
-    return float(ids + rope_table_bytes(model, seq_len, dtype_bytes) + model.layers * per_layer - first_norm
+    # int64 token ids (b·s) and, for a learned position table, its position ids (s), saved by trainable embeddings
+    ids = 0 if lora else 8 * seq_len * (micro_batch + (model.pos_embedding == "learned"))
+    embed_norm = model.embed_norm * seq_len * micro_batch * _norm_bytes(model, dtype_bytes, norm_impl, lora)
+    return float(ids + rope_table_bytes(model, seq_len, dtype_bytes) + embed_norm + model.layers * per_layer - first_norm
                  + head_saved_bytes(model, seq_len, micro_batch, dtype_bytes=dtype_bytes, norm_impl=norm_impl,
                                     frozen=lora))
 
@@ -434,8 +437,12 @@ def activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, stag
     one_layer = np.asarray(saved_activation_bytes_per_layer(model, training.seq_len, L.micro_batch, **kw))
     work = np.where(L.recompute == "none", 0.0,
                     np.maximum(one_layer - np.where(L.recompute == "full", 0.0, per_layer), 0.0))
-    ids = 0 if training.finetune != "full" else 8 * training.seq_len * L.micro_batch / np.asarray(L.cp, dtype=float)
-    first_extra = ids + rope_table_bytes(model, training.seq_len, d)
+    ids = 0 if training.finetune != "full" else (8 * training.seq_len * (L.micro_batch + (model.pos_embedding == "learned"))
+                                                 / np.asarray(L.cp, dtype=float))
+    # BLOOM's embedding LayerNorm saves for backward like a block norm (its input and statistics), per local token
+    embed_norm = (model.embed_norm * training.seq_len * L.micro_batch / np.asarray(L.cp, dtype=float)
+                  * _norm_bytes(model, d, norm_impl, training.finetune != "full"))
+    first_extra = ids + rope_table_bytes(model, training.seq_len, d) + embed_norm
     return _out(stored + work + (first_extra * inflight if stage == "first" else 0.0))
 
 

@@ -110,6 +110,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.spec = spec
         self.tok_embeddings = nn.Embedding(spec.vocab, spec.hidden)
+        self.embed_norm = _norm(spec) if spec.embed_norm else None  # BLOOM's word_embeddings_layernorm
         self.pos_embeddings = (nn.Embedding(spec.max_seq_len + spec.pos_offset, spec.hidden)
                                if spec.pos_embedding == "learned" else None)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(spec) for i in range(spec.layers)})
@@ -120,6 +121,8 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         s = tokens.shape[1]
         h = self.tok_embeddings(tokens)
+        if self.embed_norm is not None:
+            h = self.embed_norm(h)
         cos = sin = None
         if self.pos_embeddings is not None:
             h = h + self.pos_embeddings(torch.arange(s, device=tokens.device) + self.spec.pos_offset)[None]

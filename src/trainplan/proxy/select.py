@@ -38,7 +38,7 @@ def cpu_model(model: ModelSpec, hidden: int, layers: int, seq_len: int) -> Model
     kv = heads // group if heads % group == 0 and heads >= group else heads
     return ModelSpec(name=f"{model.name}-cpu-h{hidden}-L{layers}", layers=layers, hidden=hidden, heads=heads,
                      kv_heads=kv, vocab=CPU_VOCAB, mlp=model.mlp, norm=model.norm, norm_bias=model.norm_bias,
-                     pos_offset=model.pos_offset, head_bias=model.head_bias,
+                     pos_offset=model.pos_offset, head_bias=model.head_bias, embed_norm=model.embed_norm,
                      pos_embedding=model.pos_embedding,
                      bias=model.bias, tied_embeddings=model.tied_embeddings, max_seq_len=max(seq_len, 128))
 

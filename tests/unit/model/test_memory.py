@@ -46,10 +46,12 @@ def test_sgd_and_fp32_state_bytes() -> None:
 
 
 @pytest.mark.parametrize("m", [LLAMA13, replace(LLAMA13, bias="mlp", head_bias=True, mlp="gelu", norms_per_layer=1),
-                               replace(LLAMA13, bias="o_mlp", mlp="gelu", norm="layernorm")])
+                               replace(LLAMA13, bias="o_mlp", mlp="gelu", norm="layernorm"),
+                               replace(LLAMA13, bias="all", mlp="gelu", norm="layernorm", embed_norm=True)])
 def test_stage_params_partition_the_model(m) -> None:
     """Stages hold every parameter once (untied): first + middle stages + last = N (tp = 1); GPT-J's shape too
-    (MLP biases, a biased LM head, one norm per block), and GPT-Neo's (o and MLP biases, biased LayerNorms)."""
+    (MLP biases, a biased LM head, one norm per block), GPT-Neo's (o and MLP biases, biased LayerNorms) and BLOOM's
+    (a LayerNorm after the embedding, on the first stage)."""
     pp = 4
     first, last = M.stage_params(m, 1, pp, "first"), M.stage_params(m, 1, pp, "last")
     middle = m.layers / pp * m.n_params_per_layer
@@ -339,3 +341,22 @@ def test_norms_per_layer_and_qk_norms_add_what_pytorch_saves() -> None:
     # the selective policies that keep every norm keep these too; full recompute keeps the block input only
     assert M.saved_activation_bytes_per_layer(replace(base, norms_per_layer=4), s, b, recompute="full", **kw) == \
         M.saved_activation_bytes_per_layer(base, s, b, recompute="full", **kw)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("embed_norm", [False, True])
+def test_saved_activations_of_a_layernorm_model_with_an_embedding_norm(embed_norm: bool) -> None:
+    """GPT/BLOOM-shaped proxy (LayerNorm, GELU MLP, biases, learned positions; BLOOM's LayerNorm after the
+    embedding): what PyTorch saves for backward equals the formula, and the embedding norm adds exactly one
+    LayerNorm's saves (input + mean, rstd per token)."""
+    torch = pytest.importorskip("torch")
+    proxy = pytest.importorskip("trainplan.proxy.model")
+    spec = replace(MODEL_PRESETS["debug"], mlp="gelu", norm="layernorm", bias="all", pos_embedding="learned",
+                   embed_norm=embed_norm)
+    s, b = 32, 2
+    got = _saved_bytes(proxy.build_model(spec), torch.randint(0, spec.vocab, (b, s)), math=False)
+    assert got == M.model_saved_activation_bytes(spec, s, b, dtype_bytes=4, norm_impl="composite")
+    if embed_norm:
+        without = M.model_saved_activation_bytes(replace(spec, embed_norm=False), s, b, dtype_bytes=4,
+                                                 norm_impl="composite")
+        assert got - without == s * b * (spec.hidden * 4 + 2 * 4)

@@ -184,7 +184,7 @@ MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 32, "hidden_size": 4096
     ({**FAMILIES["llama2-7b"][0], "model_type": "deepseek_v3", "n_routed_experts": 256}, "n_routed_experts"),
     ({"model_type": "t5", "is_encoder_decoder": True, "d_model": 512}, "is_encoder_decoder"),
     ({"model_type": "gemma3", "text_config": {"hidden_size": 2560}, "vision_config": {}}, "vision_config"),
-    ({"model_type": "bloom", "n_layer": 30, "hidden_size": 4096}, "model_type"),
+    ({"model_type": "mamba", "num_hidden_layers": 64, "hidden_size": 2560}, "model_type"),  # state space, not attention
     ({"model_type": "bert"}, "model_type"),
     ({"num_hidden_layers": 2}, "model_type"),
     ({**FAMILIES["llama2-7b"][0], "attention_bias": True}, "attention_bias"),
@@ -253,6 +253,8 @@ REFERENCE_DEFAULTS = {
     "smollm3": {},  # Llama-shaped, GQA, tied; NoPE layers have no parameters
     "olmo3": {},  # OLMo 2's block (q/k norms over the whole projections, post-norms)
     "olmo3-gqa": {"model_type": "olmo3", "num_key_value_heads": 8},
+    "bloom": {},  # ALiBi, a LayerNorm after the word embedding (embed_norm), biases everywhere, tied
+    "bloom-560m": {"model_type": "bloom", "n_layer": 24, "hidden_size": 1024, "n_head": 16},  # 559,214,592
 }
 
 

@@ -30,6 +30,8 @@ def test_module_param_count_equals_spec_for_every_preset(name):
     {"bias": "all"},
     {"mlp": "gelu", "norm": "layernorm", "bias": "o_mlp", "pos_embedding": "learned", "tied_embeddings": True},  # GPT-Neo
     {"norm": "layernorm", "bias": "qkv"},  # StableLM with use_qkv_bias: LayerNorm with a gated MLP
+    {"mlp": "gelu", "norm": "layernorm", "bias": "all", "pos_embedding": "alibi", "embed_norm": True,
+     "tied_embeddings": True},  # BLOOM
 ])
 def test_module_param_count_equals_spec_for_variants(kw):
     spec = ModelSpec(layers=2, hidden=64, heads=4, kv_heads=2, vocab=100, **kw)
