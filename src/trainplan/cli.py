@@ -62,7 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     es = sub.add_parser("estimate", help="memory and throughput of one layout", formatter_class=raw,
                         epilog="example:\n  trainplan estimate --model llama2-13b --gpu h100-sxm-80gb --gpus 32 "
                                "--seq-len 4096 --global-batch 256 --tp 2 --sp --recompute selective --json")
-    es.add_argument("--model", help="preset name (llama2-13b, ...) or a Hugging Face config.json path")
+    es.add_argument("--model", help="preset name (llama2-13b, ...), a Hugging Face config.json path, or a Hugging Face "
+                                    "repo id (org/name) whose config.json is in the local Hugging Face cache (read "
+                                    "there, never downloaded)")
     es.add_argument("--arch", help=ARCH_HELP + " (with --model: overrides of that model)")
     es.add_argument("--gpu", default="h100-sxm-80gb", help="GPU name (default h100-sxm-80gb)")
     es.add_argument("--gpus", type=int, default=32, help="total GPUs (default 32)")

@@ -3,6 +3,7 @@ reading a Hugging Face ``config.json`` (dense decoder-only families; anything el
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -590,8 +591,35 @@ def resolve_model(ref: str | dict | ModelSpec) -> ModelSpec:
         if "\0" not in ref and (ref.endswith(".json") or Path(ref).exists()):
             p = Path(ref)
             return model_from_hf_config(p / "config.json" if p.is_dir() else p)
+        if HF_REPO_ID.fullmatch(ref):
+            return _model_from_hf_cache(ref)
     shown = ref if isinstance(ref, str) and len(ref) <= 200 else (f"{ref[:200]}…" if isinstance(ref, str) else ref)
-    raise ConfigError("model", shown, "must be a preset (" + ", ".join(MODEL_PRESETS) + ") or a config.json path")
+    raise ConfigError("model", shown, "must be a preset (" + ", ".join(MODEL_PRESETS) + "), a config.json path or a "
+                                      "Hugging Face repo id (org/name) in the local Hugging Face cache")
+
+
+# A Hugging Face model repo id (org/name): read from the local hub cache only, never from the network.
+HF_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
+
+
+def _model_from_hf_cache(repo_id: str) -> ModelSpec:
+    """The ``config.json`` of ``repo_id`` from the local Hugging Face hub cache (``HF_HUB_CACHE``/``HF_HOME``, as
+    huggingface_hub resolves them; its ``main`` revision), named after the repo. No network access: a repo that is
+    not cached is a ConfigError saying how to fetch its config."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # the launch extra (transformers) brings it
+        raise ConfigError("model", repo_id, "a Hugging Face repo id needs huggingface_hub (pip install "
+                                            "'trainplan[launch]'); or give the config.json path") from None
+    found = try_to_load_from_cache(repo_id, "config.json")
+    if not isinstance(found, str):
+        from huggingface_hub.constants import HF_HUB_CACHE
+
+        raise ConfigError("model", repo_id, f"not in the local Hugging Face cache ({HF_HUB_CACHE}); fetch its config "
+                                            f"with `hf download {repo_id} config.json` (no network is used here), or "
+                                            "give a config.json path")
+    cfg = model_from_hf_config(found)
+    return replace(cfg, name=repo_id)
 
 
 # ------------------------------------------------------------------- Llama-architecture implementations

@@ -393,3 +393,31 @@ def test_qk_norm_scopes_split_and_save_as_their_weights_and_statistics():
     stats = 2 * 4  # LayerNorm: mean and rstd in fp32
     assert memory._qk_norm_bytes(own, 2, "fused", False, q, kv) == (q + kv) * 2 + (q + kv) / base.head_dim * stats
     assert memory._qk_norm_bytes(full, 2, "fused", False, q, kv) == (q + kv) * 2 + 2 * stats
+
+
+def _hf_cache_snapshot(cache, repo_id: str, cfg: dict, rev: str = "0123456789abcdef0123456789abcdef01234567"):
+    """A Hugging Face hub cache entry as huggingface_hub lays it out: refs/main → snapshots/<rev>/config.json."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(rev)
+    snap = repo / "snapshots" / rev
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(cfg))
+
+
+def test_hugging_face_repo_id_read_from_the_local_cache_only(tmp_path, monkeypatch):
+    """``--model org/name`` reads that repo's config.json from the local hub cache (HF_HUB_CACHE), named after the
+    repo; a repo that is not cached is one ConfigError saying how to fetch it (no network)."""
+    pytest.importorskip("huggingface_hub")
+    import huggingface_hub.constants as hc
+
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path))
+    cfg, published = FAMILIES["qwen2-7b"]
+    _hf_cache_snapshot(tmp_path, "Qwen/Qwen2-7B", cfg)
+    m = resolve_model("Qwen/Qwen2-7B")
+    assert (m.name, m.n_params) == ("Qwen/Qwen2-7B", published)
+    with pytest.raises(ConfigError) as e:
+        resolve_model("Qwen/Qwen2-72B")
+    assert e.value.key == "model" and "hf download Qwen/Qwen2-72B config.json" in str(e.value)
+    with pytest.raises(ConfigError, match="repo id"):
+        resolve_model("not a model")
