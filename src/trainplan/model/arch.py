@@ -364,8 +364,9 @@ def model_from_hf_dict(cfg: Any, *, where: str = "config.json", name: str | None
 
     Every field of the dense families is read with transformers' default when absent (Llama 2/3.x, Mistral,
     Qwen2/3, Gemma 1/2/3, Phi-3/Phi-4, GPT-2, GPT-BigCode (StarCoder), GPT-NeoX, StarCoder2, MPT, OPT, Falcon,
-    Cohere (Command R) 1/2, OLMo 2/3, Phi-1/2, GPT-J, GPT-Neo, StableLM, Granite, SmolLM3, BLOOM). Mixture-of-experts, encoder-decoder, multimodal and unknown
-    ``model_type`` configs are refused with one ConfigError naming the field.
+    Cohere (Command R, R+) 1/2, OLMo 2/3, Phi-1/2, GPT-J, GPT-Neo, StableLM, Granite, SmolLM3, BLOOM).
+    Mixture-of-experts, encoder-decoder, multimodal and unknown ``model_type`` configs are refused with one
+    ConfigError naming the field.
     """
     if not isinstance(cfg, dict):
         raise ConfigError(where, type(cfg).__name__, "config.json must hold a JSON object")
