@@ -11,7 +11,14 @@ from rich.table import Table
 
 from trainplan.commands.common import check_out_path, console, write_csv_arg
 from trainplan.model.base import ConfigError
-from trainplan.published.fit import GEN_FIT, family_bias, heldout_rows, interval_coverage, never_fitted_rows
+from trainplan.published.fit import (
+    GEN_FIT,
+    family_bias,
+    heldout_checks,
+    heldout_rows,
+    interval_coverage,
+    never_fitted_rows,
+)
 from trainplan.published.tables import NEVER_FITTED, mape_table, validate_all
 
 
@@ -71,6 +78,12 @@ def print_heldout(rows: Any, csv: str | None, never: Any = None) -> int:
         cov = interval_coverage(g)
         con.print(f"{gen}: p10–p90 interval from the other held-out errors of the family (or generation) holds "
                   f"{cov['measured']:.0%} of {cov['n']} held-out rows (nominal {cov['nominal']:.0%})")
+    v = Table(title="Held-out accuracy targets per GPU generation (published.fit.HELDOUT_TARGETS)")
+    for c in ("gen", "check", "worst case", "measured", "target", "met"):
+        v.add_column(c, justify="right" if c in ("measured",) else "left")
+    for r in heldout_checks(rows).itertuples():
+        v.add_row(r.generation, r.check, r.worst, r.measured, r.target, "—" if r.met is None else "yes" if r.met else "NO")
+    con.print(v)
     if never is not None and len(never):
         n = Table(title="Tables no fit sees (NeMo, Transformer Engine FP8; the fitted FP8 recipe is torchao's): "
                         "error of the shipped fit per table and family class")

@@ -340,6 +340,42 @@ def family_bias(df: pd.DataFrame) -> pd.DataFrame:
                          "worst_abs_pct": g.apply(lambda e: float(e.abs().max()))}).reset_index()
 
 
+# What the held-out validation must reach: every H100 table's held-out MAPE (the study's generation; the A100 figure
+# is shown without a target), and for every generation the worst held-out row, the bias of each family class
+# (FSDP/ZeRO, TP, PP, CP) and the empirical coverage of the nominal-80% interval.
+HELDOUT_TARGETS = {"table_mape_pct": 10.0, "row_abs_pct": 20.0, "family_bias_pct": 5.0, "coverage": 0.75}
+TABLE_MAPE_TARGET_GENERATIONS = ("h100",)
+
+
+def heldout_checks(held: pd.DataFrame, targets: dict[str, float] | None = None) -> pd.DataFrame:
+    """Each generation's held-out rows against ``HELDOUT_TARGETS``: one row per (generation, check) with the worst
+    case (its table, row or family), the measured figure, the target and whether it is met (None: no target)."""
+    t = {**HELDOUT_TARGETS, **(targets or {})}
+    d = scored_rows(held)
+    out = []
+    for gen, g in d.groupby("generation", sort=True):
+        per_table = g.groupby("table", sort=False)["err_pct"].apply(lambda e: float(e.abs().mean()))
+        worst_row = g.loc[g["err_pct"].abs().idxmax()]
+        fam = family_bias(g).set_index("family")["bias_pct"]
+        cov = interval_coverage(g)
+        has_table_target = gen in TABLE_MAPE_TARGET_GENERATIONS
+        out += [
+            {"generation": gen, "check": "held-out MAPE of every table", "worst": str(per_table.idxmax()),
+             "measured": f"{per_table.max():.1f}%", "target": f"≤ {t['table_mape_pct']:g}%" if has_table_target else "—",
+             "met": bool(per_table.max() <= t["table_mape_pct"]) if has_table_target else None},
+            {"generation": gen, "check": "every held-out row", "worst": f"{worst_row['table']}: {worst_row['row']}",
+             "measured": f"{worst_row['err_pct']:+.1f}%", "target": f"|error| ≤ {t['row_abs_pct']:g}%",
+             "met": bool(abs(worst_row["err_pct"]) <= t["row_abs_pct"])},
+            {"generation": gen, "check": "bias of every family class", "worst": str(fam.abs().idxmax()),
+             "measured": f"{fam.loc[fam.abs().idxmax()]:+.1f}%", "target": f"within ±{t['family_bias_pct']:g}%",
+             "met": bool(fam.abs().max() <= t["family_bias_pct"])},
+            {"generation": gen, "check": "p10–p90 interval coverage", "worst": f"{cov['n']} rows",
+             "measured": f"{cov['measured']:.0%}", "target": f"≥ {t['coverage']:.0%}",
+             "met": bool(cov["measured"] >= t["coverage"])},
+        ]
+    return pd.DataFrame(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m trainplan.published.fit --fit [--write]``: refit each generation's Efficiency, print it with its
     standard errors and the MAPE per table; ``--write`` stores the fits in trainplan/data/efficiency_fits.json."""

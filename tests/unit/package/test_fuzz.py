@@ -126,9 +126,11 @@ def estimate_argv(draw):
 @st.composite
 def arch_text(draw):
     keys = ["layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "head_dim", "max_seq", "norms", "mlp", "norm",
-            "pos", "bias", "tied", "qk_norm", "norm_bias", "depth", ""]
+            "pos", "bias", "tied", "qk_norm", "norm_bias", "qk_norm_scope", "head_bias", "embed_norm", "pos_offset",
+            "depth", ""]
     vals = st.one_of(st.sampled_from(["1", "2", "4", "8", "64", "128", "256", "1000", "gelu", "swiglu", "layernorm",
-                                      "learned", "alibi", "rope", "all", "qkv", "true", "false"]), int_text)
+                                      "learned", "alibi", "rope", "all", "qkv", "mlp", "o_mlp", "head", "full",
+                                      "each_head", "true", "false"]), int_text)
     items = draw(st.lists(st.tuples(st.sampled_from(keys), vals), max_size=8))
     return ",".join(f"{k}={v}" for k, v in items) + draw(st.sampled_from(["", ",", ",,x", "=", ",a=b=c"]))
 
