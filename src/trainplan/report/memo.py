@@ -319,6 +319,20 @@ def _figures(fig_dir: Path | None, res: Inputs) -> dict[str, dict | None]:
     return out
 
 
+FAMILY_BIAS_TARGET = 0.05  # published.fit.HELDOUT_TARGETS["family_bias_pct"] / 100, as a fraction
+
+
+def family_bias_rows(calib: dict | None, chosen: dict | None) -> list[dict[str, Any]] | None:
+    """Held-out bias per family class of the study GPU's generation (calibration.json
+    ``heldout_errors_by_family``: predicted/published − 1 of every leave-one-table-out row): rows, mean error,
+    whether it is inside the ±5% target and whether it is the chosen layout's family (its interval's pool)."""
+    by = (calib or {}).get("heldout_errors_by_family") or {}
+    mine = (chosen or {}).get("interval_family")
+    out = [{"family": f, "n": len(e), "bias": sum(e) / len(e), "chosen": f == mine,
+            "met": abs(sum(e) / len(e)) <= FAMILY_BIAS_TARGET} for f, e in sorted(by.items()) if e]
+    return out or None
+
+
 def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, git_commit: str,
                   results_root: str | Path | None = None) -> dict[str, Any]:
     """Everything the template shows, read from the named ``inputs`` (the memo rule's ``input``; names in
@@ -359,6 +373,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         "calibration": calib, "source": source, "source_label": ((calib or {}).get("source_detail") if source == "gpu-proxies" else None)
         or SOURCE_LABELS.get(str(source), str(source)),
         "heldout": _records(res.csv("heldout")) or None, "never_fitted": list(NEVER_FITTED),
+        "family_bias": family_bias_rows(calib, (prod or {}).get("chosen")),
         "production": prod, "chosen": (prod or {}).get("chosen"),
         "production_rows": _records(res.csv("production_table")) or None,
         "cost": cost, "targets": (cost or {}).get("targets") or None,

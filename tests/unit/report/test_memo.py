@@ -336,3 +336,29 @@ def test_provenance_lists_the_sidecars_of_the_inputs_only(tmp_path):
     assert before and after == before
     own = [f for f, _ in memo.Inputs(memo.memo_inputs(root / "lora")).sidecars()]
     assert "analytic/summary.json" in own and all(f.startswith("analytic/") for f in own)
+
+
+def test_family_bias_rows_mark_the_target_and_the_chosen_family():
+    calib = {"heldout_errors_by_family": {"CP": [0.10, 0.014], "FSDP/ZeRO": [-0.05, -0.018], "TP": []}}
+    rows = memo.family_bias_rows(calib, {"interval_family": "FSDP/ZeRO"})
+    assert [(r["family"], r["n"], r["met"], r["chosen"]) for r in rows] == [
+        ("CP", 2, False, False), ("FSDP/ZeRO", 2, True, True)]  # an empty pool is no row
+    assert rows[0]["bias"] == pytest.approx(0.057)
+    assert memo.family_bias_rows({}, None) is None
+
+
+def test_published_data_check_states_the_bias_of_each_family_class(tmp_path):
+    """The memo prints the held-out bias per family class from calibration.json, names the chosen layout's family
+    and says which miss the ±5% target."""
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    cal = json.loads((root / "calibration/calibration.json").read_text())
+    cal |= {"generation": "h100", "heldout_errors_by_family": {"CP": [0.10, 0.014], "FSDP/ZeRO": [-0.05, -0.018]}}
+    (root / "calibration/calibration.json").write_text(json.dumps(cal))
+    prod = json.loads((root / "prediction/production.json").read_text())
+    prod["chosen"]["interval_family"] = "FSDP/ZeRO"
+    (root / "prediction/production.json").write_text(json.dumps(prod))
+    text = " ".join(" ".join(p.extract_text() for p in PdfReader(_render(root, tmp_path / "m.pdf")).pages).split())
+    assert "Bias per family class, rows left out of the fit (H100" in text
+    assert "CP +5.7% (2 rows, outside the target)" in text
+    assert "FSDP/ZeRO -3.4% (2 rows, the chosen layout's family)" in text
