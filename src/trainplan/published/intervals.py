@@ -80,20 +80,23 @@ def predictive_error_draws(errors: Any, size: int, rng: np.random.Generator) -> 
 def throughput_interval(js: dict[str, Any], generation: str, family: str) -> dict[str, Any]:
     """p10–p90 of tokens/s/GPU and MFU around an estimate (``Estimate.to_json()``: its ``tokens_per_s_per_gpu`` and
     ``mfu``): the predictive interval over the leave-one-table-out errors of the generation's open published rows of
-    the layout's family class, the interval whose coverage ``trainplan validate --heldout`` measures. What
-    ``trainplan estimate`` prints. None where the generation has no shipped errors."""
+    the layout's family class, the interval whose coverage ``trainplan validate --heldout`` measures, and that pool's
+    mean error (``errors_mean``; the interval is centred on it). What ``trainplan estimate`` prints. None where the
+    generation has no shipped errors."""
     errors = heldout_errors_by_family(generation)
     tps, mfu = js.get("tokens_per_s_per_gpu"), js.get("mfu")
     out: dict[str, Any] = {"generation": generation, "family": family, "errors_n": 0, "source": "",
-                           "tokens_per_s_per_gpu_p10": None, "tokens_per_s_per_gpu_p90": None,
+                           "errors_mean": None, "tokens_per_s_per_gpu_p10": None, "tokens_per_s_per_gpu_p90": None,
                            "mfu_p10": None, "mfu_p90": None}
     if not errors or tps is None:
         return out
     pool = error_pool(errors, family)
     lo, hi = interval_bounds(tps, pool)
     own = len(errors.get(family) or []) >= MIN_FAMILY_ROWS  # error_pool's rule: the family's own rows, else all
-    out |= {"errors_n": len(pool), "tokens_per_s_per_gpu_p10": lo, "tokens_per_s_per_gpu_p90": hi,
-            "mfu_p10": mfu * lo / tps, "mfu_p90": mfu * hi / tps,
+    bias = float(np.mean(pool))  # predicted/published − 1 on average: < 0, the model errs slow for these rows
+    out |= {"errors_n": len(pool), "errors_mean": bias, "tokens_per_s_per_gpu_p10": lo,
+            "tokens_per_s_per_gpu_p90": hi, "mfu_p10": mfu * lo / tps, "mfu_p90": mfu * hi / tps,
             "source": f"held-out errors of {len(pool)} published {generation.upper()} rows"
-                      + (f" of the {family} family" if own else f" (every family: {family} has too few)")}
+                      + (f" of the {family} family" if own else f" (every family: {family} has too few)")
+                      + f", mean {bias:+.1%} (the model predicts {'slower' if bias < 0 else 'faster'} than published)"}
     return out

@@ -88,6 +88,8 @@ def test_estimate_prints_the_heldout_interval_of_its_family(capsys):
         assert (iv["tokens_per_s_per_gpu_p10"], iv["tokens_per_s_per_gpu_p90"]) == pytest.approx((lo, hi), rel=1e-12)
         assert iv["tokens_per_s_per_gpu_p10"] < iv["tokens_per_s_per_gpu_p90"]
         assert iv["mfu_p10"] == pytest.approx(js["mfu"] * lo / js["tokens_per_s_per_gpu"])
+        assert iv["errors_mean"] == pytest.approx(sum(pool) / len(pool))
+        assert f"mean {iv['errors_mean']:+.1%}" in iv["source"]
     a, b = est("--sharding", "zero2")["interval"], est("--tp", "8", "--sp")["interval"]
     assert a["tokens_per_s_per_gpu_p90"] / a["tokens_per_s_per_gpu_p10"] != pytest.approx(
         b["tokens_per_s_per_gpu_p90"] / b["tokens_per_s_per_gpu_p10"])  # different pools, different widths
