@@ -125,7 +125,8 @@ class Transformer(nn.Module):
             h = self.embed_norm(h)
         cos = sin = None
         if self.pos_embeddings is not None:
-            h = h + self.pos_embeddings(torch.arange(s, device=tokens.device) + self.spec.pos_offset)[None]
+            # (1, s) positions: under TP the table's output is sequence-sharded like the token embedding's
+            h = h + self.pos_embeddings((torch.arange(s, device=tokens.device) + self.spec.pos_offset)[None])
         else:
             cos, sin = rope_cos_sin(s, self.spec.head_dim, tokens.device, h.dtype)
         for layer in self.layers.values():

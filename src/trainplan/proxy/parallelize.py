@@ -71,8 +71,14 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
         "output": ColwiseParallel(input_layouts=seq, output_layouts=Replicate(), use_local_output=True),
     }
+    if getattr(model, "pos_embeddings", None) is not None:
+        # learned positions: the table split like the token embedding, so that its output has the same (sequence)
+        # layout as the token embedding's it is added to
+        root_plan["pos_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
     if sp:
         root_plan["norm"] = SequenceParallel()
+        if getattr(model, "embed_norm", None) is not None:  # BLOOM's embedding LayerNorm runs on the seq shards too
+            root_plan["embed_norm"] = SequenceParallel(use_local_output=True)  # the residual stream is local
     if getattr(model, "output", None) is None:
         raise ConfigError("model.tied_embeddings", True, "TP proxies need untied embeddings")
     parallelize_module(model, tp_mesh, root_plan)
@@ -80,9 +86,10 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
         plan: dict[str, Any] = {
             "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=seq),
-            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=seq),
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(output_layouts=seq),
         }
+        if hasattr(block.feed_forward, "w3"):  # the gated MLP's up projection (a GELU MLP has none)
+            plan["feed_forward.w3"] = ColwiseParallel()
         if sp:
             plan.update({
                 "attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
