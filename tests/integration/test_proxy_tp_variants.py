@@ -1,8 +1,9 @@
 """TP (2 gloo ranks on the CPU), with and without SP, on the non-Llama parts of the proxy model: learned positions
 (GPT-2, OPT), BLOOM's embedding LayerNorm, a GELU MLP and biases everywhere. The tensor-parallel model must give
-the single-rank model's loss and every gradient (DTensor gradients gathered): a position table or a norm left out
-of the TP plan either crashes (positions added to a sequence shard) or trains each rank's copy apart (a plain
-norm on sequence shards gets a different gradient on each rank)."""
+the single-rank model's loss and every gradient (DTensor gradients gathered), and hold on each rank the parameters
+the memory model counts (the position table whole, as Megatron keeps it): a position table or a norm left out of
+the TP plan either crashes (positions added to a sequence shard) or trains each rank's copy apart (a plain norm on
+sequence shards gets a different gradient on each rank)."""
 
 import subprocess
 import sys
@@ -15,6 +16,7 @@ pytestmark = pytest.mark.slow
 WORKER = textwrap.dedent('''
     import torch, torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
+    from trainplan.model import memory
     from trainplan.model.arch import ModelSpec
     from trainplan.proxy.model import build_model
     from trainplan.proxy.parallelize import apply_tp
@@ -40,9 +42,12 @@ WORKER = textwrap.dedent('''
             bad = [n for n, p in m.named_parameters()
                    if not torch.allclose(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad,
                                          grads[n].grad, rtol=1e-4, atol=1e-6)]
-            ok = torch.allclose(loss, ref_loss, rtol=1e-6) and not bad
+            local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in m.parameters())
+            per_rank = memory.stage_params(spec, 2, 1, "first")  # the memory model's parameters on one TP rank
+            ok = torch.allclose(loss, ref_loss, rtol=1e-6) and not bad and local == per_rank["matmul"] + per_rank["other"]
             if dist.get_rank() == 0:
-                print("CASE", sp, sorted(kw), "ok" if ok else f"FAIL loss {float(loss)} vs {float(ref_loss)}; {bad}")
+                print("CASE", sp, sorted(kw), "ok" if ok else f"FAIL loss {float(loss)} vs {float(ref_loss)}; {bad}; "
+                      f"{local} parameters on rank 0, the memory model {per_rank}")
     dist.destroy_process_group()
 ''')
 

@@ -58,6 +58,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
+        PrepareModuleOutput,
         RowwiseParallel,
         SequenceParallel,
         parallelize_module,
@@ -71,11 +72,13 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
         "output": ColwiseParallel(input_layouts=seq, output_layouts=Replicate(), use_local_output=True),
     }
-    if getattr(model, "pos_embeddings", None) is not None:
-        # learned positions: the table split like the token embedding, so that its output has the same (sequence)
-        # layout as the token embedding's it is added to
-        root_plan["pos_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
     if sp:
+        if getattr(model, "pos_embeddings", None) is not None:
+            # learned positions: the table stays whole on every TP rank (Megatron's convention, as memory.stage_params
+            # counts it); its output is cut to the rank's sequence shard, the layout of the token embedding's output
+            # it is added to (the backward all-gathers the gradient, so every rank's copy gets the full one)
+            root_plan["pos_embeddings"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=seq,
+                                                              use_local_output=True)
         root_plan["norm"] = SequenceParallel()
         if getattr(model, "embed_norm", None) is not None:  # BLOOM's embedding LayerNorm runs on the seq shards too
             root_plan["embed_norm"] = SequenceParallel(use_local_output=True)  # the residual stream is local
