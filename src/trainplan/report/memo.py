@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -191,13 +192,33 @@ class Inputs:
         return out
 
 
-def _title(config: dict) -> str:
-    """The memo title: ``memo.title`` from the config, else ``study.name``."""
+# Display names of the presets in a memo title (any other model: its ModelSpec name, e.g. a Hugging Face repo id)
+PRESET_TITLES = {"llama2-7b": "Llama-2-7B", "llama2-13b": "Llama-2-13B", "llama2-70b": "Llama-2-70B",
+                 "llama3-8b": "Llama-3-8B", "llama3.1-8b": "Llama-3.1-8B", "llama3-70b": "Llama-3-70B",
+                 "llama3.1-70b": "Llama-3.1-70B", "llama3.1-405b": "Llama-3.1-405B"}
+FINETUNE_TITLES = {"full": "Full fine-tune", "lora": "LoRA fine-tune", "qlora": "QLoRA fine-tune"}
+TITLE_FIELD = re.compile(r"\{(model|n_gpus|gpu|finetune)\}")
+
+
+def _title(config: dict, summary: dict | None = None) -> str:
+    """The memo title: ``memo.title`` from the config, else ``study.name``. ``{model}``, ``{n_gpus}``, ``{gpu}``
+    and ``{finetune}`` in it are filled from the study's results (analytic/summary.json) and config, so that an
+    overlay that changes the model or the cluster cannot inherit a title naming the default's; any other brace
+    is left as written."""
+    title = "trainplan study"
     for section, key in (("memo", "title"), ("study", "name")):
         sec = config.get(section)
         if isinstance(sec, dict) and sec.get(key):
-            return str(sec[key])
-    return "trainplan study"
+            title = str(sec[key])
+            break
+    model = (summary or {}).get("model") or {}
+    name = str(model.get("name") or "the model")
+    gpu = str((summary or {}).get("gpu") or "")
+    fields = {"model": PRESET_TITLES.get(name, name), "n_gpus": str((summary or {}).get("n_gpus") or "?"),
+              "gpu": gpu.split("-")[0].upper() or "GPU",
+              "finetune": FINETUNE_TITLES.get(str((config.get("training") or {}).get("finetune", "full")),
+                                              "Fine-tune")}
+    return TITLE_FIELD.sub(lambda m: fields[m.group(1)], title)
 
 
 def _records(df: pd.DataFrame | None) -> list[dict]:
@@ -363,7 +384,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
     fig_dir = res.path("figures")
     date = source_date()
     return {
-        "study": {"name": _title(config),
+        "study": {"name": _title(config, summary),
                   "hash": study_hash, "hash_short": study_hash[:12], "commit": git_commit,
                   "commit_short": git_commit[:12], "date": date.strftime("%Y-%m-%d")},
         "summary": summary, "layout_str": layout_str, "chosen_row": chosen_row, "representatives": rep,

@@ -362,3 +362,17 @@ def test_published_data_check_states_the_bias_of_each_family_class(tmp_path):
     assert "Bias per family class, rows left out of the fit (H100" in text
     assert "CP +5.7% (2 rows, outside the target)" in text
     assert "FSDP/ZeRO -3.4% (2 rows, the chosen layout's family)" in text
+
+
+def test_title_fields_come_from_the_results_not_the_default_config():
+    """An overlay that changes the model or the cluster but keeps the default memo.title gets a title naming its own
+    model, GPU count, GPU and fine-tune kind; the default study's title reads as before; other braces stay."""
+    default = {"memo": {"title": "{finetune} of {model} on {n_gpus} × {gpu}: layout, cost and confidence"},
+               "training": {"finetune": "full"}}
+    assert memo._title(default, {"model": {"name": "llama2-13b"}, "n_gpus": 32, "gpu": "h100-sxm-80gb"}) == (
+        "Full fine-tune of Llama-2-13B on 32 × H100: layout, cost and confidence")
+    other = {**default, "training": {"finetune": "lora"}}
+    assert memo._title(other, {"model": {"name": "Qwen/Qwen2-7B"}, "n_gpus": 2, "gpu": "a100-80gb"}) == (
+        "LoRA fine-tune of Qwen/Qwen2-7B on 2 × A100: layout, cost and confidence")
+    assert memo._title({"memo": {"title": "Plan {x} {model"}}, {}) == "Plan {x} {model"
+    assert memo._title({"study": {"name": "s"}}, None) == "s"
