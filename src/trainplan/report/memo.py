@@ -200,6 +200,11 @@ FINETUNE_TITLES = {"full": "Full fine-tune", "lora": "LoRA fine-tune", "qlora": 
 TITLE_FIELD = re.compile(r"\{(model|n_gpus|gpu|finetune)\}")
 
 
+def gpu_label(name: Any) -> str:
+    """The short name of a GPU (``h100-sxm-80gb`` → ``H100``) for running text; ``GPU`` when unknown."""
+    return str(name or "").split("-")[0].upper() or "GPU"
+
+
 def _title(config: dict, summary: dict | None = None) -> str:
     """The memo title: ``memo.title`` from the config, else ``study.name``. ``{model}``, ``{n_gpus}``, ``{gpu}``
     and ``{finetune}`` in it are filled from the study's results (analytic/summary.json) and config, so that an
@@ -213,9 +218,9 @@ def _title(config: dict, summary: dict | None = None) -> str:
             break
     model = (summary or {}).get("model") or {}
     name = str(model.get("name") or "the model")
-    gpu = str((summary or {}).get("gpu") or "")
+    gpu = (summary or {}).get("gpu")
     fields = {"model": PRESET_TITLES.get(name, name), "n_gpus": str((summary or {}).get("n_gpus") or "?"),
-              "gpu": gpu.split("-")[0].upper() or "GPU",
+              "gpu": gpu_label(gpu),
               "finetune": FINETUNE_TITLES.get(str((config.get("training") or {}).get("finetune", "full")),
                                               "Fine-tune")}
     return TITLE_FIELD.sub(lambda m: fields[m.group(1)], title)
@@ -384,6 +389,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
     fig_dir = res.path("figures")
     date = source_date()
     return {
+        "gpu_label": gpu_label((summary or {}).get("gpu")),
         "study": {"name": _title(config, summary),
                   "hash": study_hash, "hash_short": study_hash[:12], "commit": git_commit,
                   "commit_short": git_commit[:12], "date": date.strftime("%Y-%m-%d")},

@@ -376,3 +376,4 @@ def test_title_fields_come_from_the_results_not_the_default_config():
         "LoRA fine-tune of Qwen/Qwen2-7B on 2 × A100: layout, cost and confidence")
     assert memo._title({"memo": {"title": "Plan {x} {model"}}, {}) == "Plan {x} {model"
     assert memo._title({"study": {"name": "s"}}, None) == "s"
+    assert (memo.gpu_label("a100-80gb"), memo.gpu_label("h200-141gb"), memo.gpu_label(None)) == ("A100", "H200", "GPU")
