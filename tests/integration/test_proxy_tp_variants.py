@@ -60,3 +60,25 @@ def test_tp_matches_one_rank_for_learned_positions_embedding_norm_and_gelu(tmp_p
     cases = [ln for ln in p.stdout.splitlines() if ln.startswith("CASE")]
     assert p.returncode == 0 and len(cases) == 6, p.stderr[-3000:]
     assert all(ln.endswith(" ok") for ln in cases), "\n".join(cases)
+
+
+def test_tp_proxy_state_bytes_equal_the_exact_closed_form_for_a_gpt_block(tmp_path):
+    """The real harness (torchrun, gloo) on a GPT-shaped model (LayerNorm with biases, learned positions, biases on
+    every linear, GELU MLP) at dp1·tp2 with SP: each rank's parameter, gradient and Adam bytes equal the exact
+    closed form, DTensor's Replicate embedding gradient included (analytic.replicated_embedding_grad_bytes)."""
+    from trainplan.proxy.aggregate import record_row
+    from trainplan.proxy.schema import normalize_run_spec
+    from trainplan.proxy.torchrun import launch
+
+    model = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "mlp": "gelu", "norm": "layernorm",
+             "pos_embedding": "learned", "bias": "all", "max_seq_len": 128}
+    spec = normalize_run_spec({"id": "gpt-tp-sp", "model": model, "layout": {"dp": 1, "tp": 2, "sp": True},
+                               "seq_len": 64, "global_batch": 4, "steps": 2, "warmup": 1, "nproc_per_node": 2,
+                               "timeout_s": 240})
+    rec, code = launch(spec, tmp_path / "gpt-tp-sp.json")
+    assert code == 0 and rec["status"] == "ok", rec.get("message")
+    exact = rec["predicted"]["exact_state_bytes"]
+    for st in rec["memory"]["state_bytes_per_rank"]:
+        assert {k: st[k] for k in exact} == exact
+    row = record_row(rec)
+    assert row["flops_per_step_meas"] == pytest.approx(row["flops_per_step_pred"], rel=0.01)

@@ -21,9 +21,20 @@ ADAM_STATES = 2  # exp_avg, exp_avg_sq (Kingma & Ba 2015); ZeRO's "12Ψ" = fp32 
 
 
 def _tp_local_params(spec: ModelSpec, tp: int) -> int:
-    """Parameters per TP rank: every matrix split tp ways, norm weights replicated (Megatron TP)."""
-    norms = spec.layers * 2 * spec.hidden + spec.n_params_final_norm
-    return (spec.n_params - norms) // tp + norms
+    """Parameters per TP rank (Megatron TP as the harness's DTensor plan lays it out: matrices and the column-parallel
+    biases split, norms, row-parallel biases and a learned position table replicated): the memory model's own
+    per-rank count (tests/integration/test_proxy_tp_variants.py checks the harness holds exactly this)."""
+    per_rank = memory.stage_params(spec, tp, 1, "first")
+    return int(round(float(per_rank["matmul"] + per_rank["other"])))
+
+
+def replicated_embedding_grad_bytes(spec: ModelSpec, layout: Layout, param_bytes: int = 4) -> int:
+    """DTensor's backward of the row-sharded (RowwiseParallel) token embedding returns a Replicate gradient: V·h on
+    every TP rank, not V·h/tp, held until zero_grad. Without FSDP (dp = 1) that is what a rank keeps; FSDP
+    (dp > 1) reduce-scatters it to its shard. The bytes beyond the V·h/tp shard."""
+    if layout.tp == 1 or layout.dp > 1:
+        return 0
+    return spec.vocab * spec.hidden * (layout.tp - 1) // layout.tp * param_bytes
 
 
 def exact_state_bytes(spec: ModelSpec, layout: Layout, *, param_bytes: int = 4,
@@ -35,8 +46,9 @@ def exact_state_bytes(spec: ModelSpec, layout: Layout, *, param_bytes: int = 4,
     base = _tp_local_params(spec, layout.tp)
     train = base if trainable_params is None else trainable_params // layout.tp  # LoRA: adapters only
     frozen = 0 if trainable_params is None else base
+    emb = replicated_embedding_grad_bytes(spec, layout, param_bytes) if trainable_params is None else 0
     return {"params_bytes": train * param_bytes // shard, "frozen_params_bytes": frozen * param_bytes // shard,
-            "grads_bytes": train * param_bytes // shard, "optimizer_bytes": ADAM_STATES * train * 4 // shard}
+            "grads_bytes": train * param_bytes // shard + emb, "optimizer_bytes": ADAM_STATES * train * 4 // shard}
 
 
 def analytic_memory(spec: ModelSpec, layout: Layout, seq_len: int, global_batch: int, dtype: str,
