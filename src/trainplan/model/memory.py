@@ -374,6 +374,17 @@ def logits_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any = 1, 
     return _out(seq_len * micro_batch / cp * model.vocab / tp * (dtype_bytes + FP32 + FP32))
 
 
+def embedding_saved_bytes(model: ModelSpec, seq_len: int, micro_batch: Any, cp: Any = 1, dtype_bytes: int = 2,
+                          norm_impl: str = "fused", frozen: bool = False) -> Any:
+    """What the embedding stage saves for backward per micro-batch on one CP rank: int64 token ids (b·s/cp) and, for
+    a learned position table, its position ids (s/cp) — both only when the embeddings train (not ``frozen``) — and
+    BLOOM's embedding LayerNorm, saved like a block norm (input and statistics) per local token."""
+    local = seq_len / np.asarray(cp, dtype=float)
+    ids = 0.0 if frozen else 8.0 * local * (np.asarray(micro_batch) + (model.pos_embedding == "learned"))
+    norm = model.embed_norm * local * np.asarray(micro_batch) * _norm_bytes(model, dtype_bytes, norm_impl, frozen)
+    return _out(ids + norm)
+
+
 def model_saved_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, dtype_bytes: int = 4,
                                  attn_impl: str = "flash", norm_impl: str = "composite",
                                  recompute: str = "none", lora_rank: int = 0,
@@ -390,10 +401,8 @@ def model_saved_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: in
     per_layer = saved_activation_bytes_per_layer(model, seq_len, micro_batch, recompute=recompute, **kw)
     lora = lora_rank > 0
     first_norm = seq_len * micro_batch * _norm_bytes(model, dtype_bytes, norm_impl, True) if lora else 0.0
-    # int64 token ids (b·s) and, for a learned position table, its position ids (s), saved by trainable embeddings
-    ids = 0 if lora else 8 * seq_len * (micro_batch + (model.pos_embedding == "learned"))
-    embed_norm = model.embed_norm * seq_len * micro_batch * _norm_bytes(model, dtype_bytes, norm_impl, lora)
-    return float(ids + rope_table_bytes(model, seq_len, dtype_bytes) + embed_norm + model.layers * per_layer - first_norm
+    return float(embedding_saved_bytes(model, seq_len, micro_batch, 1, dtype_bytes, norm_impl, lora)
+                 + rope_table_bytes(model, seq_len, dtype_bytes) + model.layers * per_layer - first_norm
                  + head_saved_bytes(model, seq_len, micro_batch, dtype_bytes=dtype_bytes, norm_impl=norm_impl,
                                     frozen=lora))
 
@@ -437,12 +446,8 @@ def activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, stag
     one_layer = np.asarray(saved_activation_bytes_per_layer(model, training.seq_len, L.micro_batch, **kw))
     work = np.where(L.recompute == "none", 0.0,
                     np.maximum(one_layer - np.where(L.recompute == "full", 0.0, per_layer), 0.0))
-    ids = 0 if training.finetune != "full" else (8 * training.seq_len * (L.micro_batch + (model.pos_embedding == "learned"))
-                                                 / np.asarray(L.cp, dtype=float))
-    # BLOOM's embedding LayerNorm saves for backward like a block norm (its input and statistics), per local token
-    embed_norm = (model.embed_norm * training.seq_len * L.micro_batch / np.asarray(L.cp, dtype=float)
-                  * _norm_bytes(model, d, norm_impl, training.finetune != "full"))
-    first_extra = ids + rope_table_bytes(model, training.seq_len, d) + embed_norm
+    first_extra = (embedding_saved_bytes(model, training.seq_len, L.micro_batch, L.cp, d, norm_impl,
+                                         training.finetune != "full") + rope_table_bytes(model, training.seq_len, d))
     return _out(stored + work + (first_extra * inflight if stage == "first" else 0.0))
 
 
