@@ -35,18 +35,18 @@ class Efficiency:
     """Fractions of peak and overlap factors; SI units where a unit applies."""
 
     # The class defaults are the A100 generation's fit (``python -m trainplan.published.fit --fit``: scipy least squares
-    # on log errors, each table weighted equally, within validate.FIT_BOUNDS, on the 26 in-scope throughput rows of
-    # Narayanan 2021 T1, Korthikanti 2022 T3/5 and torchtitan docs/performance.md 64×A100), rounded; comm_bw_eff, which
+    # on log errors, each table weighted equally, within validate.FIT_BOUNDS, on the 32 in-scope throughput rows of
+    # Narayanan 2021 T1 and T2 (PTD-P rows), Korthikanti 2022 T3/5 and torchtitan docs/performance.md 64×A100), rounded; comm_bw_eff, which
     # the A100 fit also fits, keeps the H100 value below. Each GPU
     # generation has its own fit in trainplan/data/efficiency_fits.json (values, standard errors, the tables it was
     # fitted on, leave-one-table-out errors); ``Efficiency.for_gpu(gpu)`` returns it, and that is what the planner
     # uses. half_dim is weakly identified on A100 (the objective is flat between ~1 and ~40).
-    gemm_eff_max: float = 0.775  # [F]
+    gemm_eff_max: float = 0.754  # [F]
     # Shape-aware GEMM efficiency = gemm_eff_max · d/(d + half) with d the smallest GEMM dimension; it bites
     # on the head-dim (96–160) batched GEMMs of materialised attention.
-    gemm_eff_half_dim: float = 8.4  # [F]
+    gemm_eff_half_dim: float = 9.9  # [F]
     # Flash attention fwd+bwd fraction of peak; inside FA2's 34% (H100) – 73% (A100) (Dao 2023 §4.1).
-    attn_eff: float = 0.548  # [F]
+    attn_eff: float = 0.636  # [F]
     # Flash attention efficiency rises with the work of one query row against the keys of one call, w = keys × head_dim
     # (seq_len/cp × head_dim): attn_eff · w/(w + attn_eff_half_work), the long-sequence ceiling being attn_eff (the
     # fixed cost of each query tile — loading Q, the last rescale, writing O — and the half-masked diagonal tiles of
@@ -54,7 +54,7 @@ class Efficiency:
     # are all at 8k) [F on H100].
     attn_eff_half_work: float = 0.0
     # Fraction of HBM bandwidth reached by elementwise/norm/loss kernels (eager ops: small, many, strided).
-    membound_eff: float = 0.540  # [F]
+    membound_eff: float = 0.558  # [F]
     # GPU time lost per kernel (launch gap, ramp-up and the last partial wave) [I: ~3 µs; the open tables, all
     # ≥ 1.7B parameters, cannot identify it: the H100 fit moves by < 0.1% between 0 and 8 µs]. Multiplied by the
     # kernels one block launches per pass, which the kernel class sets (timing.KERNELS_PER_BLOCK: eager 40 ≫

@@ -86,7 +86,7 @@ def fa2_half_work_fit() -> dict[str, Any]:
 # class value [I]: every open H100 TP row runs with TP overlap, where it trades against ``tp_async_overlap``
 # (fitted there: 0.89 ± 0.08, and the held-out FSDP/ZeRO bias fell to −8%; docs/timing-model.md §7.5, §7.8).
 GEN_FIT: dict[str, dict[str, Any]] = {
-    "a100": {"tables": ("megatron2021_t1", "korthikanti2022_t3_5", "torchtitan_a100"),
+    "a100": {"tables": ("megatron2021_t1", "narayanan2021_t2", "korthikanti2022_t3_5", "torchtitan_a100"),
              "params": ("gemm_eff_max", "gemm_eff_half_dim", "attn_eff", "membound_eff", "comm_bw_eff"), "fixed": {}},
     "h100": {"tables": ("torchtitan_h100", "torchtitan_asynctp_h100", "megatron2024_h100", "llama3_405b_h100"),
              "params": ("gemm_eff_max", "attn_eff", "tp_async_overlap", "fp8_gemm_eff_tensorwise",

@@ -23,10 +23,10 @@ from trainplan.model.layout import Layout, layout_problems
 from trainplan.model.training import TrainingSpec
 from trainplan.published.intervals import family_class  # noqa: F401  (re-exported)
 
-TABLES = ("megatron2021_t1", "korthikanti2022_t3_5", "torchtitan_a100", "torchtitan_h100", "torchtitan_asynctp_h100",
+TABLES = ("megatron2021_t1", "narayanan2021_t2", "korthikanti2022_t3_5", "torchtitan_a100", "torchtitan_h100", "torchtitan_asynctp_h100",
           "megatron2024_h100", "llama3_405b_h100", "nemo2407_h100", "nemo_longseq_h100")
 # The GPU generation each table ran on: its rows are predicted with (and fit) that generation's Efficiency.
-TABLE_GENERATION = {"megatron2021_t1": "a100", "korthikanti2022_t3_5": "a100", "torchtitan_a100": "a100",
+TABLE_GENERATION = {"megatron2021_t1": "a100", "narayanan2021_t2": "a100", "korthikanti2022_t3_5": "a100", "torchtitan_a100": "a100",
                     "torchtitan_h100": "h100", "torchtitan_asynctp_h100": "h100", "megatron2024_h100": "h100",
                     "llama3_405b_h100": "h100", "nemo2407_h100": "h100", "nemo_longseq_h100": "h100"}
 # Tables no fit ever sees: NeMo's Transformer Engine FP8 runs (a recipe the torchao-fitted FP8 efficiency does not
@@ -132,6 +132,46 @@ def megatron2021_t1(eff: Efficiency) -> list[dict]:
         f = flops.narayanan_flops_per_iteration(t.global_batch, GPT_SEQ, m.layers, m.hidden, GPT_VOCAB)
         rows.append(_predict("megatron2021_t1", f"{r.params_billion}B {lay.describe()}", "tflops_per_gpu",
                              r.tflops_per_gpu, m, c, t, lay, eff,
+                             convert=lambda tim, f=f, c=c: f / (tim["step_time_s"] * c.n_gpus) / 1e12))
+    return rows
+
+
+# Narayanan 2021 Table 2 (§5.2): PTD-P against DeepSpeed's ZeRO-3 without model parallelism, same global batch,
+# GPT-3 175B (Brown 2020, Table 2.1: 96 layers, d_model 12,288, 96 heads; our count 174.6B = the table's) and the
+# 530B model of Table 1 (read from that table). Not stated [I]: PTD-P's model-parallel size is TP8 (one node, as every
+# Table 1 row with ≥ 8-way model parallelism) × the rest in PP, 1F1B, micro-batch 1 (Table 1's); full recompute for
+# both schemes (the paper's TFLOP/s formula counts it). The ZeRO-3 rows are shown and left out of the MAPE: their step
+# time stays constant as the GPU count doubles at a fixed batch (144 → 88 → 44 TFLOP/s per GPU), i.e. DeepSpeed
+# 2021's ZeRO-3 collectives reached ~16 GB/s per GPU, a tenth of NCCL's multi-rail bus bandwidth that the FSDP term
+# models (docs/timing-model.md §7.8); that framework's communication is not modelled.
+T2_GPT3_175B = (96, 12288, 96)
+
+
+def narayanan2021_t2(eff: Efficiency) -> list[dict]:
+    """Narayanan 2021 Table 2: PTD-P (scored) vs DeepSpeed ZeRO-3 (shown, out of scope), TFLOP/s per GPU."""
+    rows = []
+    a100 = resolve_gpu("a100-80gb")
+    t1 = load_table("megatron_narayanan2021_table1_weak_scaling_A100.csv").set_index("params_billion")
+    for r in load_table("megatron_narayanan2021_table2_zero3_vs_ptd_A100.csv").itertuples():
+        if r.params_billion in t1.index:
+            s = t1.loc[r.params_billion]
+            layers, hidden, heads = int(s.num_layers), int(s.hidden_size), int(s.attention_heads)
+        else:
+            layers, hidden, heads = T2_GPT3_175B
+        m = _gpt(layers, hidden, heads, f"gpt-{r.params_billion}B")
+        c = _cluster(r.num_gpus, a100, A100_INTRA_BUSBW_Bps, HDR_RAIL_BUSBW_Bps)
+        t = TrainingSpec(seq_len=GPT_SEQ, global_batch=int(r.global_batch_size), **MEGATRON_KERNELS)
+        zero3 = r.scheme == "ZeRO-3"
+        if zero3:
+            lay = Layout(dp=int(r.num_gpus), sharding="zero3", recompute="full", micro_batch=int(r.microbatch_size))
+        else:
+            tp = 8
+            lay = Layout(dp=int(r.num_gpus) // int(r.model_parallel_size), tp=tp, pp=int(r.model_parallel_size) // tp,
+                         sharding="none", recompute="full", micro_batch=int(r.microbatch_size))
+        f = flops.narayanan_flops_per_iteration(t.global_batch, GPT_SEQ, m.layers, m.hidden, GPT_VOCAB)
+        rows.append(_predict("narayanan2021_t2", f"{r.scheme} {r.params_billion}B {lay.describe()}", "tflops_per_gpu",
+                             r.tflops_per_gpu, m, c, t, lay, eff, in_mape=not zero3,
+                             extra="DeepSpeed 2021 ZeRO-3 communication: not modelled" if zero3 else "",
                              convert=lambda tim, f=f, c=c: f / (tim["step_time_s"] * c.n_gpus) / 1e12))
     return rows
 
@@ -424,7 +464,8 @@ def validate_all(eff: Efficiency | dict[str, Efficiency] | None = None, *, h100_
     e = _effs(eff)
     peak = _tt_peak(h100_peak_flops)
     a, h = e["a100"], e["h100"]
-    fns = {"megatron2021_t1": lambda: megatron2021_t1(a), "korthikanti2022_t3_5": lambda: korthikanti2022_t3_5(a),
+    fns = {"megatron2021_t1": lambda: megatron2021_t1(a), "narayanan2021_t2": lambda: narayanan2021_t2(a),
+           "korthikanti2022_t3_5": lambda: korthikanti2022_t3_5(a),
            "torchtitan_h100": lambda: torchtitan_h100(h, peak),
            "torchtitan_a100": lambda: torchtitan_a100(a, peak, h),
            "torchtitan_asynctp_h100": lambda: torchtitan_asynctp_h100(h, peak),

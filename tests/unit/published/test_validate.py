@@ -98,8 +98,8 @@ def test_compile_speedup_matches_torchtitan(rows):
     t1 = tps[tps["row"].str.startswith("T1 ")]
     eager, compiled = t1[t1["kernels"] == "eager"].iloc[0], t1[t1["kernels"] == "compiled"].iloc[0]
     measured = compiled["published"] / eager["published"]  # 6667 / 5762 = 1.157
-    predicted = compiled["predicted"] / eager["predicted"]  # 1.220: +5.5% (membound_eff 0.54, the A100 fit's)
-    assert abs(predicted / measured - 1) <= 0.06, (predicted, measured)
+    predicted = compiled["predicted"] / eager["predicted"]  # 1.214: +4.9%
+    assert abs(predicted / measured - 1) <= 0.05, (predicted, measured)
 
 
 def test_async_tp_speedup_matches_the_published_pairs(rows):
@@ -130,16 +130,18 @@ def test_shipped_fits_are_the_documented_fit():
 
 
 # Leave one table out per generation (the fit without the table predicts it), shipped in efficiency_fits.json.
-# Reached: A100 Megatron 4.2%, Korthikanti 6.1%, torchtitan A100 10.7%; H100 torchtitan 7.9%, async TP 6.1%,
-# Megatron 2024 6.9%, Llama 3 405B 3.4% (issue target: 10% per table; met on H100).
-HELDOUT_MAPE_TOL_PCT = {"megatron2021_t1": 5.0, "korthikanti2022_t3_5": 6.5, "torchtitan_a100": 11.0,
-                        "torchtitan_h100": 8.25, "torchtitan_asynctp_h100": 7.0, "megatron2024_h100": 7.5,
-                        "llama3_405b_h100": 4.0}
-# Worst held-out row: H100 19.3% (torchtitan table, Llama 3.1 8B float8 CP8 at 262k, over-predicted), A100 18.7%
-# (torchtitan Llama-2-70B). The issue's target is 20%: met.
+# Reached: A100 Megatron 2021 T1 3.4%, T2 (PTD-P) 5.2%, Korthikanti 7.1%, torchtitan A100 2.3%; H100 torchtitan
+# 7.8%, async TP 6.4%, Megatron 2024 7.0%, Llama 3 405B 3.4% (issue target: 10% per table; met on both).
+HELDOUT_MAPE_TOL_PCT = {"megatron2021_t1": 4.0, "narayanan2021_t2": 6.0, "korthikanti2022_t3_5": 7.5,
+                        "torchtitan_a100": 3.0, "torchtitan_h100": 8.25, "torchtitan_asynctp_h100": 7.0,
+                        "megatron2024_h100": 7.5, "llama3_405b_h100": 4.0}
+# Worst held-out row: H100 19.6% (torchtitan table, Llama 3.1 8B float8 CP8 at 262k, over-predicted), A100 13.6%
+# (Korthikanti 530B full recompute). The issue's target is 20%: met.
 HELDOUT_WORST_ROW_TOL_PCT = 20.0
-# H100 held-out bias per family class: CP +5.6, FSDP/ZeRO −4.1, PP −3.7, TP +2.4 (issue: ±5; CP misses by 0.6)
-FAMILY_BIAS_TOL_PCT = {"CP": 6.0, "FSDP/ZeRO": 4.5, "PP": 4.25, "TP": 3.0}
+# Held-out bias per family class: H100 CP +5.7, FSDP/ZeRO −3.7, PP −3.8, TP +2.5 (issue: ±5; CP misses by 0.7);
+# A100 FSDP/ZeRO +2.1, PP +4.8, TP −4.6 (met)
+FAMILY_BIAS_TOL_PCT = {"h100": {"CP": 6.0, "FSDP/ZeRO": 4.0, "PP": 4.25, "TP": 3.0},
+                       "a100": {"FSDP/ZeRO": 2.5, "PP": 5.0, "TP": 5.0}}
 
 
 def _heldout_frame():
@@ -158,8 +160,8 @@ def test_heldout_errors_per_table_and_family():
         assert g["err_pct"].abs().mean() <= HELDOUT_MAPE_TOL_PCT[table], table
     assert h["err_pct"].abs().max() <= HELDOUT_WORST_ROW_TOL_PCT
     fam = family_bias(h.assign(in_mape=True))
-    for r in fam[fam["generation"] == "h100"].itertuples():
-        assert abs(r.bias_pct) <= FAMILY_BIAS_TOL_PCT[r.family], r
+    for r in fam.itertuples():
+        assert abs(r.bias_pct) <= FAMILY_BIAS_TOL_PCT[r.generation][r.family], r
 
 
 def test_interval_from_heldout_errors_covers_heldout_rows():
@@ -228,8 +230,7 @@ def test_fixed_attention_half_work_is_the_fit_of_the_cited_fa2_speeds():
 
 def test_heldout_checks_report_each_target_with_its_worst_case():
     """The verdict `trainplan validate --heldout` prints, on the shipped held-out rows: H100 meets every target but
-    the CP family bias (+5.6% against ±5%); A100's FSDP/ZeRO bias (+9.9%: eager torchtitan rows predicted from a fit
-    on Megatron's tables alone) and PP bias (+5.5%) miss too, its table MAPE has no target. The checks are not vacuous (a table 30%
+    the CP family bias (+5.7% against ±5%); A100 meets its bias and row targets (its table MAPE has no target), its table MAPE has no target. The checks are not vacuous (a table 30%
     off fails all but coverage)."""
     import pandas as pd
 
@@ -241,13 +242,11 @@ def test_heldout_checks_report_each_target_with_its_worst_case():
     assert bool(h100.loc["held-out MAPE of every table", "met"]) and bool(h100.loc["every held-out row", "met"])
     assert bool(h100.loc["p10–p90 interval coverage", "met"])
     bias = h100.loc["bias of every family class"]
-    assert (bias["met"], bias["worst"], bias["measured"]) == (False, "CP", "+5.6%")
+    assert (bias["met"], bias["worst"], bias["measured"]) == (False, "CP", "+5.7%")
     a100 = c.loc["a100"]
     assert a100.loc["held-out MAPE of every table", "met"] is None
-    assert (a100.loc["bias of every family class", "worst"], a100.loc["bias of every family class", "met"]) == (
-        "FSDP/ZeRO", False)
-    a100_bias = family_bias(h[h["generation"] == "a100"]).set_index("family")["bias_pct"]
-    assert a100_bias["FSDP/ZeRO"] > 5 and a100_bias["PP"] > 5 and abs(a100_bias["TP"]) <= 5
+    assert bool(a100.loc["bias of every family class", "met"]) and bool(a100.loc["every held-out row", "met"])
+    assert a100.loc["bias of every family class", "worst"] == "PP"
     bad = pd.DataFrame({"generation": "h100", "table": "t", "row": [f"r{i}" for i in range(8)], "family": "TP",
                         "metric": "tokens_per_s_per_gpu", "in_mape": True, "published": 100.0,
                         "predicted": [130.0, 131, 129, 130.5, 129.5, 130.2, 129.8, 130.1]})
@@ -270,3 +269,17 @@ def test_fit_starts_fixed_and_holds_unidentified_parameters_at_their_prior():
     assert full["values"]["attn_eff"] != FIT_PRIOR["a100"]["attn_eff"] and full["stderr"]["attn_eff"] > 0
     assert "comm_bw_eff" in GEN_FIT["a100"]["params"] and "comm_bw_eff" not in GEN_FIT["h100"]["params"]
     assert set(GEN_FIT["a100"]["params"]) | set(GEN_FIT["h100"]["params"]) <= set(FIT_START)
+
+
+def test_narayanan_table2_scores_ptd_and_shows_zero3_out_of_scope(rows):
+    """Narayanan 2021 Table 2: the PTD-P rows are scored (an A100 fit table); DeepSpeed 2021's ZeRO-3 rows are shown
+    with their error and a reason, not scored: their step time is flat as the GPUs double at a fixed batch, which no
+    NCCL bus-bandwidth model gives (the model over-predicts them several-fold; docs/timing-model.md §7.8). The two
+    model sizes are the table's own (GPT-3 175B's shape, the 530B row of Table 1)."""
+    d = rows[rows["table"] == "narayanan2021_t2"]
+    assert len(d) == 12
+    ptd, z3 = d[d["row"].str.startswith("PTD")], d[d["row"].str.startswith("ZeRO-3")]
+    assert ptd["in_mape"].all() and (ptd["family"] == "PP").all() and ptd["err_pct"].abs().max() < 10
+    assert not z3["in_mape"].any() and z3["note"].str.contains("not modelled").all() and (z3["err_pct"] > 40).all()
+    for size in (174.6, 529.6):
+        assert d[d["row"].str.contains(f"{size}B")]["params_b"].sub(size).abs().max() < 0.05
