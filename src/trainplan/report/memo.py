@@ -43,8 +43,8 @@ SOURCE_LABELS = {
     "gpu-proxies": "GPU proxy runs (efficiencies as fractions of peak; device named in the calibration notes)",
     "published-open-set": ("the Efficiency fitted on the open published runs of the study's GPU generation (H100: "
                            "torchtitan H100 and async TP, Megatron-Core 2024, Llama 3 405B; A100: Narayanan 2021 "
-                           "T1, Korthikanti 2022 T3/5, torchtitan 64×A100; docs/timing-model.md §7), with intervals "
-                           "from their leave-one-table-out errors; not this cluster"),
+                           "T1 and T2, Korthikanti 2022 T3/5, torchtitan 64×A100; docs/timing-model.md §7), with "
+                           "intervals from their leave-one-table-out errors; not this cluster"),
     "published-h100": "published H100 measurements (bundled data/, cited), not this cluster",
     "defaults": "uncalibrated defaults (no measurements)",
 }
