@@ -23,10 +23,11 @@ from trainplan.model.layout import Layout, layout_problems
 from trainplan.model.training import TrainingSpec
 from trainplan.published.intervals import family_class  # noqa: F401  (re-exported)
 
-TABLES = ("megatron2021_t1", "narayanan2021_t2", "korthikanti2022_t3_5", "torchtitan_a100", "torchtitan_h100", "torchtitan_asynctp_h100",
-          "megatron2024_h100", "llama3_405b_h100", "nemo2407_h100", "nemo_longseq_h100")
+TABLES = ("megatron2021_t1", "narayanan2021_t2", "korthikanti2022_t3_5", "torchtitan_a100", "torchtitan_h100",
+          "torchtitan_asynctp_h100", "megatron2024_h100", "llama3_405b_h100", "nemo2407_h100", "nemo_longseq_h100")
 # The GPU generation each table ran on: its rows are predicted with (and fit) that generation's Efficiency.
-TABLE_GENERATION = {"megatron2021_t1": "a100", "narayanan2021_t2": "a100", "korthikanti2022_t3_5": "a100", "torchtitan_a100": "a100",
+TABLE_GENERATION = {"megatron2021_t1": "a100", "narayanan2021_t2": "a100", "korthikanti2022_t3_5": "a100",
+                    "torchtitan_a100": "a100",
                     "torchtitan_h100": "h100", "torchtitan_asynctp_h100": "h100", "megatron2024_h100": "h100",
                     "llama3_405b_h100": "h100", "nemo2407_h100": "h100", "nemo_longseq_h100": "h100"}
 # Tables no fit ever sees: NeMo's Transformer Engine FP8 runs (a recipe the torchao-fitted FP8 efficiency does not
