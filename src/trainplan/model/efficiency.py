@@ -39,7 +39,8 @@ class Efficiency:
     # Narayanan 2021 T1 and T2 (PTD-P rows), Korthikanti 2022 T3/5 and torchtitan docs/performance.md 64×A100),
     # rounded; comm_bw_eff, which the A100 fit also fits, keeps the H100 value below. Each GPU generation has its own
     # fit in trainplan/data/efficiency_fits.json (values, standard errors, the tables it was fitted on,
-    # leave-one-table-out errors); ``Efficiency.for_gpu(gpu)`` returns it, and that is what the planner uses. half_dim is weakly identified on A100 (the objective is flat between ~1 and ~40).
+    # leave-one-table-out errors); ``Efficiency.for_gpu(gpu)`` returns it, and that is what the planner uses.
+    # half_dim is weakly identified on A100 (± 79 around 9.9).
     gemm_eff_max: float = 0.754  # [F]
     # Shape-aware GEMM efficiency = gemm_eff_max · d/(d + half) with d the smallest GEMM dimension; it bites
     # on the head-dim (96–160) batched GEMMs of materialised attention.
