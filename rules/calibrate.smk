@@ -4,6 +4,7 @@ rule calibrate:
         records=f"{R}/proxies/records.csv",
         published=PUBLISHED,
         gpu_records=GPU_RECORDS,
+        gpu_check=GPU_CHECK,
     output:
         calibration=f"{R}/calibration/calibration.json",
         heldout=f"{R}/calibration/heldout.csv",

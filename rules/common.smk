@@ -37,6 +37,17 @@ GPU_RECORDS = sorted(
     ).glob("*.json")
 )
 
+# GPU proxy records the memo checks the shipped fit against (never fitted): inputs of calibrate too.
+# null: no check (the schema's default directory when the key is absent).
+_GPU_CHECK_DIR = config.get("calibration", {}).get(
+    "gpu_check_dir", "data/calibration/h200-2026-12-04"
+)
+GPU_CHECK = (
+    sorted(str(p) for p in Path(_GPU_CHECK_DIR).glob("*.json"))
+    if _GPU_CHECK_DIR
+    else []
+)
+
 
 def cfg(rule):
     """The config slice a rule depends on (its params, hence its provenance hash and rerun trigger)."""

@@ -105,6 +105,10 @@ def _resolve(value: str, res: Path, raw: dict) -> str | list[str]:
     if value == "<GPU_RECORDS>":
         d = Path(raw.get("calibration", {}).get("gpu_records_dir") or "data/calibration/gpu")
         return sorted(str(p) for p in (d if d.is_absolute() else ROOT / d).glob("*.json"))
+    if value == "<GPU_CHECK>":  # rules/common.smk: GPU_CHECK (no directory configured: none)
+        c = raw.get("calibration", {}).get("gpu_check_dir")
+        d = Path(c) if c else None
+        return sorted(str(p) for p in (d if d.is_absolute() else ROOT / d).glob("*.json")) if d else []
     if value == "<benchmark_files>":  # rules/common.smk: benchmark_files
         ids = [p["id"] for p in json.loads((res / "proxies/proxy_set.json").read_text())["proxies"]]
         return [f"results/benchmarks/{r}.tsv" for r in smk_constant("BENCHMARKED")] + [

@@ -4,7 +4,7 @@ Used by ``scripts/diff_results.py`` (rerun the deterministic stages on another r
 ``tests/integration/test_stage_inputs.py`` (each stage runs with only its declared inputs present). A value is
 one of: an f-string under the results dir (``f"{R}/analytic/summary.json"``), a plain path string, or one of the
 input functions / lists of ``rules/common.smk`` (``proxy_records``, ``benchmark_files``, ``PUBLISHED``,
-``GPU_RECORDS``), returned as that name in angle brackets (``"<proxy_records>"``)."""
+``GPU_RECORDS``, ``GPU_CHECK``), returned as that name in angle brackets (``"<proxy_records>"``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ _SECTION = re.compile(r"^    (\w+):\s*$")
 _KEY = re.compile(r"^        (\w+)=(.*)$")
 _FSTR = re.compile(r'f"\{R\}/([^"]+)"')
 _STR = re.compile(r'^"([^"]+)"')
-_NAMES = ("proxy_records", "benchmark_files", "PUBLISHED", "GPU_RECORDS")
+_NAMES = ("proxy_records", "benchmark_files", "PUBLISHED", "GPU_RECORDS", "GPU_CHECK")
 
 
 def _value(text: str) -> str | None:

@@ -98,13 +98,20 @@ def _parser() -> argparse.ArgumentParser:
                          "default), compiled (torch.compile), fused (Megatron / Transformer Engine)")
     es.add_argument("--attn-impl", default="flash", choices=("flash", "math"),
                     help="attention core, as training.attn_impl: flash (default) or math (materialised scores)")
+    es.add_argument("--attn-kernel", default="fa2", choices=("fa2", "cudnn"),
+                    help="flash kernel, as training.attn_kernel: fa2 (FlashAttention-2, default) or cudnn (cuDNN "
+                         "attention, measured 1.70x FA2 on an H200; H100/H200 only)")
     es.add_argument("--json", action="store_true", help="print the estimate as JSON")
     va = sub.add_parser("validate", help="predicted vs published tables, MAPE per table", formatter_class=raw,
                         epilog="example:\n  trainplan validate --csv validation.csv\n  trainplan validate --heldout\n"
-                               "  trainplan validate --h100-peak-tflops 835")
+                               "  trainplan validate --h100-peak-tflops 835\n"
+                               "  trainplan validate --gpu-records data/calibration/h200-2026-12-04")
     va.add_argument("--csv", help="also write the comparison rows to this CSV")
     va.add_argument("--heldout", action="store_true",
                     help="leave one published table out: refit the Efficiency on the others, predict it")
+    va.add_argument("--gpu-records", metavar="DIR", default=None,
+                    help="predict the GPU proxy RECORDs in DIR (scripts/device_proxies.sh output, e.g. "
+                         "data/calibration/h200-2026-12-04) with the shipped fit, nothing fitted on them")
     va.add_argument("--h100-peak-tflops", type=float, default=None,
                     help="peak BF16 TFLOP/s for torchtitan's 96 GB / 500 W H100s (default 989, the SXM spec; "
                          "torchtitan puts it between NVL 835 and SXM 989)")

@@ -67,6 +67,10 @@ def _resolve(value: str, study: Path, raw: dict, wildcards: dict | None = None) 
         from trainplan import pkgdata
 
         return sorted(str(p) for p in pkgdata.path(pkgdata.DATA).glob("*.csv"))
+    if value == "<GPU_CHECK>":
+        c = raw.get("calibration", {}).get("gpu_check_dir")
+        d = Path(c) if c else None
+        return sorted(str(p) for p in (d if d.is_absolute() else ROOT / d).glob("*.json")) if d else []
     if value == "<GPU_RECORDS>":
         d = Path(raw.get("calibration", {}).get("gpu_records_dir") or "data/calibration/gpu")
         return sorted(str(p) for p in (d if d.is_absolute() else ROOT / d).glob("*.json"))

@@ -29,9 +29,10 @@ import pandas as pd
 from trainplan.calibration.fitting import FitResult, fit_curve, fit_efficiency
 from trainplan.model.arch import ModelSpec
 from trainplan.model.base import ConfigError
+from trainplan.model.efficiency import Efficiency
 from trainplan.model.hardware import GPUS, ClusterSpec
 from trainplan.model.layout import Layout
-from trainplan.model.memory import memory_breakdown
+from trainplan.model.memory import memory_breakdown, reserved_bytes
 from trainplan.model.timing import step_time
 from trainplan.model.training import TrainingSpec
 from trainplan.proxy.aggregate import aggregate
@@ -97,7 +98,7 @@ def record_specs(row: Any) -> tuple[ModelSpec, ClusterSpec, TrainingSpec, Layout
     """ModelSpec, ClusterSpec (nnodes × the record's GPUs), TrainingSpec, Layout of one record, and notes.
 
     The TrainingSpec says what the harness runs: eager kernels (``compiled`` with ``compile``), SDPA flash
-    attention, its save-every-matmul SAC policy (``sac_policy='matmul'``) and DTensor SP (``sp_impl='pytorch'``).
+    attention (the kernel the record's FLOP counter saw: :func:`record_attn_kernel`), its save-every-matmul SAC policy (``sac_policy='matmul'``) and DTensor SP (``sp_impl='pytorch'``).
     """
     model, layout = _model(row), _layout(row)
     key, note = gpu_for_device(_get(row, "gpu_name"))
@@ -111,8 +112,16 @@ def record_specs(row: Any) -> tuple[ModelSpec, ClusterSpec, TrainingSpec, Layout
                             finetune=finetune, lora_rank=int(_get(row, "lora_rank", 16) or 16),
                             lora_targets=tuple(t for t in targets.split(",") if t) or ("q", "k", "v", "o"),
                             kernels="compiled" if str(_get(row, "compile", False)).lower() in ("true", "1")
-                            else "eager", attn_impl="flash", sac_policy="matmul", sp_impl="pytorch")
+                            else "eager", attn_impl="flash", sac_policy="matmul", sp_impl="pytorch",
+                            attn_kernel=record_attn_kernel(row, cluster))
     return model, cluster, training, layout, [note] if note else []
+
+
+def record_attn_kernel(row: Any, cluster: ClusterSpec) -> str:
+    """The flash kernel a record ran (``attn_kernel`` from proxy.aggregate: cuDNN's or FlashAttention-2), as a
+    ``training.attn_kernel``; ``fa2`` when unrecorded or off Hopper (cuDNN's rate was measured on Hopper only)."""
+    k = str(_get(row, "attn_kernel", "") or "")
+    return "cudnn" if k == "cudnn" and cluster.gpu.generation == "h100" else "fa2"
 
 
 def _step_time_s(specs: tuple[ModelSpec, ClusterSpec, TrainingSpec, Layout], eff: Any) -> float:
@@ -374,3 +383,57 @@ def calibrate_gpu(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any]) -> tupl
             "throughput_rel_errors": [float(v) for v in t["throughput_rel_errors"]],
             "samples": t["samples"], "bootstrap": t["bootstrap"], "memory": mem, "notes": notes,
             "n": int(len(gpu))}, ""
+
+
+# ------------------------------------------------------------------------------------------ check
+def precision_regime(row: Any) -> str:
+    """How the harness ran bf16, as ``proxy.run`` decides it: ``autocast`` over fp32 parameters when nothing is
+    sharded or there is one data-parallel rank (no FSDP is applied then: a bf16 copy of each weight is made, and
+    saved for backward, per micro-batch), else FSDP2's ``MixedPrecisionPolicy`` (bf16 parameters all-gathered,
+    fp32 reduction); ``fp32`` without bf16."""
+    if str(_get(row, "dtype", "bf16")) != "bf16":
+        return "fp32"
+    lay = _layout(row)
+    return "autocast" if lay.sharding == "none" or lay.dp == 1 else "fsdp2-mp"
+
+
+def check_gpu_records(records: pd.DataFrame) -> pd.DataFrame:
+    """Each ok CUDA record predicted by the *shipped* fit of its GPU's generation (nothing fitted on the records).
+
+    One row per record: the step time and ``torch.cuda.max_memory_reserved`` measured and predicted, the
+    throughput error (predicted/measured − 1 of tokens/s, so + means the model is optimistic), the reserved-memory
+    error (predicted/measured − 1), and the precision regime the harness ran (:func:`precision_regime`).
+    The committed H200 records (``data/calibration/h200-2026-12-04``) are checked this way by
+    ``trainplan validate --gpu-records``; docs/timing-model.md §7.9 reads the result.
+    """
+    gpu = gpu_records(records)
+    rows = []
+    for _, r in gpu.iterrows():
+        model, cluster, training, layout, _ = record_specs(r)
+        eff = Efficiency.for_gpu(cluster.gpu)
+        t_pred = float(step_time(model, cluster, training, layout, eff)["step_time_s"])
+        t_meas = float(r["step_time_median_s"])
+        res_meas = float(pd.to_numeric(_get(r, "cuda_max_reserved_bytes", math.nan), errors="coerce") or math.nan)
+        res_pred = float(reserved_bytes(memory_breakdown(model, cluster, training, layout, eff), eff))
+        rows.append({"id": str(_get(r, "id")), "family": str(_get(r, "family", "")), "gpu": cluster.gpu.name,
+                     "generation": cluster.gpu.generation, "regime": precision_regime(r),
+                     "attn_kernel": training.attn_kernel,
+                     "layers": model.layers, "hidden": model.hidden, "seq_len": training.seq_len,
+                     "global_batch": training.global_batch, "step_time_measured_s": t_meas,
+                     "step_time_predicted_s": t_pred, "throughput_err": t_meas / t_pred - 1.0,
+                     "reserved_measured_bytes": res_meas, "reserved_predicted_bytes": res_pred,
+                     "reserved_err": res_pred / res_meas - 1.0 if res_meas > 0 else math.nan})
+    return pd.DataFrame(rows)
+
+
+def summarize_gpu_check(check: pd.DataFrame) -> pd.DataFrame:
+    """MAPE, bias and worst error (fractions) of throughput and reserved memory, for all records and per family."""
+    out = []
+    groups = [("all", check)] + [(f, g) for f, g in check.groupby("family", sort=True)]
+    for name, g in groups:
+        t, m = g["throughput_err"].to_numpy(float), g["reserved_err"].dropna().to_numpy(float)
+        out.append({"family": name, "n": len(g), "throughput_mape": float(np.mean(np.abs(t))),
+                    "throughput_bias": float(np.mean(t)), "throughput_worst": float(t[np.argmax(np.abs(t))]),
+                    "reserved_mape": float(np.mean(np.abs(m))) if len(m) else math.nan,
+                    "reserved_bias": float(np.mean(m)) if len(m) else math.nan})
+    return pd.DataFrame(out)

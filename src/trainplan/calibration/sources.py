@@ -8,7 +8,9 @@ FLOPs, communication volume), never H100 time.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,7 +22,7 @@ from trainplan.calibration.fitting import (
     fit_efficiency,
     relative_errors,
 )
-from trainplan.calibration.gpu import calibrate_gpu, load_gpu_records
+from trainplan.calibration.gpu import calibrate_gpu, check_gpu_records, load_gpu_records, summarize_gpu_check
 from trainplan.model.efficiency import Efficiency, generation_fits
 from trainplan.published.fit import FIT_PARAMS, GEN_FIT, scored_rows, throughput_rel_errors
 from trainplan.published.intervals import heldout_errors_by_family  # noqa: F401  (re-exported)
@@ -237,9 +239,34 @@ def stage_calibrate(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any],
         doc["efficiency_samples"] = extra["efficiency_samples"]
     if gpu is not None:
         _apply_gpu(doc, heldout, gpu, committed_files)
+    check = gpu_check(cfg.get("gpu_check_dir"), fitted_dirs=[cfg.get("gpu_records_dir")] if gpu is not None else [])
+    if check is not None:
+        doc["gpu_check"] = check
     doc["efficiency_sources"] = _efficiency_sources(eff, eff0, source, doc.get("source_detail"), gpu, baseline,
                                                     fit_params)
     return doc, heldout
+
+
+def gpu_check(directory: Any, fitted_dirs: Sequence[Any] = ()) -> dict[str, Any] | None:
+    """The memo's own-GPU check: the ok CUDA RECORDs in ``directory`` predicted by the shipped fit of their GPU's
+    generation (``calibration.gpu.check_gpu_records``), or None without a directory, without ok records, or when
+    the same directory was just fitted (``fitted_dirs``: then the check would not be one)."""
+    if not directory or not Path(str(directory)).is_dir():
+        return None
+    if any(d and Path(str(d)).resolve() == Path(str(directory)).resolve() for d in fitted_dirs):
+        return None
+    records, _ = load_gpu_records(directory)
+    check = check_gpu_records(records) if len(records) else pd.DataFrame()
+    if not len(check):
+        return None
+    env_file = Path(str(directory)) / "environment.json"
+    env = {}
+    if env_file.is_file():
+        e = json.loads(env_file.read_text())
+        env = {k: e.get(k) for k in ("torch_version", "cuda_version", "nccl_version", "device_names", "git_commit")}
+    return {"dir": str(directory), "n": int(len(check)), "environment": env,
+            "devices": sorted(set(check["gpu"])), "regimes": sorted(set(check["regime"])),
+            "records": check.to_dict(orient="records"), "summary": summarize_gpu_check(check).to_dict(orient="records")}
 
 
 def _apply_gpu(doc: dict[str, Any], heldout: pd.DataFrame, gpu: dict[str, Any], files: list[str]) -> None:

@@ -121,7 +121,8 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         raise ConfigError("gpus", args.gpus, f"must be a multiple of --gpus-per-node={args.gpus_per_node}")
     cluster = ClusterSpec(nodes=args.gpus // gpn, gpus_per_node=gpn, gpu=gpu)
     training = TrainingSpec(seq_len=args.seq_len, global_batch=args.global_batch, finetune=args.finetune,
-                            kernels=args.kernels, attn_impl=args.attn_impl, precision=args.precision)
+                            kernels=args.kernels, attn_impl=args.attn_impl, attn_kernel=args.attn_kernel,
+                            precision=args.precision)
     mp = args.tp * args.pp * args.cp
     if args.gpus % mp:
         raise ConfigError("layout", f"tp·pp·cp = {args.tp}·{args.pp}·{args.cp} = {mp}",

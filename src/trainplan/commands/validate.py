@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
+from trainplan.calibration.gpu import check_gpu_records, gpu_records, load_gpu_records, summarize_gpu_check
 from trainplan.commands.common import check_out_path, console, write_csv_arg
 from trainplan.model.base import ConfigError
 from trainplan.published.fit import (
@@ -27,6 +29,8 @@ def run(args: argparse.Namespace) -> int:
     t = args.h100_peak_tflops
     if t is not None and not (math.isfinite(t) and 0 < t <= 100_000):
         raise ConfigError("h100-peak-tflops", t, "a finite number of TFLOP/s in (0, 100000]")
+    if args.gpu_records is not None:
+        return print_gpu_check(args.gpu_records, args.csv)
     if args.heldout:
         return print_heldout(heldout_rows(), args.csv, never_fitted_rows())
     peak = None if args.h100_peak_tflops is None else args.h100_peak_tflops * 1e12
@@ -93,4 +97,37 @@ def print_heldout(rows: Any, csv: str | None, never: Any = None) -> int:
             e = g["err_pct"]
             n.add_row(table, fam, str(len(g)), f"{e.abs().mean():.1f}", f"{e.mean():+.1f}", f"{e.abs().max():.1f}")
         con.print(n)
+    return 0
+
+
+def print_gpu_check(directory: str, csv: str | None) -> int:
+    """Our own GPU proxy RECORDs predicted by the shipped fit of each record's GPU generation (none fitted on them):
+    step time and max reserved memory per record, then MAPE and bias per proxy family."""
+    if not Path(directory).is_dir():
+        raise ConfigError("gpu-records", directory, "a directory of GPU proxy RECORD JSONs (scripts/device_proxies.sh)")
+    records, files = load_gpu_records(directory)
+    if not len(gpu_records(records)):
+        raise ConfigError("gpu-records", directory,
+                          f"a directory holding ok CUDA proxy RECORDs ({len(files)} RECORD files, none ok on CUDA)")
+    check = check_gpu_records(records)
+    if csv:
+        write_csv_arg("csv", check, csv)
+    con = console()
+    t = Table(title=f"GPU proxy records in {directory}, predicted by the shipped fit (none fitted on them)")
+    for c in ("record", "family", "GPU", "bf16 via", "attention", "layers", "hidden", "seq", "step ms", "pred ms", "tok/s err %",
+              "reserved GiB", "pred GiB", "mem err %"):
+        t.add_column(c, justify="left" if c in ("record", "family", "GPU", "bf16 via", "attention") else "right")
+    for r in check.itertuples():
+        t.add_row(r.id, r.family, r.gpu, r.regime, r.attn_kernel, str(r.layers), str(r.hidden), str(r.seq_len),
+                  f"{r.step_time_measured_s * 1e3:.1f}", f"{r.step_time_predicted_s * 1e3:.1f}",
+                  f"{r.throughput_err * 100:+.1f}", f"{r.reserved_measured_bytes / 2**30:.2f}",
+                  f"{r.reserved_predicted_bytes / 2**30:.2f}", f"{r.reserved_err * 100:+.1f}")
+    con.print(t)
+    s = Table(title="Per proxy family (tokens/s error: + = the model is optimistic; memory: predicted/measured − 1)")
+    for c in ("family", "records", "tok/s MAPE %", "tok/s bias %", "tok/s worst %", "mem MAPE %", "mem bias %"):
+        s.add_column(c, justify="left" if c == "family" else "right")
+    for r in summarize_gpu_check(check).itertuples():
+        s.add_row(r.family, str(r.n), f"{r.throughput_mape * 100:.1f}", f"{r.throughput_bias * 100:+.1f}",
+                  f"{r.throughput_worst * 100:+.1f}", f"{r.reserved_mape * 100:.1f}", f"{r.reserved_bias * 100:+.1f}")
+    con.print(s)
     return 0

@@ -227,7 +227,14 @@ def layout_problems(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
 
 
 def check_precision(cluster: ClusterSpec, training: TrainingSpec) -> None:
-    """FP8 GEMMs need FP8 tensor cores: refuse an fp8-* precision on a GPU without them (A100)."""
+    """FP8 GEMMs need FP8 tensor cores: refuse an fp8-* precision on a GPU without them (A100). cuDNN attention's
+    rate was measured on Hopper (H100/H200) only: refuse ``attn_kernel: cudnn`` on another generation."""
+    if training.attn_kernel != "fa2" and cluster.gpu.generation != "h100":
+        raise ConfigError("training.attn_kernel", training.attn_kernel,
+                          f"fa2 on {cluster.gpu.name}: the cuDNN attention rate was measured on Hopper (H100/H200) only")
+    if training.attn_kernel != "fa2" and training.attn_impl != "flash":
+        raise ConfigError("training.attn_kernel", training.attn_kernel,
+                          f"fa2 with attn_impl {training.attn_impl} (a flash kernel needs attn_impl: flash)")
     if training.fp8 and not cluster.gpu.fp8:
         fp8_gpus = ", ".join(n for n, g in GPUS.items() if g.fp8)
         raise ConfigError("training.precision", training.precision,

@@ -14,10 +14,13 @@ kernel-by-kernel byte counts and the fit of the Efficiency defaults are derived 
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any
 
 import numpy as np
 
+from trainplan import pkgdata
 from trainplan.model import comm, flops
 from trainplan.model.arch import ModelSpec
 from trainplan.model.efficiency import Efficiency
@@ -133,6 +136,28 @@ def fp8_cast_bytes_mb(model: ModelSpec, training: TrainingSpec, tokens: Array, t
                 2.0 * FP8_CAST_BYTES * x_out + FP8_CAST_BYTES * x_in + FP8_CAST_BYTES * w)
     return (FP8_CAST_BYTES * x_in + (FP8_CAST_BYTES + FP8_TRANSPOSE_BYTES) * w,
             FP8_CAST_BYTES * x_out + FP8_TRANSPOSE_BYTES * (x_in + x_out))
+
+
+# Our own kernel timings (benchmarks/bench_attention_backends.py on one H200, 2026-12-04; package data, copied from
+# data/calibration/h200-2026-12-04/microbench/attention_backends.json): causal SDPA, forward+backward, per backend.
+ATTENTION_BACKENDS_FILE = "h200_attention_backends_20261204.json"
+_BACKEND_OF = {"fa2": "flash (FA2)", "cudnn": "cudnn"}
+
+
+@functools.cache
+def attention_kernel_rel(kernel: str) -> float:
+    """Training-rate ratio of ``kernel``'s causal attention to FlashAttention-2's at the same shapes: the median over
+    the measured sequence lengths (1k–16k; cuDNN/FA2 1.69–1.74) of our H200 timings. ``attn_eff`` was fitted on
+    FA2-era runs and matches FA2 alone (docs/timing-model.md §7.9), so another kernel scales it by this ratio."""
+    if kernel == "fa2":
+        return 1.0
+    rows = json.loads(pkgdata.path(f"{pkgdata.DATA}/{ATTENTION_BACKENDS_FILE}").read_text())["rows"]
+    rate = {(r["backend"], r["seq"]): r["train_tflops"] for r in rows if "train_tflops" in r}
+    ratios = [rate[(_BACKEND_OF[kernel], s)] / rate[(_BACKEND_OF["fa2"], s)]
+              for (b, s) in rate if b == _BACKEND_OF[kernel] and (_BACKEND_OF["fa2"], s) in rate]
+    if not ratios:
+        raise ValueError(f"{ATTENTION_BACKENDS_FILE}: no {kernel} and FA2 timings at a common sequence length")
+    return float(np.median(ratios))
 
 
 def attn_eff_at(keys: Array, head_dim: int, eff: Efficiency) -> Array:
@@ -463,6 +488,8 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     gpu = cluster.gpu
     peak, hbm = gpu.peak_bf16_flops, gpu.hbm_bw_Bps
     eff = class_efficiency(eff, training.kernels)
+    if training.attn_kernel != "fa2":
+        eff = eff.replace(attn_eff=eff.attn_eff * attention_kernel_rel(training.attn_kernel))
     act = 2.0 if training.half else 4.0
     s = training.seq_len
     tp, pp, cp = np.asarray(layout.tp), np.asarray(layout.pp), np.asarray(layout.cp)

@@ -24,6 +24,10 @@ KERNEL_KINDS = ("eager", "compiled", "fused")
 # Attention core: "flash" = FlashAttention/SDPA (no s×s matrix); "math" = materialised scores + softmax
 # (Megatron-LM 2021/2022 before flash attention).
 ATTN_IMPL_KINDS = ("flash", "math")
+# Which flash kernel PyTorch's SDPA runs (timing.attention_kernel_rel, docs/timing-model.md §7.9): "fa2" =
+# FlashAttention-2 (FLASH_ATTENTION; what every published run the H100 fit rests on used), "cudnn" = cuDNN's
+# attention (CUDNN_ATTENTION; what PyTorch 2.11 dispatched to on our H200), measured faster on Hopper only.
+ATTN_KERNELS = ("fa2", "cudnn")
 # What ``recompute='selective'`` keeps (memory.py, docs/analytic-model.md §3): "attention" = Megatron's
 # selective recompute (reruns the attention core; Korthikanti 2022 §5), "torchtitan_op" = torchtitan's
 # op-level SAC (saves every other mm output + SDPA outputs; ``_save_list`` at 9dec370), "matmul" = saves
@@ -49,6 +53,7 @@ class TrainingSpec:
     lora_targets: tuple[str, ...] = ("q", "k", "v", "o")
     kernels: str = "eager"  # KERNEL_KINDS; the default study runs HF transformers under Accelerate FSDP2
     attn_impl: str = "flash"  # ATTN_IMPL_KINDS
+    attn_kernel: str = "fa2"  # ATTN_KERNELS (with attn_impl flash)
     sac_policy: str = "auto"  # SAC_POLICIES: what recompute='selective' keeps
     sp_impl: str = "auto"  # SP_IMPLS: sharded (Megatron) or gathered (PyTorch DTensor) linear inputs under SP
 
@@ -57,6 +62,7 @@ class TrainingSpec:
         positive_num(self, "dataset_tokens", "epochs")
         one_of(self, "kernels", KERNEL_KINDS)
         one_of(self, "attn_impl", ATTN_IMPL_KINDS)
+        one_of(self, "attn_kernel", ATTN_KERNELS)
         one_of(self, "sac_policy", SAC_POLICIES)
         one_of(self, "sp_impl", SP_IMPLS)
         one_of(self, "precision", PRECISIONS)

@@ -91,6 +91,13 @@ def _compared(pairs: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
     return out
 
 
+def attn_kernel_of(rec: dict[str, Any]) -> str:
+    """The flash kernel SDPA ran, read off the FLOP counter's op names (``flops.by_op``): ``cudnn`` for
+    ``aten._scaled_dot_product_cudnn_attention``, ``fa2`` for the flash op, ``""`` when neither ran (CPU, math)."""
+    ops = " ".join((rec.get("flops") or {}).get("by_op") or {})
+    return "cudnn" if "cudnn_attention" in ops else "fa2" if "flash_attention" in ops else ""
+
+
 def _spec_columns(rec: dict[str, Any]) -> dict[str, Any]:
     """What rebuilding the run's specs needs (``trainplan.calibration.gpu.record_specs``): the full model and
     layout as JSON, the GPU's name, launch shape, LoRA and compile flags, and the timed step times."""
@@ -107,7 +114,7 @@ def _spec_columns(rec: dict[str, Any]) -> dict[str, Any]:
         "nproc_per_node": spec.get("nproc_per_node"), "nnodes": spec.get("nnodes", 1),
         "lora_rank": spec.get("lora_rank"), "lora_targets": ",".join(spec.get("lora_targets") or []),
         "compile": bool(spec.get("compile", False)), "warmup": warm, "steps": spec.get("steps"),
-        "model_impl": spec.get("model_impl", "trainplan"),
+        "model_impl": spec.get("model_impl", "trainplan"), "attn_kernel": attn_kernel_of(rec),
         "step_times_json": json.dumps([float(t) for t in steps[warm:]]),  # the timed steps (after warm-up)
     }
 

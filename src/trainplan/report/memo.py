@@ -23,6 +23,7 @@ import pandas as pd
 from trainplan import pkgdata
 from trainplan.io import read_json, write_bytes
 from trainplan.model.layout import Layout
+from trainplan.model.timing import attention_kernel_rel
 from trainplan.provenance import sidecar_path
 from trainplan.published.fit import HELDOUT_TARGETS
 from trainplan.published.tables import NEVER_FITTED
@@ -407,6 +408,8 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         "manifest": res.json("launch"),
         "config_rows": _flatten(config),
         "inter_busbw_GBps": (config.get("cluster") or {}).get("inter_busbw_GBps") if config else None,
+        "training_attn_kernel": (config.get("training") or {}).get("attn_kernel", "fa2") if config else None,
+        "cudnn_attention_rel": attention_kernel_rel("cudnn"),
         "assumptions": [(k, v) for s in ("model", "cluster", "training", "cost", "targets")
                         for k, v in _flatten(config.get(s), s)] if config else [],
         "provenance": [{"file": f, **sc} for f, sc in res.sidecars()],
