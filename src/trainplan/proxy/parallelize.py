@@ -14,6 +14,7 @@ ZeRO-1 has no FSDP2 equivalent and is refused with a ConfigError; so are PP and 
 
 from __future__ import annotations
 
+import os
 from functools import partial
 from typing import Any
 
@@ -134,9 +135,11 @@ def apply_ac(model: nn.Module, mode: str) -> None:
 
 # ------------------------------------------------------------------------------------------ 3. compile
 def apply_compile(model: nn.Module) -> None:
-    """torch.compile each block separately (repeated blocks share one compiled graph)."""
+    """torch.compile each block separately (repeated blocks share one compiled graph). ``TRAINPLAN_COMPILE_BACKEND``
+    (default ``inductor``) picks dynamo's backend: the tests use ``eager`` (dynamo traces, no code generation)."""
+    backend = os.environ.get("TRAINPLAN_COMPILE_BACKEND", "inductor")
     for name, block in list(model.layers.named_children()):
-        model.layers.register_module(name, torch.compile(block, fullgraph=False))
+        model.layers.register_module(name, torch.compile(block, fullgraph=False, backend=backend))
 
 
 # ---------------------------------------------------------------------------------- 4. data parallel

@@ -178,6 +178,11 @@ def train(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
                 if int(worst) > limit:
                     raise ProxyOOM(f"measured per-rank state + saved activations {int(worst)} B > "
                                    f"mem_limit_bytes={limit}")
+        if first and spec["compile"]:
+            # Step 0 ran the compiled blocks under the FLOP counter's dispatch mode and global module hooks: dynamo
+            # marks such frames skipped for good, so without a reset `compile: true` trains eagerly (seen on an H200,
+            # docs/timing-model.md §7.9). Reset: the next step compiles (a warm-up step; the record counts graphs).
+            torch._dynamo.reset()
         if world > 1:
             dist.all_reduce(total, op=dist.ReduceOp.SUM)
             total /= world  # TP ranks hold equal values; the mean over all ranks is the mean over dp
@@ -201,12 +206,20 @@ def train(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
                         "backend": dist.get_backend() if dist.is_initialized() else "none",
                         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                         "hostname": socket.gethostname(),
-                        "slurm_node": os.environ.get("SLURMD_NODENAME") or None},
+                        "slurm_node": os.environ.get("SLURMD_NODENAME") or None,
+                        "compiled_graphs": compiled_graphs()},
     }
     if dev.type == "cuda":
         out["cuda"] = {"max_allocated_bytes": torch.cuda.max_memory_allocated(dev),
                        "max_reserved_bytes": torch.cuda.max_memory_reserved(dev)}
     return out
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo compiled in this process (``torch._dynamo.utils.counters``): 0 means ``compile: true`` ran eagerly."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"].get("unique_graphs", 0))
 
 
 def _grad_sync(model: Any, *, last: bool) -> Any:

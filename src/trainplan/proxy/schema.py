@@ -121,7 +121,8 @@ RECORD_SCHEMA: dict[str, Any] = {
         "environment": {"type": "object", "properties": {
             "torch_version": {"type": "string"}, "device_name": {"type": "string"},
             "world_size": {"type": "integer"}, "backend": {"type": "string"}, "hostname_count": {"type": "integer"},
-            "slurm_nodes": {"type": "array", "items": {"type": "string"}}}},
+            "slurm_nodes": {"type": "array", "items": {"type": "string"}},
+            "compiled_graphs": {"type": "integer", "minimum": 0}}},
         "timing": {"type": "object", "properties": {
             "step_times_s": {"type": "array", "items": {"type": "number"}},
             "step_time_median_s": _NUM, "step_time_p10_s": _NUM, "step_time_p90_s": _NUM,

@@ -146,3 +146,22 @@ def test_config_proxies_model_impl_defaults_to_trainplan_and_is_checked():
     with pytest.raises(ConfigError) as e:
         load_config({**raw, "proxies": {**raw["proxies"], "model_impl": "jax"}})
     assert e.value.key == "proxies.model_impl"
+
+
+def test_compile_true_compiles_after_the_instrumented_step(monkeypatch):
+    """Step 0 runs under the FLOP counter (a dispatch mode with global module hooks), which makes dynamo skip the
+    compiled blocks for good; the harness resets dynamo after it, so `compile: true` compiles (an H200 run before
+    the reset trained eagerly: docs/timing-model.md §7.9). The record counts the graphs."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from trainplan.proxy.run import train
+
+    monkeypatch.setenv("TRAINPLAN_COMPILE_BACKEND", "eager")  # dynamo traces; no code generation (no compiler)
+    counters.clear()
+    torch._dynamo.reset()
+    spec = normalize_run_spec({"id": "c", "model": "debug", "layout": {"dp": 1, "sharding": "none"}, "seq_len": 16,
+                               "global_batch": 2, "steps": 3, "warmup": 2, "nproc_per_node": 1, "compile": True})
+    res = train(spec, 0, 1)
+    assert res["status"] == "ok" and res["environment"]["compiled_graphs"] >= 1
+    torch._dynamo.reset()
