@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,8 @@ from trainplan.cost.sensitivity import stage_sensitivity
 from trainplan.io import read_json, write_json
 from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
+from trainplan.model.hardware import resolve_gpu
+from trainplan.model.timing import attention_kernel_rel
 from trainplan.proxy.aggregate import METRICS, aggregate, rel_err
 from trainplan.proxy.record import assemble_record
 from trainplan.proxy.schema import normalize_run_spec
@@ -197,3 +200,17 @@ def test_analytic_then_launch_stages_write_real_outputs(tmp_path):
     assert doc["layout"] == summary["layout"]
     assert all((man.parent / a["filename"]).exists() for a in doc["artifacts"])
     assert (man.parent / "manifest.json.provenance.json").exists()
+
+
+def test_sensitivity_shows_the_other_attention_kernel_on_hopper():
+    """On H100/H200 with flash attention the tornado moves attention to the measured cuDNN rate (fa2 → cudnn): it
+    can only speed the run up, so the cost at high is lower; off Hopper there is no such row."""
+    c = load_config(TINY)
+    kw = dict(model=c.model, training=c.training, eff=c.efficiency, options=dict(c.search),
+              inputs=CostInputs.from_config(c.cost), inter_busbw_GBps=c.raw["cluster"]["inter_busbw_GBps"])
+    assert c.cluster.gpu.generation == "h100" and c.training.attn_kernel == "fa2"
+    row = stage_sensitivity(chosen(900, 1000, 1100), cluster=c.cluster, **kw).set_index("parameter")
+    assert row.loc["attention_rate_x", "high_value"] == attention_kernel_rel("cudnn")
+    assert row.loc["attention_rate_x", "metric_high"] < row.loc["attention_rate_x", "metric_base"]
+    a100 = replace(c.cluster, gpu=resolve_gpu("a100-80gb"))
+    assert "attention_rate_x" not in set(stage_sensitivity(chosen(900, 1000, 1100), cluster=a100, **kw)["parameter"])

@@ -21,6 +21,7 @@ import pandas as pd
 from trainplan.cost import budget as C
 from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import generation_fits
+from trainplan.model.timing import attention_kernel_rel
 from trainplan.search.layouts import search
 
 TORNADO_COLUMNS = ("assumption", "base", "low", "high", "cost_base", "cost_low", "cost_high", "swing_usd",
@@ -89,6 +90,8 @@ SEARCH_ASSUMPTIONS = {
     "comm_bw_eff": "fraction",  # validate.FIT_BOUNDS physical range of the NCCL efficiency
     "runtime_overhead_GiB": "GiB",  # CUDA context + NCCL + allocator slack [assumption: 1–8 GiB]
     "fp8_gemm_eff": "fraction of FP8 peak",  # only with training.precision fp8-*: fitted value ± 2 s.e.
+    # Hopper with flash attention: the other measured kernel (FA2 ↔ cuDNN, timing.attention_kernel_rel)
+    "attention_rate_x": "× the attention kernel's rate",
 }
 UNITS = {"efficiency_x": "× throughput", "price_per_gpu_hour_usd": "$/GPU-h", "failure_rate_x": "× failure rate",
          "dataset_tokens": "tokens", "checkpoint_write_GBps": "GB/s", **SEARCH_ASSUMPTIONS}
@@ -103,10 +106,10 @@ def search_ranker(model: Any, cluster: Any, training: Any, eff: Any, options: di
 
     def rank(a: dict[str, Any]) -> tuple[str, float]:
         key = (float(a["inter_busbw_GBps"]), float(a["comm_bw_eff"]), float(a["runtime_overhead_GiB"]),
-               float(a.get("fp8_gemm_eff", 0.0)))
+               float(a.get("fp8_gemm_eff", 0.0)), float(a.get("attention_rate_x", 1.0)))
         if key not in cache:
             c = replace(cluster, inter_busbw_Bps=key[0] * 1e9)
-            e = eff.replace(comm_bw_eff=key[1], runtime_overhead_bytes=key[2] * 2**30)
+            e = eff.replace(comm_bw_eff=key[1], runtime_overhead_bytes=key[2] * 2**30, attn_eff=eff.attn_eff * key[4])
             if fp8_field and "fp8_gemm_eff" in a:
                 e = e.replace(**{fp8_field: key[3]})
             df = search(model, c, training, e, options)
@@ -136,6 +139,11 @@ def stage_sensitivity(chosen: dict[str, Any], *, model: Any, cluster: Any, train
         se = (generation_fits().get(cluster.gpu.generation) or {}).get("stderr", {}).get(field) or 0.1 * v
         base["fp8_gemm_eff"] = v
         ranges["fp8_gemm_eff"] = (max(0.05, v - 2 * se), min(0.95, v + 2 * se))
+    if cluster.gpu.generation == "h100" and training.attn_impl == "flash":
+        # the kernel not chosen, at its measured rate relative to the chosen one (FA2 ↔ cuDNN on our H200)
+        rel = attention_kernel_rel("cudnn")
+        base["attention_rate_x"] = 1.0
+        ranges["attention_rate_x"] = (1.0, rel) if training.attn_kernel == "fa2" else (1.0 / rel, 1.0)
     evaluate = cost_evaluator(rank, n_gpus=cluster.n_gpus, n_params=float(model.n_params),
                               d2h_Bps=cluster.host_to_device_Bps, inputs=inputs)
     t = tornado(base, ranges, evaluate)
