@@ -38,10 +38,8 @@ GPU_RECORDS = sorted(
 )
 
 # GPU proxy records the memo checks the shipped fit against (never fitted): inputs of calibrate too.
-# null: no check (the schema's default directory when the key is absent).
-_GPU_CHECK_DIR = config.get("calibration", {}).get(
-    "gpu_check_dir", "data/calibration/h200-2026-12-04"
-)
+# config holds STUDY.raw (schema defaults filled); null: no check.
+_GPU_CHECK_DIR = config["calibration"]["gpu_check_dir"]
 GPU_CHECK = (
     sorted(str(p) for p in Path(_GPU_CHECK_DIR).glob("*.json"))
     if _GPU_CHECK_DIR

@@ -36,6 +36,7 @@ from trainplan.model.memory import memory_breakdown, reserved_bytes
 from trainplan.model.timing import step_time
 from trainplan.model.training import TrainingSpec
 from trainplan.proxy.aggregate import aggregate
+from trainplan.proxy.schema import uses_autocast
 
 TIME_PARAMS = ("gemm_eff_max", "attn_eff", "membound_eff")  # identified by 1-GPU depth/width runs
 COMM_PARAM = "comm_bw_eff"  # needs a scale-out ladder over more than one GPU count
@@ -98,7 +99,8 @@ def record_specs(row: Any) -> tuple[ModelSpec, ClusterSpec, TrainingSpec, Layout
     """ModelSpec, ClusterSpec (nnodes × the record's GPUs), TrainingSpec, Layout of one record, and notes.
 
     The TrainingSpec says what the harness runs: eager kernels (``compiled`` with ``compile``), SDPA flash
-    attention (the kernel the record's FLOP counter saw: :func:`record_attn_kernel`), its save-every-matmul SAC policy (``sac_policy='matmul'``) and DTensor SP (``sp_impl='pytorch'``).
+    attention (the kernel the record's FLOP counter saw: :func:`record_attn_kernel`), its save-every-matmul SAC
+    policy (``sac_policy='matmul'``) and DTensor SP (``sp_impl='pytorch'``).
     """
     model, layout = _model(row), _layout(row)
     key, note = gpu_for_device(_get(row, "gpu_name"))
@@ -391,10 +393,10 @@ def precision_regime(row: Any) -> str:
     sharded or there is one data-parallel rank (no FSDP is applied then: a bf16 copy of each weight is made, and
     saved for backward, per micro-batch), else FSDP2's ``MixedPrecisionPolicy`` (bf16 parameters all-gathered,
     fp32 reduction); ``fp32`` without bf16."""
-    if str(_get(row, "dtype", "bf16")) != "bf16":
+    dtype = str(_get(row, "dtype", "bf16"))
+    if dtype != "bf16":
         return "fp32"
-    lay = _layout(row)
-    return "autocast" if lay.sharding == "none" or lay.dp == 1 else "fsdp2-mp"
+    return "autocast" if uses_autocast(_layout(row), dtype) else "fsdp2-mp"
 
 
 def check_gpu_records(records: pd.DataFrame) -> pd.DataFrame:

@@ -34,7 +34,7 @@ from trainplan.proxy import analytic, measure
 from trainplan.proxy.lora import apply_lora, lora_trainable_params
 from trainplan.proxy.model import build_model, n_params
 from trainplan.proxy.parallelize import build_mesh, parallelize
-from trainplan.proxy.schema import normalize_run_spec
+from trainplan.proxy.schema import normalize_run_spec, uses_autocast
 
 
 class ProxyOOM(RuntimeError):
@@ -132,7 +132,7 @@ def train(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     model = parallelize(model, layout, mesh, device=dev, bf16=bf16 and layout.sharding != "none",
                         compile=spec["compile"])
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=spec["lr"], weight_decay=0.0)
-    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16 and (layout.sharding == "none" or layout.dp == 1))
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=uses_autocast(layout, spec["dtype"]))
 
     accum = grad_accum_of(spec, layout)
     mb, s = layout.micro_batch, spec["seq_len"]

@@ -35,6 +35,13 @@ def _pos_int(spec: dict, key: str, minimum: int = 1) -> None:
         raise ConfigError(key, v, f"must be an integer in {minimum}..{hi}")
 
 
+def uses_autocast(layout: Layout, dtype: str) -> bool:
+    """Whether a bf16 proxy runs under ``torch.autocast`` over fp32 parameters (``proxy.run``): when nothing is
+    sharded or there is one data-parallel rank, since ``parallelize`` applies FSDP2 (and its bf16
+    ``MixedPrecisionPolicy``) only with dp > 1 and a sharding."""
+    return dtype == "bf16" and (layout.sharding == "none" or layout.dp == 1)
+
+
 def normalize_run_spec(raw: dict) -> dict[str, Any]:
     """RUN_SPEC with defaults filled in and every field checked; ``model``/``layout`` as plain dicts."""
     if not isinstance(raw, dict):
