@@ -39,7 +39,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rule_io import ROOT, rule_io, smk_constant  # noqa: E402
+from rule_io import ROOT, gpu_record_files, rule_io, smk_constant  # noqa: E402
 
 from trainplan import pkgdata  # noqa: E402
 from trainplan.config import config_slice, load_config  # noqa: E402
@@ -102,13 +102,8 @@ def _resolve(value: str, res: Path, raw: dict) -> str | list[str]:
         return [f"results/proxies/runs/{i}.json" for i in ids]
     if value == "<PUBLISHED>":  # rules/common.smk: PUBLISHED
         return sorted(str(p) for p in pkgdata.path(pkgdata.DATA).glob("*.csv"))
-    if value == "<GPU_RECORDS>":
-        d = Path(raw.get("calibration", {}).get("gpu_records_dir") or "data/calibration/gpu")
-        return sorted(str(p) for p in (d if d.is_absolute() else ROOT / d).glob("*.json"))
-    if value == "<GPU_CHECK>":  # rules/common.smk: GPU_CHECK (no directory configured: none)
-        c = raw.get("calibration", {}).get("gpu_check_dir")
-        d = Path(c) if c else None
-        return sorted(str(p) for p in (d if d.is_absolute() else ROOT / d).glob("*.json")) if d else []
+    if value in ("<GPU_RECORDS>", "<GPU_CHECK>"):  # rules/common.smk: GPU_RECORDS, GPU_CHECK
+        return gpu_record_files(value.strip("<>"), raw, Path("."))  # relative, as Snakemake gives them
     if value == "<benchmark_files>":  # rules/common.smk: benchmark_files
         ids = [p["id"] for p in json.loads((res / "proxies/proxy_set.json").read_text())["proxies"]]
         return [f"results/benchmarks/{r}.tsv" for r in smk_constant("BENCHMARKED")] + [
@@ -127,6 +122,7 @@ def run_stages(base: Path, work: Path, configs: list[str]) -> None:
         if (base / rel).exists():
             shutil.copytree(base / rel, res / rel)
     (work / "report").symlink_to(ROOT / "report")
+    (work / "data").symlink_to(ROOT / "data")  # the config's relative data paths (calibration.gpu_check_dir), as in a checkout
     os.chdir(work)
     io = rule_io()
     for rule in ORDER:

@@ -41,6 +41,23 @@ def smk_constant(name: str, root: Path = ROOT) -> object:
     return ast.literal_eval(m.group(1))
 
 
+def gpu_record_files(name: str, raw: dict, root: Path = ROOT) -> list[str]:
+    """The files ``GPU_RECORDS`` or ``GPU_CHECK`` of rules/common.smk stand for under the resolved config ``raw``:
+    ``calibration.gpu_records_dir`` (default ``data/calibration/gpu``) or ``calibration.gpu_check_dir`` (null: none),
+    relative to ``root``; every ``*.json`` in it, sorted."""
+    cal = raw.get("calibration", {})
+    if name == "GPU_RECORDS":
+        d = cal.get("gpu_records_dir") or "data/calibration/gpu"
+    elif name == "GPU_CHECK":
+        d = cal.get("gpu_check_dir")
+    else:
+        raise KeyError(f"rules/common.smk has no GPU record list {name}")
+    if not d:
+        return []
+    p = Path(d) if Path(d).is_absolute() else root / d
+    return sorted(str(f) for f in p.glob("*.json"))
+
+
 def rule_io(root: Path = ROOT) -> dict[str, dict[str, dict[str, str]]]:
     """{rule: {"input": {key: value}, "output": {key: value}}} for every rule with a ``script:``."""
     out: dict[str, dict[str, dict[str, str]]] = {}

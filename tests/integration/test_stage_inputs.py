@@ -28,7 +28,7 @@ from trainplan.io import read_json
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
-from rule_io import rule_io  # noqa: E402
+from rule_io import gpu_record_files, rule_io  # noqa: E402
 
 TINY = [str(ROOT / "config" / "config.yaml"), str(ROOT / "config" / "tiny.yaml")]
 ORDER = ("analytic_model", "select_proxies", "proxy_run", "aggregate", "calibrate", "fit_scaling",
@@ -67,13 +67,8 @@ def _resolve(value: str, study: Path, raw: dict, wildcards: dict | None = None) 
         from trainplan import pkgdata
 
         return sorted(str(p) for p in pkgdata.path(pkgdata.DATA).glob("*.csv"))
-    if value == "<GPU_CHECK>":
-        c = raw.get("calibration", {}).get("gpu_check_dir")
-        d = Path(c) if c else None
-        return sorted(str(p) for p in (d if d.is_absolute() else ROOT / d).glob("*.json")) if d else []
-    if value == "<GPU_RECORDS>":
-        d = Path(raw.get("calibration", {}).get("gpu_records_dir") or "data/calibration/gpu")
-        return sorted(str(p) for p in (d if d.is_absolute() else ROOT / d).glob("*.json"))
+    if value in ("<GPU_RECORDS>", "<GPU_CHECK>"):  # rules/common.smk: GPU_RECORDS, GPU_CHECK
+        return gpu_record_files(value.strip("<>"), raw, ROOT)
     path = value.replace("{R}", "results")
     for k, v in (wildcards or {}).items():
         path = path.replace("{" + k + "}", v)

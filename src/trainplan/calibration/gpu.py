@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,13 @@ from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.hardware import GPUS, ClusterSpec
 from trainplan.model.layout import Layout
-from trainplan.model.memory import memory_breakdown, reserved_bytes
+from trainplan.model.memory import (
+    activation_kwargs,
+    memory_breakdown,
+    reserved_bytes,
+    rope_table_bytes,
+    saved_activation_bytes_per_layer,
+)
 from trainplan.model.timing import step_time
 from trainplan.model.training import TrainingSpec
 from trainplan.proxy.aggregate import aggregate
@@ -43,6 +50,8 @@ COMM_PARAM = "comm_bw_eff"  # needs a scale-out ladder over more than one GPU co
 BOUNDS = {"gemm_eff_max": (0.05, 1.0), "attn_eff": (0.05, 1.0), "membound_eff": (0.05, 1.0),
           "comm_bw_eff": (0.05, 1.0)}
 FALLBACK_GPU = "h100-sxm-80gb"
+# What torch.cuda.max_memory_allocated sees: the memory terms without the runtime overhead and fragmentation.
+ALLOCATED_TERMS = ("weights", "gradients", "optimizer", "activations", "logits", "buffers")
 
 
 # ------------------------------------------------------------------------------------------ specs
@@ -100,9 +109,10 @@ def record_specs(row: Any) -> tuple[ModelSpec, ClusterSpec, TrainingSpec, Layout
 
     The TrainingSpec says what the harness runs: eager kernels (``compiled`` with ``compile``), SDPA flash
     attention (the kernel the record's FLOP counter saw: :func:`record_attn_kernel`), its save-every-matmul SAC
-    policy (``sac_policy='matmul'``) and DTensor SP (``sp_impl='pytorch'``).
+    policy (``sac_policy='matmul'``), DTensor SP (``sp_impl='pytorch'``) and how bf16 reaches the weights
+    (``bf16_via``: autocast over fp32 parameters on one rank or dp = 1, :func:`precision_regime`).
     """
-    model, layout = _model(row), _layout(row)
+    model, layout = _model(row), harness_layout(_layout(row))
     key, note = gpu_for_device(_get(row, "gpu_name"))
     world = int(_get(row, "world_size", layout.world_size) or layout.world_size)
     nnodes = max(1, int(_get(row, "nnodes", 1)))
@@ -115,8 +125,17 @@ def record_specs(row: Any) -> tuple[ModelSpec, ClusterSpec, TrainingSpec, Layout
                             lora_targets=tuple(t for t in targets.split(",") if t) or ("q", "k", "v", "o"),
                             kernels="compiled" if str(_get(row, "compile", False)).lower() in ("true", "1")
                             else "eager", attn_impl="flash", sac_policy="matmul", sp_impl="pytorch",
-                            attn_kernel=record_attn_kernel(row, cluster))
+                            attn_kernel=record_attn_kernel(row, cluster),
+                            bf16_via="autocast" if precision_regime(row) == "autocast" else "bf16_params")
     return model, cluster, training, layout, [note] if note else []
+
+
+def harness_layout(layout: Layout) -> Layout:
+    """The layout as the harness ran it: ``proxy.parallelize`` applies FSDP2 or DDP only with dp > 1, so a dp = 1
+    record ran unsharded (no gathered units, no copy-out, no reduce-scatter) whatever sharding its spec names."""
+    if layout.dp == 1 and layout.sharding != "none" and layout.offload == "none":
+        return replace(layout, sharding="none", shard_group=None)
+    return layout
 
 
 def record_attn_kernel(row: Any, cluster: ClusterSpec) -> str:
@@ -402,9 +421,12 @@ def precision_regime(row: Any) -> str:
 def check_gpu_records(records: pd.DataFrame) -> pd.DataFrame:
     """Each ok CUDA record predicted by the *shipped* fit of its GPU's generation (nothing fitted on the records).
 
-    One row per record: the step time and ``torch.cuda.max_memory_reserved`` measured and predicted, the
-    throughput error (predicted/measured − 1 of tokens/s, so + means the model is optimistic), the reserved-memory
-    error (predicted/measured − 1), and the precision regime the harness ran (:func:`precision_regime`).
+    One row per record: the step time, ``torch.cuda.max_memory_allocated`` (the model's bytes: states, saved
+    activations, logits, buffers), ``max_memory_reserved`` (those plus the caching allocator's fragmentation,
+    ``alloc_frag_frac``) and the saved activations of one block (``saved_tensors_hooks``, exact) measured and
+    predicted; the throughput error (measured/predicted step time − 1, i.e. predicted/measured tokens/s − 1: + means
+    the model is optimistic), the memory errors (predicted/measured − 1), and the precision regime the harness ran
+    (:func:`precision_regime`).
     The committed H200 records (``data/calibration/h200-2026-12-04``) are checked this way by
     ``trainplan validate --gpu-records``; docs/timing-model.md §7.9 reads the result.
     """
@@ -416,7 +438,16 @@ def check_gpu_records(records: pd.DataFrame) -> pd.DataFrame:
         t_pred = float(step_time(model, cluster, training, layout, eff)["step_time_s"])
         t_meas = float(r["step_time_median_s"])
         res_meas = float(pd.to_numeric(_get(r, "cuda_max_reserved_bytes", math.nan), errors="coerce") or math.nan)
-        res_pred = float(reserved_bytes(memory_breakdown(model, cluster, training, layout, eff), eff))
+        bd = memory_breakdown(model, cluster, training, layout, eff)
+        res_pred = float(reserved_bytes(bd, eff))
+        alloc_meas = float(pd.to_numeric(_get(r, "cuda_max_allocated_bytes", math.nan), errors="coerce") or math.nan)
+        alloc_pred = float(sum(np.asarray(bd[k], dtype=float) for k in ALLOCATED_TERMS))
+        layer_meas = float(pd.to_numeric(_get(r, "saved_act_bytes_meas", math.nan), errors="coerce") or math.nan)
+        layer_pred = float(saved_activation_bytes_per_layer(model, training.seq_len, layout.micro_batch,
+                                                            recompute=layout.recompute,
+                                                            **activation_kwargs(training, layout)))
+        if model.layers == 1:  # the tracker books a storage one module alone uses to it: the RoPE tables too
+            layer_pred += rope_table_bytes(model, training.seq_len, 4 if training.autocast else 2)
         rows.append({"id": str(_get(r, "id")), "family": str(_get(r, "family", "")), "gpu": cluster.gpu.name,
                      "generation": cluster.gpu.generation, "regime": precision_regime(r),
                      "attn_kernel": training.attn_kernel,
@@ -424,18 +455,28 @@ def check_gpu_records(records: pd.DataFrame) -> pd.DataFrame:
                      "global_batch": training.global_batch, "step_time_measured_s": t_meas,
                      "step_time_predicted_s": t_pred, "throughput_err": t_meas / t_pred - 1.0,
                      "reserved_measured_bytes": res_meas, "reserved_predicted_bytes": res_pred,
-                     "reserved_err": res_pred / res_meas - 1.0 if res_meas > 0 else math.nan})
+                     "reserved_err": res_pred / res_meas - 1.0 if res_meas > 0 else math.nan,
+                     "allocated_measured_bytes": alloc_meas, "allocated_predicted_bytes": alloc_pred,
+                     "allocated_err": alloc_pred / alloc_meas - 1.0 if alloc_meas > 0 else math.nan,
+                     "saved_layer_measured_bytes": layer_meas, "saved_layer_predicted_bytes": layer_pred})
     return pd.DataFrame(rows)
 
 
 def summarize_gpu_check(check: pd.DataFrame) -> pd.DataFrame:
-    """MAPE, bias and worst error (fractions) of throughput and reserved memory, for all records and per family."""
+    """MAPE, bias and worst error (fractions) of throughput, and MAPE and bias of max allocated and max reserved
+    memory, for all records and per family; the largest |predicted − measured| saved bytes of one block."""
     out = []
     groups = [("all", check)] + [(f, g) for f, g in check.groupby("family", sort=True)]
     for name, g in groups:
-        t, m = g["throughput_err"].to_numpy(float), g["reserved_err"].dropna().to_numpy(float)
-        out.append({"family": name, "n": len(g), "throughput_mape": float(np.mean(np.abs(t))),
-                    "throughput_bias": float(np.mean(t)), "throughput_worst": float(t[np.argmax(np.abs(t))]),
-                    "reserved_mape": float(np.mean(np.abs(m))) if len(m) else math.nan,
-                    "reserved_bias": float(np.mean(m)) if len(m) else math.nan})
+        t = g["throughput_err"].to_numpy(float)
+        row = {"family": name, "n": len(g), "throughput_mape": float(np.mean(np.abs(t))),
+               "throughput_bias": float(np.mean(t)), "throughput_worst": float(t[np.argmax(np.abs(t))])}
+        for k in ("reserved", "allocated"):
+            m = g[f"{k}_err"].dropna().to_numpy(float) if f"{k}_err" in g else np.empty(0)
+            row[f"{k}_mape"] = float(np.mean(np.abs(m))) if len(m) else math.nan
+            row[f"{k}_bias"] = float(np.mean(m)) if len(m) else math.nan
+        d = (g["saved_layer_predicted_bytes"] - g["saved_layer_measured_bytes"]).dropna().abs() \
+            if "saved_layer_measured_bytes" in g else pd.Series(dtype=float)
+        row["saved_layer_max_abs_err_bytes"] = float(d.max()) if len(d) else math.nan
+        out.append(row)
     return pd.DataFrame(out)

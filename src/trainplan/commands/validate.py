@@ -102,7 +102,7 @@ def print_heldout(rows: Any, csv: str | None, never: Any = None) -> int:
 
 def print_gpu_check(directory: str, csv: str | None) -> int:
     """Our own GPU proxy RECORDs predicted by the shipped fit of each record's GPU generation (none fitted on them):
-    step time and max reserved memory per record, then MAPE and bias per proxy family."""
+    step time, max allocated and reserved memory and one block's saved bytes per record, then errors per family."""
     if not Path(directory).is_dir():
         raise ConfigError("gpu-records", directory, "a directory of GPU proxy RECORD JSONs (scripts/device_proxies.sh)")
     records, files = load_gpu_records(directory)
@@ -115,19 +115,24 @@ def print_gpu_check(directory: str, csv: str | None) -> int:
     con = console()
     t = Table(title=f"GPU proxy records in {directory}, predicted by the shipped fit (none fitted on them)")
     for c in ("record", "family", "GPU", "bf16 via", "attention", "layers", "hidden", "seq", "step ms", "pred ms", "tok/s err %",
-              "reserved GiB", "pred GiB", "mem err %"):
+              "alloc GiB", "pred GiB", "alloc err %", "reserved err %", "block saves Δ B"):
         t.add_column(c, justify="left" if c in ("record", "family", "GPU", "bf16 via", "attention") else "right")
     for r in check.itertuples():
         t.add_row(r.id, r.family, r.gpu, r.regime, r.attn_kernel, str(r.layers), str(r.hidden), str(r.seq_len),
                   f"{r.step_time_measured_s * 1e3:.1f}", f"{r.step_time_predicted_s * 1e3:.1f}",
-                  f"{r.throughput_err * 100:+.1f}", f"{r.reserved_measured_bytes / 2**30:.2f}",
-                  f"{r.reserved_predicted_bytes / 2**30:.2f}", f"{r.reserved_err * 100:+.1f}")
+                  f"{r.throughput_err * 100:+.1f}", f"{r.allocated_measured_bytes / 2**30:.2f}",
+                  f"{r.allocated_predicted_bytes / 2**30:.2f}", f"{r.allocated_err * 100:+.1f}",
+                  f"{r.reserved_err * 100:+.1f}", f"{r.saved_layer_predicted_bytes - r.saved_layer_measured_bytes:+,.0f}")
     con.print(t)
-    s = Table(title="Per proxy family (tokens/s error: + = the model is optimistic; memory: predicted/measured − 1)")
-    for c in ("family", "records", "tok/s MAPE %", "tok/s bias %", "tok/s worst %", "mem MAPE %", "mem bias %"):
+    s = Table(title="Per proxy family (tokens/s error: + = the model is optimistic; memory: predicted/measured − 1 of "
+                    "max allocated and max reserved; block saves: the largest |predicted − measured| bytes one block "
+                    "saves for backward)")
+    for c in ("family", "records", "tok/s MAPE %", "tok/s bias %", "tok/s worst %", "alloc bias %", "reserved bias %",
+              "block saves |Δ| B"):
         s.add_column(c, justify="left" if c == "family" else "right")
     for r in summarize_gpu_check(check).itertuples():
         s.add_row(r.family, str(r.n), f"{r.throughput_mape * 100:.1f}", f"{r.throughput_bias * 100:+.1f}",
-                  f"{r.throughput_worst * 100:+.1f}", f"{r.reserved_mape * 100:.1f}", f"{r.reserved_bias * 100:+.1f}")
+                  f"{r.throughput_worst * 100:+.1f}", f"{r.allocated_bias * 100:+.1f}", f"{r.reserved_bias * 100:+.1f}",
+                  f"{r.saved_layer_max_abs_err_bytes:,.0f}")
     con.print(s)
     return 0

@@ -251,7 +251,7 @@ def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch
                                      dtype_bytes: int = 2, attn_impl: str = "flash",
                                      norm_impl: str = "fused", sac_policy: str = "attention",
                                      sp_impl: str = "megatron", lora_rank: int = 0,
-                                     lora_targets: tuple[str, ...] = ()) -> Any:
+                                     lora_targets: tuple[str, ...] = (), autocast: bool = False) -> Any:
     """Bytes one Llama/GPT block saves for backward per micro-batch (derivation: docs/analytic-model.md §3).
 
     Counted per token (``s·b/cp`` tokens), in units of ``dtype_bytes`` unless marked fp32:
@@ -274,6 +274,11 @@ def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch
     ``'selective'`` keeps what ``sac_policy`` says (:data:`~trainplan.model.training.SAC_POLICIES`; §3.2).
     LoRA (``lora_rank > 0``): frozen linears keep no input (no weight gradient), each adapter keeps its
     input and its rank-``r`` intermediate, SwiGLU's down input is kept only if ``down`` is adapted.
+    ``autocast`` (``torch.autocast`` over fp32 parameters, the harness on one rank: ``TrainingSpec.bf16_via``;
+    §3.4): the residual stream is fp32, so the norms keep fp32 inputs (and the layer input under recompute is
+    fp32); each linear casts the fp32 norm output it reads and keeps its own bf16 copy (q, k, v: three; gate, up:
+    two; each adapter its own under LoRA), and each linear keeps the bf16 copy of its weight (plus the adapters'
+    A and B) that the cast made, unless recompute drops it (:func:`autocast_weight_copy_bytes`).
     The proxy harness compares this with ``saved_tensors_hooks`` (unique storages, parameters excluded).
     """
     _check("attn_impl", attn_impl, ATTN_IMPLS)
@@ -292,12 +297,16 @@ def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch
     rep = np.where(sp, tp, 1.0)  # divisor of the parts TP leaves replicated
     # h_loc is the attention width per rank (q, SDPA output, o-proj input): heads·head_dim, ≠ h for Gemma
     h_loc, kv_loc, f_loc, a_loc = model.q_dim / tp, kv / _kv_shards(model, tp), f / tp, a / tp
-    norm = _norm_bytes(model, d, norm_impl, lora) / rep
+    rd = FP32 if autocast else d  # the residual stream's dtype: fp32 under autocast (fp32 embedding output)
+    norm = _norm_bytes(model, rd, norm_impl, lora) / rep
     norms = model.norms_per_layer * norm + _qk_norm_bytes(model, d, norm_impl, lora, h_loc, kv_loc)
     # A linear input saved for the weight gradient: SP shard (Megatron) or the gathered sequence (DTensor).
     lin_in = np.where(sp & (sp_impl == "pytorch"), h * d, h * d / rep)
-    qkv_in = lin_in if not lora or tg & {"q", "k", "v"} else 0.0 * lin_in
-    mlp_in = lin_in if not lora or tg & {"gate", "up"} - ({"gate"} if not swiglu else set()) else 0.0 * lin_in
+    qkv_t = {"q", "k", "v"} if not lora else tg & {"q", "k", "v"}
+    mlp_t = ({"gate", "up"} if not lora else tg & {"gate", "up"}) - ({"gate"} if not swiglu else set())
+    # shared by the linears that read it, or under autocast one cast copy per reading linear (or adapter)
+    qkv_in = lin_in * (len(qkv_t) if autocast else float(bool(qkv_t)))
+    mlp_in = lin_in * (len(mlp_t) if autocast else float(bool(mlp_t)))
     if attn_impl == "flash":
         attn = (2 * h_loc + 2 * kv_loc) * d + a_loc * FP32
     else:
@@ -308,11 +317,22 @@ def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch
         mlp = (1 + (0 if lora and "down" not in tg else 1)) * f_loc * d
     adapters = sum(1 for t in tg if swiglu or t != "gate") * lora_rank * d  # x·Aᵀ of each adapter
     none = norms + qkv_in + mlp_in + attn + mlp + adapters
-    full = h * d / rep
+    full = h * rd / rep
     selective = _sac_kept_per_token(model, d, tp, sp, attn_impl, sac_policy, h_loc, kv_loc, f_loc, a_loc,
-                                    norms, qkv_in, mlp_in, mlp, rep)
+                                    norms, qkv_in, mlp_in, mlp, rep, rd)
     per_token = np.select([recompute == "full", recompute == "selective"], [full, selective], none)
-    return _out(tokens * per_token)
+    weights = autocast_weight_copy_bytes(model, tp, lora_rank, tuple(lora_targets)) if autocast else 0.0
+    return _out(tokens * per_token + np.where(recompute == "none", weights, 0.0))
+
+
+def autocast_weight_copy_bytes(model: ModelSpec, tp: Any = 1, lora_rank: int = 0,
+                               lora_targets: tuple[str, ...] = ()) -> Any:
+    """The bf16 weight copies one block keeps for backward under ``torch.autocast`` over fp32 parameters: each linear's
+    dgrad reads the cast it made in forward, frozen or not (2 B per matmul parameter on the rank), and each
+    adapter's A and B. Not per token: the same at every sequence length. Recompute (full or op-level SAC) drops them
+    with the rest of the block's saves and recasts in backward."""
+    lora = lora_params_per_layer(model, lora_rank, lora_targets, tp) if lora_rank > 0 else 0.0
+    return _out(2.0 * (layer_matmul_params_per_rank(model, tp) + lora))
 
 
 SAC_KEEPS = ("attention", "torchtitan_op", "matmul")
@@ -320,7 +340,7 @@ SAC_KEEPS = ("attention", "torchtitan_op", "matmul")
 
 def _sac_kept_per_token(model: ModelSpec, d: int, tp: Any, sp: Any, attn_impl: str, policy: str, h_loc: Any,
                         kv_loc: Any, f_loc: Any, a_loc: Any, norms: Any, qkv_in: Any, mlp_in: Any, mlp: Any,
-                        rep: Any) -> Any:
+                        rep: Any, residual_bytes: int | None = None) -> Any:
     """Bytes per token a block keeps under selective recompute ``policy`` (docs/analytic-model.md §3.2).
 
     attention (Korthikanti 2022 §5): everything but the attention core's internals (keeps q, k, v and
@@ -332,7 +352,7 @@ def _sac_kept_per_token(model: ModelSpec, d: int, tp: Any, sp: Any, attn_impl: s
     """
     h = model.hidden
     swiglu = model.mlp == "swiglu"
-    block_in = h * d / rep
+    block_in = h * (residual_bytes or d) / rep  # fp32 under autocast
     sdpa = (h_loc * d + a_loc * FP32) if attn_impl == "flash" else 0.0 * h_loc
     if policy == "attention":
         return norms + qkv_in + mlp_in + (2 * h_loc + 2 * np.asarray(kv_loc)) * d + mlp
@@ -351,11 +371,12 @@ def rope_table_bytes(model: ModelSpec, seq_len: int, dtype_bytes: int = 2) -> fl
 
 def head_saved_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any = 1, sp: Any = False,
                      cp: Any = 1, dtype_bytes: int = 2, norm_impl: str = "fused", sp_impl: str = "megatron",
-                     frozen: bool = False) -> Any:
+                     frozen: bool = False, autocast: bool = False) -> Any:
     """Final norm + LM-head input saved for backward on the last stage (as a block's norm and linear input).
 
     ``sp_impl='pytorch'``: DTensor's Colwise LM head keeps the all-gathered input; ``frozen`` (LoRA): the
-    frozen head keeps no input and the frozen norm no x·rstd.
+    frozen head keeps no input and the frozen norm no x·rstd. ``autocast``: the norm's input is fp32 and the head
+    keeps the bf16 copy of its weight (V·h/tp, tied or not), as a block's linears do.
     """
     _check("norm_impl", norm_impl, NORM_IMPLS)
     _check("sp_impl", sp_impl, ("megatron", "pytorch"))
@@ -364,7 +385,9 @@ def head_saved_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any =
     rep = np.where(sp, tp, 1.0)
     h, d = model.hidden, dtype_bytes
     lin_in = 0.0 if frozen else np.where(sp & (sp_impl == "pytorch"), h * d, h * d / rep)
-    return _out(seq_len * micro_batch / cp * (_norm_bytes(model, d, norm_impl, frozen) / rep + lin_in))
+    norm = _norm_bytes(model, FP32 if autocast else d, norm_impl, frozen) / rep
+    weight = 2.0 * model.vocab * h / tp if autocast else 0.0
+    return _out(seq_len * micro_batch / cp * (norm + lin_in) + weight)
 
 
 def logits_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any = 1, cp: Any = 1,
@@ -388,7 +411,7 @@ def embedding_saved_bytes(model: ModelSpec, seq_len: int, micro_batch: Any, cp: 
 def model_saved_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, dtype_bytes: int = 4,
                                  attn_impl: str = "flash", norm_impl: str = "composite",
                                  recompute: str = "none", lora_rank: int = 0,
-                                 lora_targets: tuple[str, ...] = ()) -> float:
+                                 lora_targets: tuple[str, ...] = (), autocast: bool = False) -> float:
     """Everything a single-rank forward saves for backward, up to the logits (the CPU proxy's measurement).
 
     = token ids (int64, saved by a trainable embedding; + position ids for a learned table) + RoPE tables + the embedding's norm (BLOOM) + L × per-layer
@@ -397,14 +420,15 @@ def model_saved_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: in
     nothing (one norm less).
     """
     kw = dict(dtype_bytes=dtype_bytes, attn_impl=attn_impl, norm_impl=norm_impl, lora_rank=lora_rank,
-              lora_targets=tuple(lora_targets))
+              lora_targets=tuple(lora_targets), autocast=autocast)
     per_layer = saved_activation_bytes_per_layer(model, seq_len, micro_batch, recompute=recompute, **kw)
     lora = lora_rank > 0
-    first_norm = seq_len * micro_batch * _norm_bytes(model, dtype_bytes, norm_impl, True) if lora else 0.0
-    return float(embedding_saved_bytes(model, seq_len, micro_batch, 1, dtype_bytes, norm_impl, lora)
-                 + rope_table_bytes(model, seq_len, dtype_bytes) + model.layers * per_layer - first_norm
+    rd = FP32 if autocast else dtype_bytes  # the residual stream's dtype
+    first_norm = seq_len * micro_batch * _norm_bytes(model, rd, norm_impl, True) if lora else 0.0
+    return float(embedding_saved_bytes(model, seq_len, micro_batch, 1, rd, norm_impl, lora)
+                 + rope_table_bytes(model, seq_len, rd) + model.layers * per_layer - first_norm
                  + head_saved_bytes(model, seq_len, micro_batch, dtype_bytes=dtype_bytes, norm_impl=norm_impl,
-                                    frozen=lora))
+                                    frozen=lora, autocast=autocast))
 
 
 def pipeline_in_flight(pp: Any, microbatches: Any, stage: str = "first") -> Any:
@@ -427,7 +451,7 @@ def activation_kwargs(training: TrainingSpec, layout: Any, dtype_bytes: int | No
                 dtype_bytes=dtype_bytes or (2 if training.half else FP32),
                 attn_impl=training.attn_impl, norm_impl=norm_impl, sac_policy=resolve_sac_policy(training),
                 sp_impl=resolve_sp_impl(training), lora_rank=training.lora_rank if lora else 0,
-                lora_targets=tuple(training.lora_targets) if lora else ())
+                lora_targets=tuple(training.lora_targets) if lora else (), autocast=training.autocast)
 
 
 def activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, stage: str = "first",
@@ -446,8 +470,9 @@ def activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, stag
     one_layer = np.asarray(saved_activation_bytes_per_layer(model, training.seq_len, L.micro_batch, **kw))
     work = np.where(L.recompute == "none", 0.0,
                     np.maximum(one_layer - np.where(L.recompute == "full", 0.0, per_layer), 0.0))
-    first_extra = (embedding_saved_bytes(model, training.seq_len, L.micro_batch, L.cp, d, norm_impl,
-                                         training.finetune != "full") + rope_table_bytes(model, training.seq_len, d))
+    rd = FP32 if training.autocast else d  # the embedding output, its norm and the RoPE tables: fp32 under autocast
+    first_extra = (embedding_saved_bytes(model, training.seq_len, L.micro_batch, L.cp, rd, norm_impl,
+                                         training.finetune != "full") + rope_table_bytes(model, training.seq_len, rd))
     return _out(stored + work + (first_extra * inflight if stage == "first" else 0.0))
 
 
@@ -519,7 +544,8 @@ def stage_breakdown(model: ModelSpec, cluster: Any, training: TrainingSpec, layo
     last = np.asarray(L.pp) == 1 if stage == "first" else True
     lg = np.asarray(logits_bytes(model, training.seq_len, L.micro_batch, L.tp, L.cp, d)) + np.asarray(
         head_saved_bytes(model, training.seq_len, L.micro_batch, L.tp, L.sp, L.cp, d,
-                         sp_impl=resolve_sp_impl(training), frozen=training.finetune != "full"))
+                         sp_impl=resolve_sp_impl(training), frozen=training.finetune != "full",
+                         autocast=training.autocast))
     out["logits"] = _out(np.where(last, lg, 0.0))
     out["buffers"] = buffer_bytes(model, training, L)
     dynamic = np.asarray(out["activations"]) + np.asarray(out["logits"]) + np.asarray(out["buffers"])

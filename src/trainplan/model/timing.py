@@ -453,6 +453,33 @@ def qlora_dequant_mb_s(model: ModelSpec, training: TrainingSpec, layout: LayoutL
     return passes * params * (NF4_BYTES_PER_PARAM + act_bytes) / (hbm_Bps * eff.membound_eff)
 
 
+# torch.autocast over fp32 parameters (``TrainingSpec.bf16_via='autocast'``, the proxy harness on one rank), bytes per
+# weight: the forward cast fp32 → bf16 (read 4, write 2), redone by recompute; the cast's backward turns the bf16 weight
+# gradient into fp32 (read 2, write 4); AccumulateGrad adds it into ``.grad`` from the second micro-batch of a step on
+# (read 4 + 4, write 4; the first micro-batch's gradient is stolen, no copy) (docs/timing-model.md §7.10).
+AUTOCAST_CAST_BYTES = 6.0
+AUTOCAST_ACCUM_BYTES = 12.0
+
+
+def autocast_cast_s(model: ModelSpec, training: TrainingSpec, layout: LayoutLike, layers: Array, hbm_Bps: float,
+                    eff: Efficiency) -> tuple[Array, Array]:
+    """(per micro-batch, per step) seconds of autocast's weight casts on the rank's stage: every block linear and the LM
+    head, each micro-batch, at HBM speed (``AUTOCAST_CAST_BYTES``, ``AUTOCAST_ACCUM_BYTES``). Zero unless
+    ``training.autocast``. Frozen weights (LoRA) are cast in forward only."""
+    if not training.autocast:
+        return 0.0, 0.0
+    tp = np.asarray(layout.tp, dtype=float)
+    block = layers * layer_matmul_params_per_rank(model, tp)
+    head = np.where(np.asarray(layout.pp) == 1, model.vocab * model.hidden / tp, 0.0)  # on the last stage
+    redo = np.where(np.asarray(layout.recompute) == "none", 0.0, 1.0)
+    train = 1.0 if training.finetune == "full" else 0.0
+    bw = hbm_Bps * eff.membound_eff
+    per_mb = ((block + head) * AUTOCAST_CAST_BYTES * (1.0 + train) + block * AUTOCAST_CAST_BYTES * redo) / bw
+    m = np.asarray(grad_accum(training, layout))
+    per_step = (m - 1) * (block + head) * AUTOCAST_ACCUM_BYTES * train / bw
+    return per_mb, per_step
+
+
 def bubble_s(pp: Array, vpp: Array, m: Array, per_mb_s: Array) -> Array:
     """Pipeline bubble: (p−1)/(v·m) of the ideal m·τ (Narayanan 2021 §2.2.1–2.2.2)."""
     return (pp - 1) / (vpp * m) * (m * per_mb_s)
@@ -489,7 +516,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     peak, hbm = gpu.peak_bf16_flops, gpu.hbm_bw_Bps
     eff = class_efficiency(eff, training.kernels)
     if training.attn_kernel != "fa2":
-        eff = eff.replace(attn_eff=eff.attn_eff * attention_kernel_rel(training.attn_kernel))
+        eff = eff.replace(attn_eff=min(1.0, eff.attn_eff * attention_kernel_rel(training.attn_kernel)))
     act = 2.0 if training.half else 4.0
     s = training.seq_len
     tp, pp, cp = np.asarray(layout.tp), np.asarray(layout.pp), np.asarray(layout.cp)
@@ -525,8 +552,9 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     copy = fsdp_copy_mb_s(model, training, layout, hbm, eff)
     dequant = qlora_dequant_mb_s(model, training, layout, layers, hbm, eff, act)
     ring = ring_overhead_mb_s(model, training, tokens, layout, layers, hbm, eff, act)
+    cast_mb, accum_step = autocast_cast_s(model, training, layout, layers, hbm, eff)
     compute_mb = (layers * (fwd + bwd + redo) + logits_s(model, tokens, tp, peak, hbm, eff, wgrad, kernels) + copy
-                  + dequant + ring)
+                  + dequant + ring + cast_mb)
 
     tp_mb = tp_comm_mb_s(model, cluster, tokens, layout, layers, eff, act, g)
     cp_mb = cp_comm_mb_s(model, cluster, tokens, layout, layers, a + a_bwd, eff, act, kernels)
@@ -543,7 +571,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     opt = np.where(cpu, 0.0, optimizer_s(local, hbm, eff))
     off = np.where(cpu, offload_s(local, cluster, eff), 0.0)
 
-    compute = m * compute_mb
+    compute = m * compute_mb + accum_step
     exposed = m * (tp_mb + cp_mb + fsdp_mb + p2p_mb) + dp
     step = compute + exposed + bubble + opt + off
     tok_s = training.tokens_per_step / step

@@ -38,6 +38,13 @@ SAC_POLICIES = ("auto", "attention", "torchtitan_op", "matmul")
 # re-gathers in backward (Korthikanti 2022 §4.2.2); "pytorch" (DTensor SequenceParallel + Colwise) saves the
 # all-gathered full-sequence input. "auto": fused kernels → "megatron", else "pytorch".
 SP_IMPLS = ("auto", "megatron", "pytorch")
+# How bf16 compute reaches the weights: "bf16_params" = the GEMMs read bf16 parameters (FSDP2's
+# MixedPrecisionPolicy, Megatron's and DeepSpeed's bf16 models: what every production launch runs);
+# "autocast" = ``torch.autocast`` over fp32 parameters (the proxy harness on one rank or dp = 1:
+# ``proxy.schema.uses_autocast``): every linear casts its fp32 weight to bf16 on every micro-batch and saves the
+# copy for backward, the residual stream (embedding output, norms, residual adds) stays fp32, and each linear
+# casts the fp32 norm output it reads (docs/timing-model.md §7.10, docs/analytic-model.md §3.4).
+BF16_VIA = ("bf16_params", "autocast")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +63,7 @@ class TrainingSpec:
     attn_kernel: str = "fa2"  # ATTN_KERNELS (with attn_impl flash)
     sac_policy: str = "auto"  # SAC_POLICIES: what recompute='selective' keeps
     sp_impl: str = "auto"  # SP_IMPLS: sharded (Megatron) or gathered (PyTorch DTensor) linear inputs under SP
+    bf16_via: str = "bf16_params"  # BF16_VIA: bf16 parameters (production) or autocast over fp32 ones (harness)
 
     def __post_init__(self) -> None:
         positive_int(self, "seq_len", "global_batch", "lora_rank")
@@ -65,6 +73,7 @@ class TrainingSpec:
         one_of(self, "attn_kernel", ATTN_KERNELS)
         one_of(self, "sac_policy", SAC_POLICIES)
         one_of(self, "sp_impl", SP_IMPLS)
+        one_of(self, "bf16_via", BF16_VIA)
         one_of(self, "precision", PRECISIONS)
         one_of(self, "optimizer", OPTIMIZERS)
         one_of(self, "finetune", FINETUNE_KINDS)
@@ -82,6 +91,11 @@ class TrainingSpec:
     def half(self) -> bool:
         """bf16 activations and the mixed-precision state layout (bf16 and both FP8 recipes)."""
         return self.precision != "fp32"
+
+    @property
+    def autocast(self) -> bool:
+        """bf16 compute by ``torch.autocast`` over fp32 parameters (``bf16_via='autocast'``; not with fp32)."""
+        return self.half and self.bf16_via == "autocast"
 
     @property
     def tokens_per_step(self) -> int:

@@ -16,6 +16,7 @@ from trainplan.model.efficiency import Efficiency
 from trainplan.model.hardware import ClusterSpec
 from trainplan.model.layout import Layout, shard_degree
 from trainplan.model.training import TrainingSpec
+from trainplan.proxy.schema import uses_autocast
 
 ADAM_STATES = 2  # exp_avg, exp_avg_sq (Kingma & Ba 2015); ZeRO's "12Ψ" = fp32 master + these two
 
@@ -59,7 +60,8 @@ def analytic_memory(spec: ModelSpec, layout: Layout, seq_len: int, global_batch:
     cluster = ClusterSpec(nodes=1, gpus_per_node=layout.world_size, gpu="h100-sxm-80gb")
     training = TrainingSpec(seq_len=seq_len, global_batch=global_batch, precision="bf16" if dtype == "bf16" else "fp32",
                             finetune=finetune, lora_rank=lora_rank,
-                            lora_targets=tuple(lora_targets) or ("q", "k", "v", "o"))
+                            lora_targets=tuple(lora_targets) or ("q", "k", "v", "o"),
+                            bf16_via="autocast" if uses_autocast(layout, dtype) else "bf16_params")
     try:
 
         out["breakdown_bytes"] = memory.memory_breakdown(spec, cluster, training, layout, Efficiency())
@@ -79,15 +81,17 @@ def analytic_memory(spec: ModelSpec, layout: Layout, seq_len: int, global_batch:
     # mm/addmm and SDPA output (trainplan.proxy.parallelize.SAVE_OPS) → sac_policy "matmul".
     lora = finetune != "full"
     out["sp_impl"], out["sac_policy"] = "pytorch", "matmul"
+    ac = training.autocast  # one rank or dp = 1 in bf16: fp32 residual stream, bf16 weight copies saved
+    out["bf16_via"] = training.bf16_via
     try:
         out["activation_bytes_per_layer"] = float(memory.saved_activation_bytes_per_layer(
             spec, seq_len, layout.micro_batch, layout.tp, layout.sp, layout.cp, layout.recompute, d, "flash",
             norm_impl, sac_policy="matmul", sp_impl="pytorch", lora_rank=lora_rank if lora else 0,
-            lora_targets=tuple(lora_targets) if lora else ()))
-        out["rope_table_bytes"] = float(memory.rope_table_bytes(spec, seq_len, d))
+            lora_targets=tuple(lora_targets) if lora else (), autocast=ac))
+        out["rope_table_bytes"] = float(memory.rope_table_bytes(spec, seq_len, 4 if ac else d))
         out["head_saved_bytes"] = float(memory.head_saved_bytes(spec, seq_len, layout.micro_batch, layout.tp,
                                                                 layout.sp, layout.cp, d, norm_impl,
-                                                                sp_impl="pytorch", frozen=lora))
+                                                                sp_impl="pytorch", frozen=lora, autocast=ac))
         out["logits_bytes"] = float(memory.logits_bytes(spec, seq_len, layout.micro_batch, layout.tp, layout.cp, d))
     except Exception as e:  # noqa: BLE001
         out["activation_error"] = f"{type(e).__name__}: {e}"

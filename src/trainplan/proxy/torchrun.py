@@ -263,9 +263,11 @@ def _stale_work_dirs(out: Path, run_id: str) -> None:
                 shutil.rmtree(d, ignore_errors=True)
 
 
-def launch(spec: dict[str, Any], out: str | Path, *, log=sys.stderr) -> tuple[dict[str, Any], int]:
-    """Run the proxy, write the RECORD to ``out`` atomically; returns (record, exit code)."""
-
+def launch(spec: dict[str, Any], out: str | Path, *, log=None) -> tuple[dict[str, Any], int]:
+    """Run the proxy, write the RECORD to ``out`` atomically; returns (record, exit code). ``log``: where torchrun's
+    output goes (a file with a descriptor), the process's stderr at call time by default (a default bound at import
+    would keep whatever stream was current then, e.g. a test's capture buffer)."""
+    log = sys.stderr if log is None else log
     out = Path(out)
     _stale_work_dirs(out, spec["id"])
     parent = watched_parent()

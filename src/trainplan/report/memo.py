@@ -49,6 +49,9 @@ SOURCE_LABELS = {
     "published-h100": "published H100 measurements (bundled data/, cited), not this cluster",
     "defaults": "uncalibrated defaults (no measurements)",
 }
+# The proxy families of the own-GPU check table (config/gpu_proxies.yaml), as the memo names them.
+PROXY_FAMILY_LABELS = {"all": "all runs", "depth": "depth slice (1–4 layers, seq 4096)", "width": "width ladder (seq 4096)",
+                       "layout": "sequence ladder (1k–16k, same tokens)", "scaleout": "scale-out (1 GPU)"}
 
 
 # ------------------------------------------------------------------------------------- formatting
@@ -410,6 +413,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         "inter_busbw_GBps": (config.get("cluster") or {}).get("inter_busbw_GBps") if config else None,
         "training_attn_kernel": (config.get("training") or {}).get("attn_kernel", "fa2") if config else None,
         "cudnn_attention_rel": attention_kernel_rel("cudnn"),
+        "proxy_family_labels": PROXY_FAMILY_LABELS,
         "assumptions": [(k, v) for s in ("model", "cluster", "training", "cost", "targets")
                         for k, v in _flatten(config.get(s), s)] if config else [],
         "provenance": [{"file": f, **sc} for f, sc in res.sidecars()],

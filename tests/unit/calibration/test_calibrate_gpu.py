@@ -88,7 +88,9 @@ def test_analytic_record_rebuilds_the_run_and_matches_the_analytic_model():
     assert st == step_time(m, c, t, lay, TRUE)["step_time_s"] > 0
     assert peak == memory_breakdown(m, c, t, lay, TRUE)["total"]
     slower = analytic_record(rec, TRUE.replace(gemm_eff_max=0.35))[0]
-    assert slower > 1.5 * st  # GEMM-bound: halving GEMM efficiency nearly doubles the step
+    # GEMM-bound: halving GEMM efficiency raises the step by over 40% (the rest: attention, elementwise ops and the
+    # harness's autocast weight casts, which one rank in bf16 runs)
+    assert t.bf16_via == "autocast" and slower > 1.4 * st
 
 
 def test_fit_recovers_the_known_efficiency_from_noisy_synthetic_records():

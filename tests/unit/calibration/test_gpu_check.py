@@ -8,6 +8,7 @@ fixtures of the gpu-proxies fit are in test_calibrate_gpu.py).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -18,6 +19,7 @@ from trainplan.calibration.gpu import (
     gpu_records,
     load_gpu_records,
     precision_regime,
+    record_specs,
     summarize_gpu_check,
 )
 from trainplan.calibration.sources import gpu_check, stage_calibrate
@@ -25,6 +27,7 @@ from trainplan.cli import main
 from trainplan.config import load_config
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.layout import Layout
+from trainplan.model.timing import step_time
 
 ROOT = Path(__file__).resolve().parents[3]
 H200 = ROOT / "data" / "calibration" / "h200-2026-12-04"
@@ -68,31 +71,48 @@ def test_precision_regime_is_the_one_proxy_run_chooses():
     assert precision_regime(row(2, "zero3", "fp32")) == "fp32"
 
 
-def test_shipped_fit_predicts_the_production_width_runs_within_ten_percent(check):
-    """Depth slice and width ladder at the production sequence length 4096: the compute terms the headline rests
-    on. Measured at 3e2b541: every one within −7.1%…+1.6%, depth-slice MAPE 1.9%."""
-    prod = check[check["seq_len"] == 4096]
-    assert len(prod) == 8
-    assert prod["throughput_err"].abs().max() < 0.10, prod[["id", "throughput_err"]]
+def test_shipped_fit_predicts_every_run_a_constant_step_apart(check):
+    """With the harness's autocast regime modelled (TrainingSpec.bf16_via, docs/timing-model.md §7.10) every run,
+    1–4 layers, hidden 1280–5120, sequence 1k–16k, is predicted 8–17% slow, within 9 points of each other (41
+    points before the regime was modelled). The level is the elementwise rate: membound_eff (fitted on published
+    end-to-end runs) is too slow for the casts' weight-sized streams on an H200."""
+    err = check["throughput_err"]
+    assert len(err) == 12 and (err < 0).all() and err.min() > -0.20, check[["id", "throughput_err"]]
+    assert err.max() - err.min() < 0.10
+    prod = check[check["seq_len"] == 4096]["throughput_err"]
+    assert len(prod) == 8 and prod.max() - prod.min() < 0.06
     summary = summarize_gpu_check(check).set_index("family")
-    assert summary.loc["depth", "throughput_mape"] < 0.05
-    assert summary.loc["all", "throughput_mape"] < 0.12  # 8.6% at 3e2b541; the sequence ladder carries the rest
+    assert summary.loc["all", "throughput_mape"] < 0.15
 
 
-def test_sequence_ladder_shows_what_the_fit_misses(check):
-    """The same tokens per step at 1k…16k: measured step time is flat above 4k (cuDNN attention on Hopper is far
-    faster than the FA2-era attn_eff the published fit holds) and rises below it (per-micro-batch autocast casts),
-    so the model is optimistic at 1k and pessimistic at 16k. If a change fixes either, update docs §7.9 and this."""
-    seq = check[check["family"] == "layout"].set_index("seq_len")["throughput_err"].sort_index()
-    assert seq.loc[1024] > 0.1 and seq.loc[16384] < -0.05
-    assert seq.is_monotonic_decreasing
+def test_the_autocast_casts_explain_the_sequence_ladder():
+    """The same tokens per step at 1k…16k: 32 → 2 micro-batches. Without the per-micro-batch weight casts (the model
+    as production runs it, bf16 parameters) the errors spread over 40 points, optimistic at 1k; with them, flat."""
+    records, _ = load_gpu_records(H200)
+    ladder = gpu_records(records)
+    ladder = ladder[ladder["family"] == "layout"]
+    spread = {}
+    for via in ("autocast", "bf16_params"):
+        errs = []
+        for _, r in ladder.iterrows():
+            m, c, t, lay, _ = record_specs(r)
+            t = replace(t, bf16_via=via)
+            errs.append(float(r["step_time_median_s"]) / step_time(m, c, t, lay, Efficiency.for_gpu(c.gpu))["step_time_s"] - 1)
+        spread[via] = max(errs) - min(errs)
+    assert spread["autocast"] < 0.08 and spread["bf16_params"] > 0.3, spread
 
 
-def test_reserved_memory_error_is_bounded_and_reported(check):
-    """Autocast over fp32 weights keeps bf16 weight copies the production (FSDP2 mixed precision) model does not
-    have: the planner under-predicts these single-GPU runs' max reserved by 7–26% (docs §7.9)."""
-    err = check["reserved_err"]
-    assert err.notna().all() and err.abs().max() < 0.30 and err.max() < 0
+def test_memory_of_every_run_is_predicted_from_what_autocast_saves(check):
+    """One block's saves for backward (saved_tensors_hooks) equal the model to 16 B in every run (two 8-byte RNG
+    tensors of the cuDNN kernel): fp32 norm inputs, one bf16 cast per linear, the bf16 weight copies. Max allocated:
+    −2…−9% (the loss's transient fp32 weight-gradient casts are not modelled); max reserved adds the caching
+    allocator's fragmentation, 0.75–5.8 GB here against the 5% default (alloc_frag_frac, uncalibrated)."""
+    d = (check["saved_layer_predicted_bytes"] - check["saved_layer_measured_bytes"]).abs()
+    assert d.max() <= 64, check[["id", "saved_layer_predicted_bytes", "saved_layer_measured_bytes"]]
+    alloc = check["allocated_err"]
+    assert alloc.notna().all() and alloc.abs().max() < 0.10
+    res = check["reserved_err"]
+    assert res.notna().all() and res.abs().max() < 0.20 and (res < alloc).all()
 
 
 def test_stage_calibrate_reports_the_check_unless_it_fitted_the_same_records():
@@ -123,13 +143,22 @@ def test_validate_gpu_records_names_a_bad_directory(tmp_path, capsys):
 
 def test_compiled_over_eager_on_the_h200_matches_the_kernel_class():
     """The fixed harness's compiled/eager pair at depth-L2 (microbench/compile): the model's `compiled` class gives
-    the measured speed-up to within 2% (1.131x vs 1.137x at the commit that added it); the run from before the
-    dynamo reset compiled nothing."""
+    the measured speed-up to within 3% (1.137x measured; 1.131x modelled at the commit that added it, 1.112x now
+    that both runs also carry the harness's autocast weight casts, which compile does not remove); the run from
+    before the dynamo reset compiled nothing."""
     records, files = load_gpu_records(H200 / "microbench" / "compile")
     c = check_gpu_records(records).set_index("id")
     measured = c.loc["depth-L2-eager-rerun", "step_time_measured_s"] / c.loc["depth-L2-compiled-fixed", "step_time_measured_s"]
     predicted = c.loc["depth-L2-eager-rerun", "step_time_predicted_s"] / c.loc["depth-L2-compiled-fixed", "step_time_predicted_s"]
-    assert measured > 1.05 and predicted == pytest.approx(measured, rel=0.02)
+    assert measured > 1.05 and predicted == pytest.approx(measured, rel=0.03)
     docs = [json.loads(Path(f).read_text()) for f in files]
     graphs = {d["id"]: d["environment"].get("compiled_graphs") for d in docs}
     assert graphs["depth-L2-compiled-fixed"] >= 1 and graphs["depth-L2-compiled"] is None
+
+
+def test_a_one_rank_record_is_predicted_unsharded_whatever_its_spec_names(check):
+    """scaleout-n1 names zero3 on one GPU; proxy.parallelize applies no FSDP at dp = 1, so it ran exactly as depth-L2
+    (measured 367.4 vs 368.0 ms) and is predicted the same (calibration.gpu.harness_layout)."""
+    c = check.set_index("id")
+    for k in ("step_time_predicted_s", "allocated_predicted_bytes", "saved_layer_predicted_bytes"):
+        assert c.loc["scaleout-n1", k] == c.loc["depth-L2", k]

@@ -187,10 +187,12 @@ def _saved_bytes(model, tokens, math: bool) -> int:  # type: ignore[no-untyped-d
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("preset", ["debug", "debug-wide"])
 @pytest.mark.parametrize("gqa", [True, False])
-@pytest.mark.parametrize("attn_impl", ["flash", "math"])
+@pytest.mark.parametrize("attn_impl", ["flash", "math", "flash-autocast"])
 def test_saved_activations_match_the_proxy_model_exactly(preset: str, gqa: bool, attn_impl: str) -> None:
     """Bytes PyTorch saves for backward (saved_tensors_hooks, unique storages, parameters excluded) on the
-    proxy Llama (fp32, CPU: F.rms_norm decomposes → norm_impl='composite') equal the formula."""
+    proxy Llama (fp32, CPU: F.rms_norm decomposes → norm_impl='composite') equal the formula. ``flash-autocast``:
+    the same fp32 model under ``torch.autocast(bfloat16)``, as the harness runs bf16 on one rank (fp32 residual
+    stream and norms, one bf16 input cast per linear, the bf16 weight copies: memory.py ``autocast``)."""
     torch = pytest.importorskip("torch")
     proxy = pytest.importorskip("trainplan.proxy.model")
     spec: ModelSpec = MODEL_PRESETS[preset]
@@ -198,9 +200,36 @@ def test_saved_activations_match_the_proxy_model_exactly(preset: str, gqa: bool,
         spec = replace(spec, kv_heads=spec.heads)
     s, b = 32, 2
     model = proxy.build_model(spec)
-    got = _saved_bytes(model, torch.randint(0, spec.vocab, (b, s)), math=attn_impl == "math")
+    tokens = torch.randint(0, spec.vocab, (b, s))
+    if attn_impl == "flash-autocast":
+        got = _saved_storage_bytes(model, tokens, ctx=torch.autocast("cpu", dtype=torch.bfloat16))
+        want = M.model_saved_activation_bytes(spec, s, b, dtype_bytes=2, norm_impl="composite", autocast=True)
+        assert got == want != M.model_saved_activation_bytes(spec, s, b, dtype_bytes=2, norm_impl="composite")
+        return
+    got = _saved_bytes(model, tokens, math=attn_impl == "math")
     assert got == M.model_saved_activation_bytes(spec, s, b, dtype_bytes=4, attn_impl=attn_impl,
                                                  norm_impl="composite")
+
+
+def test_autocast_weight_copies_and_fp32_residual_terms() -> None:
+    """Under autocast each block keeps 2 B per matmul parameter (not per token) unless recompute drops it; the
+    norms keep fp32 inputs; recompute='full' keeps the fp32 layer input; q, k, v and gate, up each keep a cast."""
+    kw = dict(dtype_bytes=2, norm_impl="fused", sac_policy="matmul", sp_impl="pytorch")
+    h = LLAMA13.hidden
+    w = M.layer_matmul_params_per_rank(LLAMA13)
+    assert M.autocast_weight_copy_bytes(LLAMA13) == 2 * w
+    for s in (1024, 4096):
+        ac = M.saved_activation_bytes_per_layer(LLAMA13, s, 1, autocast=True, **kw)
+        bp = M.saved_activation_bytes_per_layer(LLAMA13, s, 1, **kw)
+        # norms: 2 × (4 − 2)·h more; q/k/v and gate/up: 2 and 1 extra bf16 casts of h each
+        assert ac - bp == pytest.approx(2 * w + s * (2 * 2 * h + 3 * 2 * h))
+    full = M.saved_activation_bytes_per_layer(LLAMA13, 4096, 1, recompute="full", autocast=True, **kw)
+    assert full == 4096 * h * 4  # the fp32 residual, no weight copies
+    sel = M.saved_activation_bytes_per_layer(LLAMA13, 4096, 1, recompute="selective", autocast=True, **kw)
+    # op-level SAC keeps the fp32 block input and the mm/SDPA outputs; the weight casts are recomputed
+    assert sel - M.saved_activation_bytes_per_layer(LLAMA13, 4096, 1, recompute="selective", **kw) == 4096 * 2 * h
+    head = M.head_saved_bytes(LLAMA13, 4096, 1, autocast=True) - M.head_saved_bytes(LLAMA13, 4096, 1)
+    assert head == pytest.approx(2 * LLAMA13.vocab * h + 4096 * 2 * h)  # the head's weight copy, an fp32 norm input
 
 
 # ------------------------------------------------------------------------------ breakdown

@@ -165,3 +165,25 @@ def test_compile_true_compiles_after_the_instrumented_step(monkeypatch):
     res = train(spec, 0, 1)
     assert res["status"] == "ok" and res["environment"]["compiled_graphs"] >= 1
     torch._dynamo.reset()
+
+
+def test_bf16_on_one_rank_is_autocast_and_its_record_predicts_the_saves_to_the_byte():
+    """One rank in bf16 trains under torch.autocast over fp32 weights (proxy.schema.uses_autocast). What the block and
+    the head save for backward (the harness's saved_tensors_hooks) equals the RECORD's own prediction
+    (proxy.analytic, memory.py's autocast terms): fp32 residual stream, a bf16 cast per linear, the weight copies."""
+    from trainplan.model import memory
+    from trainplan.proxy.analytic import analytic_memory
+    from trainplan.proxy.run import train
+
+    model = {"name": "ac", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 160, "vocab": 128}
+    spec = normalize_run_spec({"id": "ac", "model": model, "layout": {"dp": 1, "sharding": "none"}, "seq_len": 32,
+                               "global_batch": 2, "steps": 1, "warmup": 0, "nproc_per_node": 1, "dtype": "bf16"})
+    saved = train(spec, 0, 1)["saved"]
+    m, lay = ModelSpec(**model), Layout(dp=1, sharding="none")
+    pred = analytic_memory(m, lay, 32, 2, "bf16", "full", 8, [], device="cpu")
+    assert pred["bf16_via"] == "autocast"
+    assert saved["complete"] and saved["mean_layer_bytes"] == pred["activation_bytes_per_layer"]
+    assert saved["non_layer_bytes"]["norm"] + saved["non_layer_bytes"]["output"] == pred["head_saved_bytes"]
+    bf16_params = memory.saved_activation_bytes_per_layer(m, 32, 1, dtype_bytes=2, norm_impl="composite",
+                                                          sac_policy="matmul", sp_impl="pytorch")
+    assert pred["activation_bytes_per_layer"] > bf16_params  # the regime is what makes it exact
