@@ -377,3 +377,30 @@ def test_title_fields_come_from_the_results_not_the_default_config():
     assert memo._title({"memo": {"title": "Plan {x} {model"}}, {}) == "Plan {x} {model"
     assert memo._title({"study": {"name": "s"}}, None) == "s"
     assert (memo.gpu_label("a100-80gb"), memo.gpu_label("h200-141gb"), memo.gpu_label(None)) == ("A100", "H200", "GPU")
+
+
+def test_own_gpu_check_prints_the_records_summary_and_says_only_what_the_errors_show(tmp_path):
+    """The memo's "Own GPU measurements" section renders calibration.json's gpu_check (here the committed H200 records
+    checked live): per proxy family the tokens/s MAPE, bias, and allocated and reserved memory bias, the block-saves
+    agreement, and the sentence on over-prediction only when every step time is over-predicted."""
+    from trainplan.calibration.sources import gpu_check
+
+    h200 = Path(__file__).resolve().parents[3] / "data" / "calibration" / "h200-2026-12-04"
+    gc = gpu_check(str(h200))
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+
+    def text_with(check: dict) -> str:
+        cal = json.loads((FIXTURE / "calibration/calibration.json").read_text()) | {"gpu_check": check}
+        (root / "calibration/calibration.json").write_text(json.dumps(cal))
+        return " ".join(" ".join(p.extract_text() for p in PdfReader(_render(root, tmp_path / "m.pdf")).pages).split())
+
+    text = text_with(gc)
+    allr = next(r for r in gc["summary"] if r["family"] == "all")
+    assert "Own GPU measurements (predicted, never fitted)" in text and "allocated bias reserved bias" in text
+    assert f"all runs 12 {memo.fmt(allr['throughput_mape'], 'pct')} {memo.fmt(allr['throughput_bias'], 'spct')}" in text
+    assert memo.PROXY_FAMILY_LABELS["layout"] in text
+    assert f"predicted to within {memo.fmt(allr['saved_layer_max_abs_err_bytes'], 'int')} bytes in every run" in text
+    assert "Every step time is over-predicted" in text
+    gc["records"][0]["throughput_err"] = 0.02
+    assert "Every step time is over-predicted" not in text_with(gc)
