@@ -74,6 +74,9 @@ class TrainingSpec:
         one_of(self, "sac_policy", SAC_POLICIES)
         one_of(self, "sp_impl", SP_IMPLS)
         one_of(self, "bf16_via", BF16_VIA)
+        if self.bf16_via == "autocast" and (self.fp8 or self.finetune == "qlora"):
+            raise ConfigError("bf16_via", self.bf16_via, "autocast over fp32 weights is the proxy harness's bf16 regime "
+                              f"(full or LoRA, bf16 GEMMs); not with precision={self.precision}, finetune={self.finetune}")
         one_of(self, "precision", PRECISIONS)
         one_of(self, "optimizer", OPTIMIZERS)
         one_of(self, "finetune", FINETUNE_KINDS)

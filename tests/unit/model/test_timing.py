@@ -338,3 +338,6 @@ def test_autocast_weight_casts_cost_what_they_stream():
     assert timing.autocast_cast_s(small, TrainingSpec(seq_len=4096, global_batch=8), Layout(dp=1), 2, 1.0, eff) == (0.0, 0.0)
     with pytest.raises(ConfigError, match="bf16_via"):
         TrainingSpec(seq_len=4096, global_batch=8, bf16_via="fp16")
+    for kw in ({"precision": "fp8-tensorwise"}, {"finetune": "qlora"}):  # the harness runs neither under autocast
+        with pytest.raises(ConfigError, match="bf16_via='autocast'"):
+            TrainingSpec(seq_len=4096, global_batch=8, bf16_via="autocast", **kw)
