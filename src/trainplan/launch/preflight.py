@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from trainplan.calibration.gpu import harness_layout
 from trainplan.io import read_json, write_json
 from trainplan.launch.artifacts import load_inputs
 from trainplan.model.arch import ModelSpec, resolve_model
@@ -34,9 +35,11 @@ from trainplan.model.base import ConfigError
 from trainplan.model.hardware import ClusterSpec
 from trainplan.model.layout import Layout
 from trainplan.model.memory import memory_breakdown
-from trainplan.model.timing import step_time
+from trainplan.model.timing import attention_kernel_rel, step_time
 from trainplan.model.training import TrainingSpec
+from trainplan.proxy.aggregate import attn_kernel_of
 from trainplan.proxy.record import predicted_state_terms
+from trainplan.proxy.schema import uses_autocast
 from trainplan.report.memo import memory_fallback
 
 __all__ = ["ACT_REL_TOL", "HEADROOM_FRAC", "PEAK_REL_TOL", "STATE_REL_TOL", "TIME_REL_TOL", "Check",
@@ -142,21 +145,49 @@ def preflight_spec(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
 
 # ------------------------------------------------------------------------------------- evaluation
 def _predicted_cuda(record: dict, cluster: ClusterSpec, eff: Any) -> tuple[float, float]:
-    """(predicted peak bytes, predicted step seconds) for the slice on one node of this cluster's GPUs."""
+    """(predicted peak bytes, predicted step seconds) for the slice on one node of this cluster's GPUs, as the proxy
+    harness runs it (the GPU check's conventions, ``calibration.gpu.record_specs``): eager kernels (compiled with
+    ``compile``), its save-every-matmul SAC and DTensor SP, the attention kernel the run dispatched, autocast over
+    fp32 weights where no FSDP runs (dp = 1), and no sharding at dp = 1."""
 
     spec = record["spec"]
     model, layout = ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"])
     node = ClusterSpec(nodes=1, gpus_per_node=spec["nproc_per_node"], gpu=cluster.gpu,
                        intra_busbw_Bps=cluster.intra_busbw_Bps, intra_latency_s=cluster.intra_latency_s)
+    kernel = attn_kernel_of(record)
     training = TrainingSpec(seq_len=spec["seq_len"], global_batch=spec["global_batch"],
-                            precision="bf16" if spec["dtype"] == "bf16" else "fp32")
+                            precision="bf16" if spec["dtype"] == "bf16" else "fp32",
+                            kernels="compiled" if spec.get("compile") else "eager", sac_policy="matmul",
+                            sp_impl="pytorch",
+                            attn_kernel="cudnn" if kernel == "cudnn" and cluster.gpu.generation == "h100" else "fa2",
+                            bf16_via="autocast" if uses_autocast(layout, spec["dtype"]) else "bf16_params")
+    layout = harness_layout(layout)
     peak = float(memory_breakdown(model, node, training, layout, eff)["total"])
     time_s = float(step_time(model, node, training, layout, eff)["step_time_s"])
     return peak, time_s
 
 
-def evaluate(record: dict, cluster: ClusterSpec, eff: Any = None) -> tuple[str, list[Check]]:
-    """Verdict (PASS/FAIL) and the checks of one preflight RECORD (schema: proxy/schema.py)."""
+def attention_kernel_check(record: dict, planned: str | None) -> Check:
+    """Which flash kernel the run's SDPA dispatched (read off its FLOP counter) against the plan's
+    ``training.attn_kernel``: reported, not judged. cuDNN where the plan assumed FlashAttention-2 means the plan's
+    throughput is low by the measured kernel ratio on the attention share (the Sensitivity table prices it)."""
+    ran = attn_kernel_of(record)
+    if not ran:
+        return Check("attention kernel", None, None, None, "NOT_COMPARABLE",
+                     "no flash SDPA op in the run's FLOP count (CPU or the math path)")
+    if planned is None or ran == planned:
+        return Check("attention kernel", None, None, None, "NOT_COMPARABLE",
+                     f"the run dispatched {ran}" + (f", as planned (training.attn_kernel: {planned})" if planned else ""))
+    return Check("attention kernel", None, None, None, "NOT_COMPARABLE",
+                 f"the run dispatched {ran}; the plan assumed training.attn_kernel: {planned} — the plan's attention "
+                 f"time is off by the measured kernel ratio ({attention_kernel_rel('cudnn'):.2f}x cuDNN over FA2); "
+                 "the memo's Sensitivity row attention_rate_x prices it")
+
+
+def evaluate(record: dict, cluster: ClusterSpec, eff: Any = None,
+             planned_attn_kernel: str | None = None) -> tuple[str, list[Check]]:
+    """Verdict (PASS/FAIL) and the checks of one preflight RECORD (schema: proxy/schema.py); on CUDA also the
+    attention kernel the run dispatched against ``planned_attn_kernel`` (reported, not judged)."""
     checks: list[Check] = []
     if record.get("status") != "ok":
         checks.append(Check("run", None, None, None, "FAIL", f"status {record.get('status')}: {record.get('message')}"))
@@ -184,6 +215,7 @@ def evaluate(record: dict, cluster: ClusterSpec, eff: Any = None) -> tuple[str, 
                             "MISSING" if reserved is None else ("PASS" if reserved <= limit else "FAIL"),
                             f"≤ {HEADROOM_FRAC:.0%} of {cluster.gpu.name} HBM"))
         checks.append(_compare("median step time s", median, time_pred, TIME_REL_TOL, "vs timing.step_time"))
+        checks.append(attention_kernel_check(record, planned_attn_kernel))
     else:
         checks.append(Check("median step time s", median, None, None, "NOT_COMPARABLE",
                             "not comparable on CPU (debug-size model, gloo; says nothing about an H100)"))
@@ -269,7 +301,7 @@ def run_preflight(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         tail = (stderr or stdout).strip().splitlines()[-3:]
         record = {"status": "error", "message": f"trainplan proxy exited {rc}: " + " | ".join(tail),
                   "spec": spec}
-    verdict, checks = evaluate(record, cluster, eff)
+    verdict, checks = evaluate(record, cluster, eff, planned_attn_kernel=training.attn_kernel)
     result = {"verdict": verdict, "device": device, "notes": notes, "spec": spec,
               "production_layout": layout.to_dict(),
               "thresholds": {"state_rel_tol": STATE_REL_TOL, "act_rel_tol": ACT_REL_TOL,

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 
+from trainplan.calibration.gpu import check_gpu_records, load_gpu_records
 from trainplan.io import read_json
 from trainplan.launch import preflight as pf
 from trainplan.model.arch import ModelSpec, resolve_model
 from trainplan.model.base import ConfigError
-from trainplan.model.hardware import ClusterSpec
+from trainplan.model.hardware import GPUS, ClusterSpec
 from trainplan.model.layout import Layout
 from trainplan.model.training import TrainingSpec
 
@@ -279,3 +281,32 @@ def test_default_study_recommendation_passes_its_own_preflight(tmp_path, capsys)
     out = capsys.readouterr().out
     assert rc == 0 and out.rstrip().endswith("PREFLIGHT PASS"), out
     assert read_json(tmp_path / "preflight" / "preflight.json")["verdict"] == "PASS"
+
+
+def test_cuda_preflight_reports_the_attention_kernel_the_run_dispatched():
+    """Read off the run's FLOP counter: cuDNN where the plan assumed FA2 is reported with the measured ratio, not
+    judged (the verdict is the other checks'); the step-time prediction uses the kernel the run dispatched."""
+    peak, time_fa2 = pf._predicted_cuda(record("cuda"), CLUSTER, None)
+    rec = record("cuda", reserved=int(peak), median=time_fa2)
+    rec["flops"] = {"by_op": {"aten._scaled_dot_product_cudnn_attention.default": 1.0, "aten.mm.default": 2.0}}
+    verdict, checks = pf.evaluate(rec, CLUSTER, planned_attn_kernel="fa2")
+    c = by_name(checks)["attention kernel"]
+    assert c.status == "NOT_COMPARABLE" and "dispatched cudnn; the plan assumed training.attn_kernel: fa2" in c.note
+    assert "1.70x" in c.note
+    assert pf._predicted_cuda(rec, CLUSTER, None)[1] < time_fa2  # cuDNN attention: a faster predicted step
+    same = by_name(pf.evaluate(rec, CLUSTER, planned_attn_kernel="cudnn")[1])["attention kernel"]
+    assert same.status == "NOT_COMPARABLE" and "as planned" in same.note
+    assert by_name(pf.evaluate(record("cuda", reserved=int(peak)), CLUSTER)[1])["attention kernel"].note.startswith(
+        "no flash SDPA op")
+
+
+def test_cuda_preflight_predicts_a_harness_run_as_the_gpu_check_does():
+    """The committed H200 depth-L2 record (one GPU, bf16 by autocast, cuDNN attention) predicted by the preflight's
+    own path equals the GPU check's prediction (calibration.gpu.record_specs): one convention for harness runs."""
+    h200 = Path(__file__).resolve().parents[3] / "data" / "calibration" / "h200-2026-12-04"
+    rec = read_json(h200 / "depth-L2.json")
+    node = ClusterSpec(nodes=1, gpus_per_node=1, gpu=GPUS["h200-141gb"])
+    peak, time_s = pf._predicted_cuda(rec, node, None)
+    checked = check_gpu_records(load_gpu_records(h200)[0]).set_index("id").loc["depth-L2"]
+    assert time_s == pytest.approx(checked["step_time_predicted_s"], rel=1e-12)
+    assert checked["regime"] == "autocast" and checked["attn_kernel"] == "cudnn"
