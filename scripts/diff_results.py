@@ -3,7 +3,8 @@ diff every result against that run: the proof that a refactor changed no result 
 
     .venv/bin/python scripts/diff_results.py BASE_RESULTS [--configfile config/config.yaml ...] [--keep]
 
-BASE_RESULTS is a ``results/`` tree written by ``snakemake`` at another commit (e.g. a ``git worktree`` of the
+BASE_RESULTS is a ``results/`` tree (a variant's: ``results/lora`` with ``--configfile config/config.yaml
+config/lora.yaml``; the rerun writes to the config's ``study.results_dir``) written by ``snakemake`` at another commit (e.g. a ``git worktree`` of the
 previous commit: ``git worktree add /tmp/base HEAD~1 && (cd /tmp/base && PYTHONPATH=src snakemake --cores 2)``).
 The proxy runs are measurements (CPU timings differ run to run), so they and the benchmark TSVs are copied from
 BASE_RESULTS; every other rule is rerun here, in DAG order, through ``trainplan.stages.<rule>.run`` with the
@@ -96,24 +97,30 @@ def renamed(text: str) -> str:
     return _DOTTED.sub(new, text)
 
 
+def results_dir(raw: dict) -> str:
+    """The study's results directory (``study.results_dir``: ``results``, or ``results/lora`` for a variant)."""
+    return str(raw.get("study", {}).get("results_dir") or "results").rstrip("/")
+
+
 def _resolve(value: str, res: Path, raw: dict) -> str | list[str]:
+    r = results_dir(raw)
     if value == "<proxy_records>":
         ids = [p["id"] for p in json.loads((res / "proxies/proxy_set.json").read_text())["proxies"]]
-        return [f"results/proxies/runs/{i}.json" for i in ids]
+        return [f"{r}/proxies/runs/{i}.json" for i in ids]
     if value == "<PUBLISHED>":  # rules/common.smk: PUBLISHED
         return sorted(str(p) for p in pkgdata.path(pkgdata.DATA).glob("*.csv"))
     if value in ("<GPU_RECORDS>", "<GPU_CHECK>"):  # rules/common.smk: GPU_RECORDS, GPU_CHECK
         return gpu_record_files(value.strip("<>"), raw, Path("."))  # relative, as Snakemake gives them
     if value == "<benchmark_files>":  # rules/common.smk: benchmark_files
         ids = [p["id"] for p in json.loads((res / "proxies/proxy_set.json").read_text())["proxies"]]
-        return [f"results/benchmarks/{r}.tsv" for r in smk_constant("BENCHMARKED")] + [
-            f"results/benchmarks/proxy_run/{i}.tsv" for i in ids]
-    return value.replace("{R}", "results")
+        return [f"{r}/benchmarks/{b}.tsv" for b in smk_constant("BENCHMARKED")] + [
+            f"{r}/benchmarks/proxy_run/{i}.tsv" for i in ids]
+    return value.replace("{R}", r)
 
 
 def run_stages(base: Path, work: Path, configs: list[str]) -> None:
     raw = load_config(configs).raw
-    res = work / "results"
+    res = work / results_dir(raw)
     # the memo and sidecars print the commit: use the base run's, so the texts can be compared exactly
     git = json.loads((base / "analytic/summary.json.provenance.json").read_text()).get("git") or {}
     os.environ["TRAINPLAN_GIT_COMMIT"] = str(git.get("commit"))
@@ -172,7 +179,10 @@ def compare(base: Path, new: Path) -> list[str]:
     declared: list[str] = []  # sidecars of INPUTS_CHANGED rules whose inputs list changed (not a difference)
     hashes = _renamed_hashes(base, new)
     n_same = n_renamed = 0
-    files = sorted(p.relative_to(base) for p in base.rglob("*") if p.is_file())
+    # a variant's results tree inside the base (results/lora/ of a default run's results/) is another study
+    nested = [d for d in base.rglob("analytic") if d.is_dir() and d.parent != base]
+    files = sorted(p.relative_to(base) for p in base.rglob("*")
+                   if p.is_file() and not any(d.parent in p.parents for d in nested))
     for rel in files:
         s = str(rel)
         if s.startswith(MEASURED) or rel.name == ".snakemake_timestamp":
@@ -249,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="trainplan-diff-"))
     try:
         run_stages(base, work, configs)
-        problems = compare(base, work / "results")
+        problems = compare(base, work / results_dir(load_config(configs).raw))
     finally:
         os.chdir(ROOT)
         if a.keep:
