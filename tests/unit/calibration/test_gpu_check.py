@@ -105,7 +105,7 @@ def test_the_autocast_casts_explain_the_sequence_ladder():
 def test_memory_of_every_run_is_predicted_from_what_autocast_saves(check):
     """One block's saves for backward (saved_tensors_hooks) equal the model to 16 B in every run (two 8-byte RNG
     tensors of the cuDNN kernel): fp32 norm inputs, one bf16 cast per linear, the bf16 weight copies. Max allocated:
-    −2…−9% (the loss's transient fp32 weight-gradient casts are not modelled); max reserved adds the caching
+    −2…−9% (transients around the loss backward are not modelled); max reserved adds the caching
     allocator's fragmentation, 0.75–5.8 GB here against the 5% default (alloc_frag_frac, uncalibrated)."""
     d = (check["saved_layer_predicted_bytes"] - check["saved_layer_measured_bytes"]).abs()
     assert d.max() <= 64, check[["id", "saved_layer_predicted_bytes", "saved_layer_measured_bytes"]]
