@@ -428,7 +428,7 @@ def check_gpu_records(records: pd.DataFrame) -> pd.DataFrame:
     the model is optimistic), the memory errors (predicted/measured − 1), and the precision regime the harness ran
     (:func:`precision_regime`).
     The committed H200 records (``data/calibration/h200-2026-12-04``) are checked this way by
-    ``trainplan validate --gpu-records``; docs/timing-model.md §7.9 reads the result.
+    ``trainplan validate --gpu-records``; docs/timing-model.md §7.9–7.10 read the result.
     """
     gpu = gpu_records(records)
     rows = []
