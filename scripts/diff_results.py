@@ -118,7 +118,8 @@ def _resolve(value: str, res: Path, raw: dict) -> str | list[str]:
     return value.replace("{R}", r)
 
 
-def run_stages(base: Path, work: Path, configs: list[str]) -> None:
+def run_stages(base: Path, work: Path, configs: list[str]) -> Path:
+    """Rerun every deterministic rule into ``work``; returns the rerun's results directory."""
     raw = load_config(configs).raw
     res = work / results_dir(raw)
     # the memo and sidecars print the commit: use the base run's, so the texts can be compared exactly
@@ -141,6 +142,7 @@ def run_stages(base: Path, work: Path, configs: list[str]) -> None:
         importlib.import_module(f"trainplan.stages.{rule}").run(inp, out, config_slice(raw, rule))
         if rule == "figures":  # what Snakemake leaves in a directory() output
             (res / "figures/.snakemake_timestamp").touch()
+    return res
 
 
 def _pdf_text(p: Path) -> str:
@@ -258,8 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SOURCE_DATE_EPOCH", "0")
     work = Path(tempfile.mkdtemp(prefix="trainplan-diff-"))
     try:
-        run_stages(base, work, configs)
-        problems = compare(base, work / results_dir(load_config(configs).raw))
+        problems = compare(base, run_stages(base, work, configs))
     finally:
         os.chdir(ROOT)
         if a.keep:

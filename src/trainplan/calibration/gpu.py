@@ -37,6 +37,7 @@ from trainplan.model.memory import (
     activation_kwargs,
     memory_breakdown,
     reserved_bytes,
+    residual_bytes,
     rope_table_bytes,
     saved_activation_bytes_per_layer,
 )
@@ -118,15 +119,12 @@ def record_specs(row: Any) -> tuple[ModelSpec, ClusterSpec, TrainingSpec, Layout
     nnodes = max(1, int(_get(row, "nnodes", 1)))
     cluster = ClusterSpec(nodes=nnodes, gpus_per_node=max(1, world // nnodes), gpu=GPUS[key])
     targets = str(_get(row, "lora_targets", "") or "")
-    finetune = str(_get(row, "finetune", "full"))
-    training = TrainingSpec(seq_len=int(_get(row, "seq_len")), global_batch=int(_get(row, "global_batch")),
-                            precision="bf16" if str(_get(row, "dtype", "bf16")) == "bf16" else "fp32",
-                            finetune=finetune, lora_rank=int(_get(row, "lora_rank", 16) or 16),
-                            lora_targets=tuple(t for t in targets.split(",") if t) or ("q", "k", "v", "o"),
-                            kernels="compiled" if str(_get(row, "compile", False)).lower() in ("true", "1")
-                            else "eager", attn_impl="flash", sac_policy="matmul", sp_impl="pytorch",
-                            attn_kernel=record_attn_kernel(row, cluster),
-                            bf16_via="autocast" if precision_regime(row) == "autocast" else "bf16_params")
+    training = harness_training(
+        seq_len=int(_get(row, "seq_len")), global_batch=int(_get(row, "global_batch")),
+        dtype=str(_get(row, "dtype", "bf16")), layout=_layout(row), cluster=cluster,
+        compile=str(_get(row, "compile", False)).lower() in ("true", "1"), attn_kernel=_get(row, "attn_kernel", ""),
+        finetune=str(_get(row, "finetune", "full")), lora_rank=int(_get(row, "lora_rank", 16) or 16),
+        lora_targets=tuple(t for t in targets.split(",") if t) or ("q", "k", "v", "o"))
     return model, cluster, training, layout, [note] if note else []
 
 
@@ -136,6 +134,18 @@ def harness_layout(layout: Layout) -> Layout:
     if layout.dp == 1 and layout.sharding != "none" and layout.offload == "none":
         return replace(layout, sharding="none", shard_group=None)
     return layout
+
+
+def harness_training(*, seq_len: int, global_batch: int, dtype: str, layout: Layout, cluster: ClusterSpec,
+                     compile: bool = False, attn_kernel: Any = "", **finetune: Any) -> TrainingSpec:
+    """The TrainingSpec of a proxy-harness run (the GPU check's and the preflight's one convention): eager kernels
+    (``compiled`` with ``compile``), SDPA flash attention with the kernel the run dispatched
+    (:func:`record_attn_kernel`), the save-every-matmul SAC policy, DTensor SP, and autocast over fp32 weights where
+    no FSDP runs (``proxy.schema.uses_autocast``). ``finetune``: finetune, lora_rank, lora_targets."""
+    return TrainingSpec(seq_len=seq_len, global_batch=global_batch, precision="bf16" if dtype == "bf16" else "fp32",
+                        kernels="compiled" if compile else "eager", attn_impl="flash", sac_policy="matmul",
+                        sp_impl="pytorch", attn_kernel=record_attn_kernel({"attn_kernel": attn_kernel}, cluster),
+                        bf16_via="autocast" if uses_autocast(layout, dtype) else "bf16_params", **finetune)
 
 
 def record_attn_kernel(row: Any, cluster: ClusterSpec) -> str:
@@ -447,7 +457,7 @@ def check_gpu_records(records: pd.DataFrame) -> pd.DataFrame:
                                                             recompute=layout.recompute,
                                                             **activation_kwargs(training, layout)))
         if model.layers == 1:  # the tracker books a storage one module alone uses to it: the RoPE tables too
-            layer_pred += rope_table_bytes(model, training.seq_len, 4 if training.autocast else 2)
+            layer_pred += rope_table_bytes(model, training.seq_len, residual_bytes(training))
         rows.append({"id": str(_get(r, "id")), "family": str(_get(r, "family", "")), "gpu": cluster.gpu.name,
                      "generation": cluster.gpu.generation, "regime": precision_regime(r),
                      "attn_kernel": training.attn_kernel,

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from trainplan.calibration.gpu import harness_layout
+from trainplan.calibration.gpu import harness_layout, harness_training
 from trainplan.io import read_json, write_json
 from trainplan.launch.artifacts import load_inputs
 from trainplan.model.arch import ModelSpec, resolve_model
@@ -39,7 +39,6 @@ from trainplan.model.timing import attention_kernel_rel, step_time
 from trainplan.model.training import TrainingSpec
 from trainplan.proxy.aggregate import attn_kernel_of
 from trainplan.proxy.record import predicted_state_terms
-from trainplan.proxy.schema import uses_autocast
 from trainplan.report.memo import memory_fallback
 
 __all__ = ["ACT_REL_TOL", "HEADROOM_FRAC", "PEAK_REL_TOL", "STATE_REL_TOL", "TIME_REL_TOL", "Check",
@@ -154,13 +153,9 @@ def _predicted_cuda(record: dict, cluster: ClusterSpec, eff: Any) -> tuple[float
     model, layout = ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"])
     node = ClusterSpec(nodes=1, gpus_per_node=spec["nproc_per_node"], gpu=cluster.gpu,
                        intra_busbw_Bps=cluster.intra_busbw_Bps, intra_latency_s=cluster.intra_latency_s)
-    kernel = attn_kernel_of(record)
-    training = TrainingSpec(seq_len=spec["seq_len"], global_batch=spec["global_batch"],
-                            precision="bf16" if spec["dtype"] == "bf16" else "fp32",
-                            kernels="compiled" if spec.get("compile") else "eager", sac_policy="matmul",
-                            sp_impl="pytorch",
-                            attn_kernel="cudnn" if kernel == "cudnn" and cluster.gpu.generation == "h100" else "fa2",
-                            bf16_via="autocast" if uses_autocast(layout, spec["dtype"]) else "bf16_params")
+    training = harness_training(seq_len=spec["seq_len"], global_batch=spec["global_batch"], dtype=spec["dtype"],
+                                layout=layout, cluster=cluster, compile=bool(spec.get("compile")),
+                                attn_kernel=attn_kernel_of(record))
     layout = harness_layout(layout)
     peak = float(memory_breakdown(model, node, training, layout, eff)["total"])
     time_s = float(step_time(model, node, training, layout, eff)["step_time_s"])

@@ -325,6 +325,12 @@ def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch
     return _out(tokens * per_token + np.where(recompute == "none", weights, 0.0))
 
 
+def residual_bytes(training: TrainingSpec) -> int:
+    """Bytes per element of the residual stream (embedding output, norm inputs, layer inputs, RoPE tables): fp32 under
+    ``torch.autocast`` over fp32 weights (``TrainingSpec.autocast``), else the compute dtype."""
+    return FP32 if training.autocast or not training.half else 2
+
+
 def autocast_weight_copy_bytes(model: ModelSpec, tp: Any = 1, lora_rank: int = 0,
                                lora_targets: tuple[str, ...] = ()) -> Any:
     """The bf16 weight copies one block keeps for backward under ``torch.autocast`` over fp32 parameters: each linear's

@@ -88,7 +88,7 @@ def analytic_memory(spec: ModelSpec, layout: Layout, seq_len: int, global_batch:
             spec, seq_len, layout.micro_batch, layout.tp, layout.sp, layout.cp, layout.recompute, d, "flash",
             norm_impl, sac_policy="matmul", sp_impl="pytorch", lora_rank=lora_rank if lora else 0,
             lora_targets=tuple(lora_targets) if lora else (), autocast=ac))
-        out["rope_table_bytes"] = float(memory.rope_table_bytes(spec, seq_len, 4 if ac else d))
+        out["rope_table_bytes"] = float(memory.rope_table_bytes(spec, seq_len, memory.residual_bytes(training)))
         out["head_saved_bytes"] = float(memory.head_saved_bytes(spec, seq_len, layout.micro_batch, layout.tp,
                                                                 layout.sp, layout.cp, d, norm_impl,
                                                                 sp_impl="pytorch", frozen=lora, autocast=ac))
