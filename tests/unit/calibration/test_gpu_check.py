@@ -183,3 +183,28 @@ def test_the_cudnn_rate_holds_inside_a_training_step():
         if kernel == "fa2":
             assert min(errs, key=errs.get) == 16384
     assert spread["cudnn"] < 0.04 and spread["fa2"] > 0.08, spread
+
+
+H200_B = ROOT / "data" / "calibration" / "h200-2026-12-04b"
+
+
+def test_a_second_h200_session_reproduces_the_records():
+    """Another machine, session and harness commit (h200-2026-12-04b, README there): the same 12 runs take within 1%
+    of the same step time, and allocate, reserve and save for backward exactly the same bytes. So the model's −8 …
+    −16% error on them is the model's, not run-to-run noise."""
+    again = {json.loads(Path(f).read_text())["id"]: json.loads(Path(f).read_text())
+             for f in sorted(H200_B.glob("*.json")) if not f.name.endswith(".spec.json") and f.name != "environment.json"}
+    first = {k: json.loads((H200 / f"{k}.json").read_text()) for k in again}
+    assert len(again) == 12
+    for k, b in again.items():
+        a = first[k]
+        assert b["status"] == "ok" and b["environment"]["device_name"] == "NVIDIA H200"
+        assert {**a["spec"], "timeout_s": 0} == {**b["spec"], "timeout_s": 0}, k  # the same run
+        ratio = b["timing"]["step_time_median_s"] / a["timing"]["step_time_median_s"]
+        assert abs(ratio - 1.0) < 0.02, (k, ratio)
+        for key in ("cuda_max_allocated_bytes", "cuda_max_reserved_bytes"):
+            assert a["memory"][key] == b["memory"][key], (k, key)
+        assert a["memory"]["saved_activations"]["per_layer_bytes"] == b["memory"]["saved_activations"]["per_layer_bytes"]
+        assert a["loss"][0] == b["loss"][0]
+    env = json.loads((H200_B / "environment.json").read_text())
+    assert env["git_commit"] != json.loads((H200 / "environment.json").read_text())["git_commit"]
