@@ -160,6 +160,25 @@ def attention_kernel_rel(kernel: str) -> float:
     return float(np.median(ratios))
 
 
+# Our own HBM stream rates (benchmarks/bench_hbm_stream.py on one H200, 2026-12-04; package data, copied from
+# data/calibration/h200-2026-12-04b/microbench/hbm_stream.json): each weight-sized streaming kernel's bandwidth as a
+# fraction of the spec HBM bandwidth, timed on one Llama-2-13B block's weights (317 M elements, so a call's ~8 µs of
+# latency is under 2% of it).
+HBM_STREAM_FILE = "h200_hbm_stream_20261204.json"
+
+
+@functools.cache
+def stream_frac(kernel: str) -> float:
+    """Measured fraction of spec HBM bandwidth that ``kernel`` (a ``bench_hbm_stream`` kernel name, e.g.
+    ``cast_fp32_to_bf16``) streams at on Hopper: a hardware fact of the generation, like the measured GEMM ceiling,
+    not a fit (docs/timing-model.md §7.11)."""
+    rows = json.loads(pkgdata.path(f"{pkgdata.DATA}/{HBM_STREAM_FILE}").read_text())["results"]
+    frac = {r["kernel"]: float(r["frac_of_spec"]) for r in rows}
+    if kernel not in frac:
+        raise ValueError(f"{HBM_STREAM_FILE}: no timing of {kernel!r}; measured: {', '.join(sorted(frac))}")
+    return frac[kernel]
+
+
 def attn_eff_at(keys: Array, head_dim: int, eff: Efficiency) -> Array:
     """Flash attention fraction of peak for calls of ``keys`` keys per query row: attn_eff · w/(w + half), w = keys ·
     head_dim (docs/timing-model.md §7.5); attn_eff itself when ``attn_eff_half_work`` is 0."""
@@ -462,10 +481,12 @@ AUTOCAST_ACCUM_BYTES = 12.0
 
 
 def autocast_cast_s(model: ModelSpec, training: TrainingSpec, layout: LayoutLike, layers: Array, hbm_Bps: float,
-                    eff: Efficiency) -> tuple[Array, Array]:
+                    eff: Efficiency, measured: bool = False) -> tuple[Array, Array]:
     """(per micro-batch, per step) seconds of autocast's weight casts on the rank's stage: every block linear and the LM
-    head, each micro-batch, at HBM speed (``AUTOCAST_CAST_BYTES``, ``AUTOCAST_ACCUM_BYTES``). Zero unless
-    ``training.autocast``. Frozen weights (LoRA) are cast in forward only."""
+    head, each micro-batch (``AUTOCAST_CAST_BYTES``, ``AUTOCAST_ACCUM_BYTES``). Zero unless ``training.autocast``.
+    Frozen weights (LoRA) are cast in forward only. Each is one weight-sized kernel: with ``measured`` (Hopper) it
+    streams at the rate measured for that kernel (``stream_frac``: the forward cast, its backward, the accumulate);
+    otherwise at ``membound_eff``, the published-run fit's rate for elementwise work."""
     if not training.autocast:
         return 0.0, 0.0
     tp = np.asarray(layout.tp, dtype=float)
@@ -473,10 +494,14 @@ def autocast_cast_s(model: ModelSpec, training: TrainingSpec, layout: LayoutLike
     head = np.where(np.asarray(layout.pp) == 1, model.vocab * model.hidden / tp, 0.0)  # on the last stage
     redo = np.where(np.asarray(layout.recompute) == "none", 0.0, 1.0)
     train = 1.0 if training.finetune == "full" else 0.0
-    bw = hbm_Bps * eff.membound_eff
-    per_mb = ((block + head) * AUTOCAST_CAST_BYTES * (1.0 + train) + block * AUTOCAST_CAST_BYTES * redo) / bw
+    if measured:
+        down, up, add = (hbm_Bps * stream_frac(k) for k in ("cast_fp32_to_bf16", "cast_bf16_to_fp32", "add_fp32_inplace"))
+    else:
+        down = up = add = hbm_Bps * eff.membound_eff
+    cast = AUTOCAST_CAST_BYTES
+    per_mb = (block + head) * cast * (1.0 / down + train / up) + block * cast * redo / down
     m = np.asarray(grad_accum(training, layout))
-    per_step = (m - 1) * (block + head) * AUTOCAST_ACCUM_BYTES * train / bw
+    per_step = (m - 1) * (block + head) * AUTOCAST_ACCUM_BYTES * train / add
     return per_mb, per_step
 
 
@@ -552,7 +577,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     copy = fsdp_copy_mb_s(model, training, layout, hbm, eff)
     dequant = qlora_dequant_mb_s(model, training, layout, layers, hbm, eff, act)
     ring = ring_overhead_mb_s(model, training, tokens, layout, layers, hbm, eff, act)
-    cast_mb, accum_step = autocast_cast_s(model, training, layout, layers, hbm, eff)
+    cast_mb, accum_step = autocast_cast_s(model, training, layout, layers, hbm, eff, measured=gpu.generation == "h100")
     compute_mb = (layers * (fwd + bwd + redo) + logits_s(model, tokens, tp, peak, hbm, eff, wgrad, kernels) + copy
                   + dequant + ring + cast_mb)
 

@@ -73,16 +73,16 @@ def test_precision_regime_is_the_one_proxy_run_chooses():
 
 def test_shipped_fit_predicts_every_run_a_constant_step_apart(check):
     """With the harness's autocast regime modelled (TrainingSpec.bf16_via, docs/timing-model.md §7.10) every run,
-    1–4 layers, hidden 1280–5120, sequence 1k–16k, is predicted 8–17% slow, within 9 points of each other (41
-    points before the regime was modelled). The level is the elementwise rate: membound_eff (fitted on published
-    end-to-end runs) is too slow for the casts' weight-sized streams on an H200."""
+    1–4 layers, hidden 1280–5120, sequence 1k–16k, is predicted 5–12% slow, within 10 points of each other (41
+    points before the regime was modelled). The casts stream at the rates measured for them (timing.stream_frac,
+    §7.11); at membound_eff, the published-run fit's elementwise rate, the runs were 8–17% slow."""
     err = check["throughput_err"]
     assert len(err) == 12 and (err < 0).all() and err.min() > -0.20, check[["id", "throughput_err"]]
     assert err.max() - err.min() < 0.10
     prod = check[check["seq_len"] == 4096]["throughput_err"]
     assert len(prod) == 8 and prod.max() - prod.min() < 0.06
     summary = summarize_gpu_check(check).set_index("family")
-    assert summary.loc["all", "throughput_mape"] < 0.15
+    assert summary.loc["all", "throughput_mape"] < 0.10  # 11.1% with the casts at membound_eff (§7.11)
 
 
 def test_the_autocast_casts_explain_the_sequence_ladder():
@@ -166,8 +166,8 @@ def test_a_one_rank_record_is_predicted_unsharded_whatever_its_spec_names(check)
 
 def test_the_cudnn_rate_holds_inside_a_training_step():
     """The sequence ladder at 4k, 8k, 16k (attention from about a fifth to about half of the step): predicted with
-    the cuDNN rate the runs dispatched (1.70x FA2, from the kernel microbenchmark) the errors stay within 4 points
-    of each other; with FA2's rate they drift by over 8 points, worst at 16k. An end-to-end check, on one GPU, of
+    the cuDNN rate the runs dispatched (1.70x FA2, from the kernel microbenchmark) the errors stay within 5 points
+    of each other; with FA2's rate they drift 2.5 times as far, worst at 16k. An end-to-end check, on one GPU, of
     training.attn_kernel: cudnn (docs/timing-model.md §7.10)."""
     records, _ = load_gpu_records(H200)
     g = gpu_records(records)
@@ -182,7 +182,7 @@ def test_the_cudnn_rate_holds_inside_a_training_step():
         spread[kernel] = max(errs.values()) - min(errs.values())
         if kernel == "fa2":
             assert min(errs, key=errs.get) == 16384
-    assert spread["cudnn"] < 0.04 and spread["fa2"] > 0.08, spread
+    assert spread["cudnn"] < 0.05 and spread["fa2"] > 2.5 * spread["cudnn"], spread
 
 
 H200_B = ROOT / "data" / "calibration" / "h200-2026-12-04b"

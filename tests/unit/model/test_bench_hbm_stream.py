@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from trainplan.model import timing
 from trainplan.model.arch import resolve_model
 from trainplan.model.efficiency import Efficiency
@@ -40,3 +42,24 @@ def test_bytes_per_element_are_the_models():
     m = resolve_model("llama2-13b")
     assert ks["rmsnorm_eager"][1] / (tokens * hidden) == timing.norm_bytes_per_elem(m, "eager", 2.0)
     assert layer_matmul_params_per_rank(m) == bench.BLOCK_NUMEL
+
+
+def test_the_model_reads_the_measured_h200_rates():
+    """timing.stream_frac reads the package copy of the H200 session's measurement, byte for byte, taken at one
+    Llama-2-13B block (so per-call latency is negligible) against the h200-141gb spec bandwidth."""
+    from trainplan import pkgdata
+    from trainplan.model.hardware import GPUS
+
+    measured = ROOT / "data" / "calibration" / "h200-2026-12-04b" / "microbench" / "hbm_stream.json"
+    package = pkgdata.path(f"{pkgdata.DATA}/{timing.HBM_STREAM_FILE}")
+    assert package.read_bytes() == measured.read_bytes()
+    doc = json.loads(measured.read_text())
+    assert doc["environment"]["device_name"] == "NVIDIA H200" and doc["args"]["numel"] == bench.BLOCK_NUMEL
+    assert doc["args"]["hbm_tbps"] * 1e12 == GPUS["h200-141gb"].hbm_bw_Bps
+    for r in doc["results"]:
+        assert timing.stream_frac(r["kernel"]) == r["frac_of_spec"]
+        assert r["frac_of_spec"] == pytest.approx(r["bytes"] / r["median_s"] / (doc["args"]["hbm_tbps"] * 1e12))
+    # the two cast directions move the same bytes at different rates: the model keeps them apart
+    assert timing.stream_frac("cast_bf16_to_fp32") < 0.6 * timing.stream_frac("cast_fp32_to_bf16")
+    with pytest.raises(ValueError, match="no timing of 'memcpy'"):
+        timing.stream_frac("memcpy")

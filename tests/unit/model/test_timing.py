@@ -321,20 +321,29 @@ def test_norm_traffic_follows_the_norms_a_block_has(kernels):
 def test_autocast_weight_casts_cost_what_they_stream():
     """bf16_via='autocast' (the harness on one rank): per micro-batch every block linear and the head cast fp32 → bf16
     (6 B) and back in backward (6 B), redone under recompute; from the 2nd micro-batch on the fp32 gradient is
-    accumulated (12 B). At HBM speed × membound_eff; nothing for bf16 parameters (production)."""
-    one = ClusterSpec(nodes=1, gpus_per_node=1, gpu=resolve_gpu("h100-sxm-80gb"))
-    eff = Efficiency.for_gpu(one.gpu)
-    bw = one.gpu.hbm_bw_Bps * eff.membound_eff
+    accumulated (12 B). Each at the rate measured for that kernel on Hopper (timing.stream_frac), at HBM speed ×
+    membound_eff elsewhere; nothing for bf16 parameters (production)."""
     m = resolve_model("llama2-13b")
     small = type(m).from_dict({**m.to_dict(), "layers": 2})
     w = 2 * float(timing.layer_matmul_params_per_rank(small)) + small.vocab * small.hidden
-    for gb, rc in ((8, "none"), (32, "none"), (8, "full")):
-        lay = Layout(dp=1, sharding="none", recompute=rc)
-        base = TrainingSpec(seq_len=4096, global_batch=gb)
-        ac = TrainingSpec(seq_len=4096, global_batch=gb, bf16_via="autocast")
-        extra = step_time(small, one, ac, lay, eff)["step_time_s"] - step_time(small, one, base, lay, eff)["step_time_s"]
-        redo = 2 * float(timing.layer_matmul_params_per_rank(small)) * 6 if rc == "full" else 0.0
-        assert extra == pytest.approx((gb * (12 * w + redo) + (gb - 1) * 12 * w) / bw, rel=1e-9)
+    for gpu in ("h100-sxm-80gb", "a100-80gb"):
+        one = ClusterSpec(nodes=1, gpus_per_node=1, gpu=resolve_gpu(gpu))
+        eff = Efficiency.for_gpu(one.gpu)
+        hbm = one.gpu.hbm_bw_Bps
+        if one.gpu.generation == "h100":
+            down, up, add = (hbm * timing.stream_frac(k)
+                             for k in ("cast_fp32_to_bf16", "cast_bf16_to_fp32", "add_fp32_inplace"))
+        else:
+            down = up = add = hbm * eff.membound_eff
+        for gb, rc in ((8, "none"), (32, "none"), (8, "full")):
+            lay = Layout(dp=1, sharding="none", recompute=rc)
+            base = TrainingSpec(seq_len=4096, global_batch=gb)
+            ac = TrainingSpec(seq_len=4096, global_batch=gb, bf16_via="autocast")
+            extra = (step_time(small, one, ac, lay, eff)["step_time_s"]
+                     - step_time(small, one, base, lay, eff)["step_time_s"])
+            redo = 2 * float(timing.layer_matmul_params_per_rank(small)) * 6 if rc == "full" else 0.0
+            want = gb * (6 * w / down + 6 * w / up + redo / down) + (gb - 1) * 12 * w / add
+            assert extra == pytest.approx(want, rel=1e-9), (gpu, gb, rc)
     assert timing.autocast_cast_s(small, TrainingSpec(seq_len=4096, global_batch=8), Layout(dp=1), 2, 1.0, eff) == (0.0, 0.0)
     with pytest.raises(ConfigError, match="bf16_via"):
         TrainingSpec(seq_len=4096, global_batch=8, bf16_via="fp16")
