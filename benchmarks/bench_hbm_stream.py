@@ -33,7 +33,9 @@ BLOCK_NUMEL = 4 * 5120 * 5120 + 3 * 5120 * 13824
 ADAMW_BYTES = 28.0  # fp32 p, g, m, v read (16) + p, m, v written (12)
 
 
-def _timer(device: str) -> Callable[[Callable[[], Any], int, int], list[float]]:
+def event_timer(device: str) -> Callable[[Callable[[], Any], int, int], list[float]]:
+    """``run(fn, warmup, iters)``: seconds of each of ``iters`` calls after ``warmup`` untimed ones, by CUDA events
+    recorded around each call on ``cuda``, by ``time.perf_counter`` on ``cpu``."""
     import torch
 
     def run(fn: Callable[[], Any], warmup: int, iters: int) -> list[float]:
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         print("bench_hbm_stream: no CUDA device (use --device cpu for a smoke run)", file=sys.stderr)
         return 2
-    timer = _timer(a.device)
+    timer = event_timer(a.device)
     rows = []
     for name, (fn, nbytes) in kernels(a.numel, a.device, a.tokens, a.hidden).items():
         times = timer(fn, a.warmup, a.iters)
@@ -122,14 +124,23 @@ def main(argv: list[str] | None = None) -> int:
                      "frac_of_spec": gbps / (a.hbm_tbps * 1e3), "times_s": times})
         print(f"{name:20s} {nbytes / 1e9:8.3f} GB  {med * 1e3:9.3f} ms  {gbps:8.1f} GB/s  "
               f"{gbps / (a.hbm_tbps * 1e3):6.3f} of {a.hbm_tbps:g} TB/s")
+    write_results(a, rows)
+    return 0
+
+
+def write_results(a: argparse.Namespace, rows: list[dict[str, Any]], **env: Any) -> None:
+    """``{"args", "environment", "results"}`` as JSON to ``a.out`` (nothing without ``--out``): the arguments, where
+    it ran (torch, the device, CUDA; plus ``env``) and the rows."""
+    import torch
+
+    if not a.out:
+        return
     env = {"torch_version": torch.__version__, "device": a.device,
            "device_name": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
-           "cuda_version": torch.version.cuda}
-    if a.out:
-        with open(a.out, "w", encoding="utf-8") as f:
-            json.dump({"args": vars(a), "environment": env, "results": rows}, f, indent=1)
-            f.write("\n")
-    return 0
+           "cuda_version": torch.version.cuda, **env}
+    with open(a.out, "w", encoding="utf-8") as f:
+        json.dump({"args": vars(a), "environment": env, "results": rows}, f, indent=1)
+        f.write("\n")
 
 
 if __name__ == "__main__":

@@ -40,8 +40,10 @@ GPU_RECORDS = sorted(
 # GPU proxy records the memo checks the shipped fit against (never fitted): inputs of calibrate too.
 # config holds STUDY.raw (schema defaults filled); null: no check.
 _GPU_CHECK_DIR = config["calibration"]["gpu_check_dir"]
+# With the microbenchmarks of the same session (microbench/*.json: bench_bf16_step's production-regime timings).
 GPU_CHECK = (
     sorted(str(p) for p in Path(_GPU_CHECK_DIR).glob("*.json"))
+    + sorted(str(p) for p in Path(_GPU_CHECK_DIR).glob("microbench/*.json"))
     if _GPU_CHECK_DIR
     else []
 )

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -83,6 +85,15 @@ def _specs_home(attr: str) -> str:
     return "trainplan.model"
 
 
+@functools.cache
+def _is_module(name: str) -> bool:
+    """Whether ``name`` is a module of this checkout (importable now)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def renamed(text: str) -> str:
     def new(m: re.Match) -> str:
         parts = m.group(0).split(".")
@@ -91,6 +102,10 @@ def renamed(text: str) -> str:
         for i in range(len(parts), 0, -1):
             p = ".".join(parts[:i])
             if p in RENAMES:
+                # a base written after the restructure already names a module that lives deeper than the old name
+                # (``trainplan.launch.trainers`` under the old ``trainplan.launch``): leave it
+                if any(_is_module(".".join(parts[:j])) for j in range(len(parts), i, -1)):
+                    return m.group(0)
                 return ".".join([RENAMES[p], *parts[i:]])
         return m.group(0)
 

@@ -44,7 +44,7 @@ def smk_constant(name: str, root: Path = ROOT) -> object:
 def gpu_record_files(name: str, raw: dict, root: Path = ROOT) -> list[str]:
     """The files ``GPU_RECORDS`` or ``GPU_CHECK`` of rules/common.smk stand for under the resolved config ``raw``:
     ``calibration.gpu_records_dir`` (default ``data/calibration/gpu``) or ``calibration.gpu_check_dir`` (null: none),
-    relative to ``root``; every ``*.json`` in it, sorted."""
+    relative to ``root``; every ``*.json`` in it, sorted (GPU_CHECK: then those of its ``microbench/``)."""
     cal = raw.get("calibration", {})
     if name == "GPU_RECORDS":
         d = cal.get("gpu_records_dir") or "data/calibration/gpu"
@@ -55,7 +55,8 @@ def gpu_record_files(name: str, raw: dict, root: Path = ROOT) -> list[str]:
     if not d:
         return []
     p = Path(d) if Path(d).is_absolute() else root / d
-    return sorted(str(f) for f in p.glob("*.json"))
+    files = sorted(str(f) for f in p.glob("*.json"))
+    return files + sorted(str(f) for f in p.glob("microbench/*.json")) if name == "GPU_CHECK" else files
 
 
 def rule_io(root: Path = ROOT) -> dict[str, dict[str, dict[str, str]]]:

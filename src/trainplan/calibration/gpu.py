@@ -490,3 +490,52 @@ def summarize_gpu_check(check: pd.DataFrame) -> pd.DataFrame:
         row["saved_layer_max_abs_err_bytes"] = float(d.max()) if len(d) else math.nan
         out.append(row)
     return pd.DataFrame(out)
+
+
+# ------------------------------------------------------------------ the production precision regime on one GPU
+BF16_STEP_FILE = "microbench/bf16_step.json"  # benchmarks/bench_bf16_step.py, in a GPU session's directory
+
+
+def check_bf16_steps(path: str | Path) -> pd.DataFrame:
+    """``benchmarks/bench_bf16_step.py``'s timings predicted by the shipped fit: the forward and backward of one
+    micro-batch of the harness's model with bf16 parameters (no autocast, no optimizer, no accumulation), i.e.
+    ``step_time``'s ``compute_s`` at dp = 1 with one micro-batch, in the precision regime of every production plan,
+    eager kernels and the attention kernel the profiler saw. One row per (sequence, depth); ``throughput_err`` as in
+    :func:`check_gpu_records` (+ = the model is optimistic). ``layer_err``: the same for the per-layer slope, from the
+    shallowest to the deepest run at that sequence length (what the blocks alone cost)."""
+    doc = json.loads(Path(path).read_text())
+    key, _ = gpu_for_device(doc["environment"]["device_name"])
+    cluster = ClusterSpec(nodes=1, gpus_per_node=1, gpu=GPUS[key])
+    eff = Efficiency.for_gpu(cluster.gpu)
+    layout = Layout(dp=1, sharding="none")
+    rows = []
+    for r in doc["results"]:
+        model = ModelSpec.from_dict(r["model"])
+        kernel = "cudnn" if "cudnn" in r["attention_kernels"] else "flash"
+        training = replace(harness_training(seq_len=int(r["seq_len"]), global_batch=1, dtype="bf16", layout=layout,
+                                            cluster=cluster, attn_kernel=kernel), bf16_via="bf16_params")
+        pred = float(step_time(model, cluster, training, layout, eff)["compute_s"])
+        rows.append({"gpu": key, "seq_len": int(r["seq_len"]), "layers": int(r["layers"]), "hidden": model.hidden,
+                     "attn_kernel": training.attn_kernel, "measured_s": float(r["median_s"]), "predicted_s": pred,
+                     "throughput_err": float(r["median_s"]) / pred - 1.0})
+    df = pd.DataFrame(rows)
+    df["layer_err"] = math.nan
+    for _, g in df.groupby("seq_len"):
+        lo, hi = g.loc[g["layers"].idxmin()], g.loc[g["layers"].idxmax()]
+        if hi["layers"] > lo["layers"]:
+            df.loc[g.index, "layer_err"] = ((hi["measured_s"] - lo["measured_s"])
+                                            / (hi["predicted_s"] - lo["predicted_s"]) - 1.0)
+    return df
+
+
+def summarize_bf16_steps(check: pd.DataFrame) -> dict[str, Any]:
+    """MAPE, bias and range of the throughput errors, and the range of the per-layer slope errors."""
+    t = check["throughput_err"].to_numpy(float)
+    lay = check.drop_duplicates("seq_len")["layer_err"].dropna().to_numpy(float)
+    return {"n": len(t), "throughput_mape": float(np.mean(np.abs(t))), "throughput_bias": float(np.mean(t)),
+            "throughput_min": float(t.min()), "throughput_max": float(t.max()),
+            "layer_err_min": float(lay.min()) if len(lay) else math.nan,
+            "layer_err_max": float(lay.max()) if len(lay) else math.nan,
+            "seq_lens": sorted(int(s) for s in set(check["seq_len"])),
+            "layers": sorted(int(n) for n in set(check["layers"])),
+            "attn_kernels": sorted(set(check["attn_kernel"]))}

@@ -22,7 +22,15 @@ from trainplan.calibration.fitting import (
     fit_efficiency,
     relative_errors,
 )
-from trainplan.calibration.gpu import calibrate_gpu, check_gpu_records, load_gpu_records, summarize_gpu_check
+from trainplan.calibration.gpu import (
+    BF16_STEP_FILE,
+    calibrate_gpu,
+    check_bf16_steps,
+    check_gpu_records,
+    load_gpu_records,
+    summarize_bf16_steps,
+    summarize_gpu_check,
+)
 from trainplan.model.efficiency import Efficiency, generation_fits
 from trainplan.published.fit import FIT_PARAMS, GEN_FIT, scored_rows, throughput_rel_errors
 from trainplan.published.intervals import heldout_errors_by_family  # noqa: F401  (re-exported)
@@ -264,9 +272,15 @@ def gpu_check(directory: Any, fitted_dirs: Sequence[Any] = ()) -> dict[str, Any]
     if env_file.is_file():
         e = json.loads(env_file.read_text())
         env = {k: e.get(k) for k in ("torch_version", "cuda_version", "nccl_version", "device_names", "git_commit")}
-    return {"dir": str(directory), "n": int(len(check)), "environment": env,
-            "devices": sorted(set(check["gpu"])), "regimes": sorted(set(check["regime"])),
-            "records": check.to_dict(orient="records"), "summary": summarize_gpu_check(check).to_dict(orient="records")}
+    out = {"dir": str(directory), "n": int(len(check)), "environment": env,
+           "devices": sorted(set(check["gpu"])), "regimes": sorted(set(check["regime"])),
+           "records": check.to_dict(orient="records"), "summary": summarize_gpu_check(check).to_dict(orient="records")}
+    bf16 = Path(str(directory)) / BF16_STEP_FILE
+    if bf16.is_file():  # the same session's production-regime timings (benchmarks/bench_bf16_step.py)
+        steps = check_bf16_steps(bf16)
+        out["bf16_steps"] = {"file": str(bf16), "records": steps.to_dict(orient="records"),
+                             "summary": summarize_bf16_steps(steps)}
+    return out
 
 
 def _apply_gpu(doc: dict[str, Any], heldout: pd.DataFrame, gpu: dict[str, Any], files: list[str]) -> None:

@@ -10,7 +10,15 @@ from typing import Any
 
 from rich.table import Table
 
-from trainplan.calibration.gpu import check_gpu_records, gpu_records, load_gpu_records, summarize_gpu_check
+from trainplan.calibration.gpu import (
+    BF16_STEP_FILE,
+    check_bf16_steps,
+    check_gpu_records,
+    gpu_records,
+    load_gpu_records,
+    summarize_bf16_steps,
+    summarize_gpu_check,
+)
 from trainplan.commands.common import check_out_path, console, write_csv_arg
 from trainplan.model.base import ConfigError
 from trainplan.published.fit import (
@@ -102,7 +110,8 @@ def print_heldout(rows: Any, csv: str | None, never: Any = None) -> int:
 
 def print_gpu_check(directory: str, csv: str | None) -> int:
     """Our own GPU proxy RECORDs predicted by the shipped fit of each record's GPU generation (none fitted on them):
-    step time, max allocated and reserved memory and one block's saved bytes per record, then errors per family."""
+    step time, max allocated and reserved memory and one block's saved bytes per record, then errors per family;
+    then, where the directory holds it, the same session's production-regime timings (``BF16_STEP_FILE``)."""
     if not Path(directory).is_dir():
         raise ConfigError("gpu-records", directory, "a directory of GPU proxy RECORD JSONs (scripts/device_proxies.sh)")
     records, files = load_gpu_records(directory)
@@ -135,4 +144,20 @@ def print_gpu_check(directory: str, csv: str | None) -> int:
                   f"{r.throughput_worst * 100:+.1f}", f"{r.allocated_bias * 100:+.1f}", f"{r.reserved_bias * 100:+.1f}",
                   f"{r.saved_layer_max_abs_err_bytes:,.0f}")
     con.print(s)
+    bf16 = Path(directory) / BF16_STEP_FILE
+    if bf16.is_file():
+        steps = check_bf16_steps(bf16)
+        b = Table(title=f"Production precision regime on one GPU ({bf16}: bf16 parameters, one micro-batch forward + "
+                        "backward, no optimizer), predicted as compute_s by the shipped fit (none fitted on them)")
+        for c in ("GPU", "attention", "seq", "layers", "measured ms", "pred ms", "tok/s err %", "per-layer err %"):
+            b.add_column(c, justify="left" if c in ("GPU", "attention") else "right")
+        for r in steps.itertuples():
+            b.add_row(r.gpu, r.attn_kernel, str(r.seq_len), str(r.layers), f"{r.measured_s * 1e3:.2f}",
+                      f"{r.predicted_s * 1e3:.2f}", f"{r.throughput_err * 100:+.1f}", f"{r.layer_err * 100:+.1f}")
+        con.print(b)
+        sm = summarize_bf16_steps(steps)
+        con.print(f"bf16 steps: {sm['n']} runs, tokens/s MAPE {sm['throughput_mape'] * 100:.1f}%, bias "
+                  f"{sm['throughput_bias'] * 100:+.1f}%, range {sm['throughput_min'] * 100:+.1f} … "
+                  f"{sm['throughput_max'] * 100:+.1f}%; per-layer slope {sm['layer_err_min'] * 100:+.1f} … "
+                  f"{sm['layer_err_max'] * 100:+.1f}%")
     return 0

@@ -31,6 +31,7 @@ from trainplan.model.timing import step_time
 
 ROOT = Path(__file__).resolve().parents[3]
 H200 = ROOT / "data" / "calibration" / "h200-2026-12-04"
+H200_B = ROOT / "data" / "calibration" / "h200-2026-12-04b"  # the second session (its README)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def test_committed_h200_records_are_complete_measurements():
 
 def test_the_default_study_checks_the_h200_records_and_does_not_fit_them():
     cal = load_config(ROOT / "config" / "config.yaml").calibration
-    assert Path(cal["gpu_check_dir"]) == H200.relative_to(ROOT)
+    assert Path(cal["gpu_check_dir"]) == H200_B.relative_to(ROOT)  # the second session: records + bf16 steps
     assert Path(cal["gpu_records_dir"]) != Path(cal["gpu_check_dir"])
 
 
@@ -184,8 +185,6 @@ def test_the_cudnn_rate_holds_inside_a_training_step():
             assert min(errs, key=errs.get) == 16384
     assert spread["cudnn"] < 0.05 and spread["fa2"] > 2.5 * spread["cudnn"], spread
 
-
-H200_B = ROOT / "data" / "calibration" / "h200-2026-12-04b"
 
 
 def test_a_second_h200_session_reproduces_the_records():
