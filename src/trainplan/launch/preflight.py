@@ -39,6 +39,7 @@ from trainplan.model.timing import attention_kernel_rel, step_time
 from trainplan.model.training import TrainingSpec
 from trainplan.proxy.aggregate import attn_kernel_of
 from trainplan.proxy.record import predicted_state_terms
+from trainplan.proxy.schema import RUN_DEFAULTS
 from trainplan.report.memo import memory_fallback
 
 __all__ = ["ACT_REL_TOL", "HEADROOM_FRAC", "PEAK_REL_TOL", "STATE_REL_TOL", "TIME_REL_TOL", "Check",
@@ -138,6 +139,10 @@ def preflight_spec(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
             "layout": lay.to_dict(), "seq_len": seq, "global_batch": lay.dp * lay.micro_batch, "steps": steps,
             "warmup": warmup, "nproc_per_node": world, "nnodes": 1, "device": device, "dtype": dtype,
             "finetune": "full" if training.finetune == "full" else "lora", "timeout_s": int(timeout_s)}
+    if training.finetune != "full":  # the plan's adapters, not the harness's default rank and targets
+        spec.update(lora_rank=training.lora_rank, lora_targets=list(training.lora_targets))
+    if training.finetune == "qlora":
+        notes.append("QLoRA runs as LoRA (bf16 base weights): the harness has no NF4 path")
     notes.append("one micro-batch per step (grad_accum=1): peak memory does not grow with accumulation")
     return spec, notes
 
@@ -147,15 +152,20 @@ def _predicted_cuda(record: dict, cluster: ClusterSpec, eff: Any) -> tuple[float
     """(predicted peak bytes, predicted step seconds) for the slice on one node of this cluster's GPUs, as the proxy
     harness runs it (the GPU check's conventions, ``calibration.gpu.record_specs``): eager kernels (compiled with
     ``compile``), its save-every-matmul SAC and DTensor SP, the attention kernel the run dispatched, autocast over
-    fp32 weights where no FSDP runs (dp = 1), and no sharding at dp = 1."""
+    fp32 weights where no FSDP runs (dp = 1), no sharding at dp = 1, and the run's fine-tune (LoRA: its rank and
+    targets)."""
 
     spec = record["spec"]
     model, layout = ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"])
     node = ClusterSpec(nodes=1, gpus_per_node=spec["nproc_per_node"], gpu=cluster.gpu,
                        intra_busbw_Bps=cluster.intra_busbw_Bps, intra_latency_s=cluster.intra_latency_s)
+    lora = spec.get("finetune", "full") != "full"
+    adapters = {"lora_rank": int(spec.get("lora_rank", RUN_DEFAULTS["lora_rank"])),
+                "lora_targets": tuple(spec.get("lora_targets", RUN_DEFAULTS["lora_targets"]))}
     training = harness_training(seq_len=spec["seq_len"], global_batch=spec["global_batch"], dtype=spec["dtype"],
                                 layout=layout, cluster=cluster, compile=bool(spec.get("compile")),
-                                attn_kernel=attn_kernel_of(record))
+                                attn_kernel=attn_kernel_of(record), finetune=spec.get("finetune", "full"),
+                                **(adapters if lora else {}))
     layout = harness_layout(layout)
     peak = float(memory_breakdown(model, node, training, layout, eff)["total"])
     time_s = float(step_time(model, node, training, layout, eff)["step_time_s"])

@@ -310,3 +310,30 @@ def test_cuda_preflight_predicts_a_harness_run_as_the_gpu_check_does():
     checked = check_gpu_records(load_gpu_records(h200)[0]).set_index("id").loc["depth-L2"]
     assert time_s == pytest.approx(checked["step_time_predicted_s"], rel=1e-12)
     assert checked["regime"] == "autocast" and checked["attn_kernel"] == "cudnn"
+
+
+def test_a_lora_plan_preflights_its_own_adapters_and_is_predicted_as_lora():
+    """A LoRA plan's slice runs the plan's rank and targets (not the harness's default r = 8 on q, v), and its CUDA
+    record is predicted as that LoRA run: no base-weight gradients or optimizer states, less time than a full
+    fine-tune of the same slice."""
+    from trainplan.proxy.schema import normalize_run_spec
+
+    lora = TrainingSpec(seq_len=4096, global_batch=256, finetune="lora", lora_rank=32, lora_targets=("q", "k", "v", "o"))
+    spec, notes = pf.preflight_spec(MODEL, CLUSTER, lora, FSDP, device="cuda", layers=2)
+    norm = normalize_run_spec(copy.deepcopy(spec))
+    assert (norm["finetune"], norm["lora_rank"], norm["lora_targets"]) == ("lora", 32, ["q", "k", "v", "o"])
+    qlora = TrainingSpec(seq_len=4096, global_batch=256, finetune="qlora", lora_rank=16)
+    spec_q, notes_q = pf.preflight_spec(MODEL, CLUSTER, qlora, FSDP, device="cuda", layers=2)
+    assert spec_q["finetune"] == "lora" and any("QLoRA runs as LoRA" in n for n in notes_q)
+
+    h200 = Path(__file__).resolve().parents[3] / "data" / "calibration" / "h200-2026-12-04"
+    rec = read_json(h200 / "depth-L2.json")
+    node = ClusterSpec(nodes=1, gpus_per_node=1, gpu=GPUS["h200-141gb"])
+    full_peak, full_time = pf._predicted_cuda(rec, node, None)
+    as_lora = copy.deepcopy(rec)
+    as_lora["spec"].update(finetune="lora", lora_rank=32, lora_targets=["q", "k", "v", "o"])
+    peak, time_s = pf._predicted_cuda(as_lora, node, None)
+    assert peak < full_peak and time_s < full_time
+    r8 = copy.deepcopy(as_lora)
+    r8["spec"].update(lora_rank=8)
+    assert pf._predicted_cuda(r8, node, None)[0] < peak  # the rank enters the prediction
