@@ -164,7 +164,8 @@ def _predicted_cuda(record: dict, cluster: ClusterSpec, eff: Any) -> tuple[float
                 "lora_targets": tuple(spec.get("lora_targets", RUN_DEFAULTS["lora_targets"]))}
     training = harness_training(seq_len=spec["seq_len"], global_batch=spec["global_batch"], dtype=spec["dtype"],
                                 layout=layout, cluster=cluster, compile=bool(spec.get("compile")),
-                                attn_kernel=attn_kernel_of(record), finetune=spec.get("finetune", "full"),
+                                attn_kernel=attn_kernel_of(record), model_impl=spec.get("model_impl", "trainplan"),
+                                finetune=spec.get("finetune", "full"),
                                 **(adapters if lora else {}))
     layout = harness_layout(layout)
     peak = float(memory_breakdown(model, node, training, layout, eff)["total"])

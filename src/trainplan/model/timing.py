@@ -209,17 +209,31 @@ def norm_bytes_per_elem(model: ModelSpec, kernels: str, e: float) -> float:
     return 2.0 * e  # one fused kernel (apex/TE/Inductor; nn.LayerNorm is one native kernel): read x, write y
 
 
-def membound_bytes_fwd(model: ModelSpec, kernels: str, tp: Array, sp: Array, e: float) -> Array:
+def membound_bytes_fwd(model: ModelSpec, kernels: str, tp: Array, sp: Array, e: float, impl: str = "auto",
+                       autocast: bool = False) -> Array:
     """HBM bytes per token of one block's non-GEMM ops, forward (docs/timing-model.md §2; Williams 2009 roofline).
 
     ``replicated`` ops run on all h features on every TP rank unless SP splits them; ``split`` ops act on
-    the TP-split q/k/v/FFN activations.
+    the TP-split q/k/v/FFN activations. ``impl='harness'``: the proxy harness's own block code (one-kernel
+    F.rms_norm, real interleaved RoPE, no GQA copy); ``autocast``: its residual stream is fp32 (norms read and write
+    4 B, the adds write 4 B; eager: each linear casts the fp32 norm output it reads, RoPE's fp32 tables make q, k
+    fp32 until SDPA casts them back; compiled: Inductor fuses the casts into the norm and RoPE kernels)
+    (docs/timing-model.md §7.13).
     """
     h, f, kv, q = model.hidden, model.ffn_hidden, model.kv_dim, model.q_dim
     eager = kernels == "eager"
-    residual = 3.0 * e  # x + y: read 2, write 1 (Megatron/Inductor fuse it with dropout/norm: same traffic)
-    norm = norm_bytes_per_elem(model, kernels, e)
-    replicated = model.norms_per_layer * norm + 2.0 * residual  # 2 norms (Gemma 2/3 sandwich: 4; Falcon: 1)
+    harness = impl == "harness"
+    r = 4.0 if autocast else e  # the residual stream's bytes (memory.residual_bytes)
+    residual = 2.0 * r + e if autocast else 3.0 * e  # x + y: read 2, write 1 (Megatron/Inductor fuse it: same traffic)
+    norm = 2.0 * r if harness else norm_bytes_per_elem(model, kernels, r)
+    # autocast, eager: each linear that reads a norm output casts it to bf16 (read 4, write 2): q, k, v and gate, up
+    # apart. Compiled (or fused): one kernel reads the fp32 input and writes the bf16 cast (the casts of one tensor
+    # are one, fused into the norm)
+    n_in = 3 + (2 if model.mlp == "swiglu" else 1)
+    casts = 6.0 * n_in if autocast and eager else 0.0
+    if autocast and not eager:
+        norm = r + e
+    replicated = model.norms_per_layer * norm + 2.0 * residual + casts  # 2 norms (Gemma 2/3 sandwich: 4; Falcon: 1)
     if model.mlp == "swiglu":
         act = 5.0 * e if eager else 3.0 * e  # silu (r, w) then ·up (2 r, w) | one fused kernel (2 r, w)
     else:
@@ -231,17 +245,22 @@ def membound_bytes_fwd(model: ModelSpec, kernels: str, tp: Array, sp: Array, e: 
         # kernels (pytorch/pytorch#98155; the warning torchtitan#15 reports for this very RoPE), so only a fused
         # real-valued RoPE kernel (Megatron/TE, "fused") reads and writes each element once.
         rope = (16.0 + 2.0 * e if kernels in ("eager", "compiled") else 2.0 * e) * (q + kv)
+        if harness:  # real-valued: 4 muls over the halves (e r, e_out w), sub, add, stack | one Inductor kernel
+            out = r  # the cos/sin tables take the residual stream's dtype: fp32 under autocast
+            rope = (2.0 * e + 7.0 * out + (6.0 if autocast else 0.0) if eager else 2.0 * e) * (q + kv)
     # GQA: eager/compiled torchtitan and HF materialise repeat_kv for SDPA (k and v: read kv, write q's width)
-    gqa = 2.0 * e * (kv + q) if (kv < q and kernels != "fused") else 0.0
+    gqa = 2.0 * e * (kv + q) if (kv < q and kernels != "fused" and not harness) else 0.0
     qk_norm = norm * (q + kv) if model.qk_norm else 0.0  # q/k norms (Qwen3, Gemma 3 per head; OLMo 2 whole)
     split = act * f + rope + gqa + qk_norm
     return replicated * h / np.where(sp, tp, 1) + split / tp
 
 
 def layer_membound_fwd_s(model: ModelSpec, tokens: Array, tp: Array, sp: Array, hbm_Bps: float,
-                         eff: Efficiency, act_bytes: float, kernels: str = "fused") -> Array:
+                         eff: Efficiency, act_bytes: float, kernels: str = "fused", impl: str = "auto",
+                         autocast: bool = False) -> Array:
     """Norms, residual adds, activation, RoPE, GQA copies: bytes moved / (HBM bw·membound_eff) (roofline)."""
-    return tokens * membound_bytes_fwd(model, kernels, tp, sp, act_bytes) / (hbm_Bps * eff.membound_eff)
+    return (tokens * membound_bytes_fwd(model, kernels, tp, sp, act_bytes, impl, autocast)
+            / (hbm_Bps * eff.membound_eff))
 
 
 def attn_math_bytes_per_score(act_bytes: float) -> tuple[float, float]:
@@ -563,7 +582,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     else:
         g = layer_gemm_fwd_s(model, tokens, tp, peak, eff, kernels)
         cast_f = cast_b = 0.0
-    e = layer_membound_fwd_s(model, tokens, tp, sp, hbm, eff, act, kernels)
+    e = layer_membound_fwd_s(model, tokens, tp, sp, hbm, eff, act, kernels, training.block_impl, training.autocast)
     if training.attn_impl == "math":
         a, a_bwd = attn_math_fwd_s(model, tokens, s, tp, peak, hbm, eff, act)
     else:

@@ -45,6 +45,12 @@ SP_IMPLS = ("auto", "megatron", "pytorch")
 # copy for backward, the residual stream (embedding output, norms, residual adds) stays fp32, and each linear
 # casts the fp32 norm output it reads (docs/timing-model.md §7.10, docs/analytic-model.md §3.4).
 BF16_VIA = ("bf16_params", "autocast")
+# Which block code the elementwise kernels are those of: "auto" = the kernel class's (torchtitan / HF for eager and
+# compiled: kernel-by-kernel RMSNorm, complex RoPE, repeat_kv for GQA; Megatron/TE for fused); "harness" = the proxy
+# harness's own Transformer (trainplan.proxy.model): F.rms_norm (one CUDA kernel), real-valued interleaved RoPE,
+# SDPA with enable_gqa (no repeat_kv copy) (docs/timing-model.md §7.13). Internal: the GPU check and the preflight set
+# it for harness runs; no study setting.
+BLOCK_IMPLS = ("auto", "harness")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +70,7 @@ class TrainingSpec:
     sac_policy: str = "auto"  # SAC_POLICIES: what recompute='selective' keeps
     sp_impl: str = "auto"  # SP_IMPLS: sharded (Megatron) or gathered (PyTorch DTensor) linear inputs under SP
     bf16_via: str = "bf16_params"  # BF16_VIA: bf16 parameters (production) or autocast over fp32 ones (harness)
+    block_impl: str = "auto"  # BLOCK_IMPLS: the kernel class's block code, or the proxy harness's own
 
     def __post_init__(self) -> None:
         positive_int(self, "seq_len", "global_batch", "lora_rank")
@@ -74,6 +81,7 @@ class TrainingSpec:
         one_of(self, "sac_policy", SAC_POLICIES)
         one_of(self, "sp_impl", SP_IMPLS)
         one_of(self, "bf16_via", BF16_VIA)
+        one_of(self, "block_impl", BLOCK_IMPLS)
         if self.bf16_via == "autocast" and (self.fp8 or self.finetune == "qlora"):
             raise ConfigError("bf16_via", self.bf16_via, "autocast over fp32 weights is the proxy harness's bf16 regime "
                               f"(full or LoRA, bf16 GEMMs); not with precision={self.precision}, finetune={self.finetune}")

@@ -64,7 +64,7 @@ def test_prediction_is_compute_in_the_production_regime(steps):
     m = ModelSpec.from_dict(next(r["model"] for r in doc["results"] if (r["seq_len"], r["layers"]) == (4096, 2)))
     c = ClusterSpec(nodes=1, gpus_per_node=1, gpu=GPUS["h200-141gb"])
     t = TrainingSpec(seq_len=4096, global_batch=1, kernels="eager", attn_impl="flash", sac_policy="matmul",
-                     sp_impl="pytorch", attn_kernel="cudnn")
+                     sp_impl="pytorch", attn_kernel="cudnn", block_impl="harness")
     assert t.bf16_via == "bf16_params"
     out = step_time(m, c, t, Layout(dp=1, sharding="none"), Efficiency.for_gpu(c.gpu))
     assert row["predicted_s"] == pytest.approx(out["compute_s"], rel=1e-12)
@@ -74,14 +74,17 @@ def test_prediction_is_compute_in_the_production_regime(steps):
 
 
 def test_shipped_fit_is_pessimistic_on_one_gpu_by_one_level(steps):
-    """Measured on one H200, the production-regime compute runs 13–22% faster than the shipped H100 fit says, at
-    every sequence length and depth: the fit's efficiencies are in-cluster rates (published multi-GPU runs), not
-    one GPU's. The level is the result; the test holds its sign and its flatness (a 9-point band over 1k–16k with
-    cuDNN; with FA2's rate it would drift with the attention share, as in §7.10)."""
+    """Measured on one H200, the production-regime compute runs 7–16% faster than the shipped H100 fit says
+    (predicted with the harness's own block code, §7.13; 13–22% with the eager class's), at every sequence length
+    and depth: the fit's efficiencies are in-cluster rates (published multi-GPU runs), not one GPU's. The test holds
+    the sign and the flatness (a 10-point band over 1k–16k with cuDNN; with FA2's rate it would drift with the
+    attention share, as in §7.10)."""
     s = summarize_bf16_steps(steps)
-    assert s["n"] == 15 and s["throughput_max"] < 0 and s["throughput_min"] > -0.25
+    assert s["n"] == 15 and s["throughput_max"] < 0 and s["throughput_min"] > -0.20
     assert s["throughput_max"] - s["throughput_min"] < 0.10
-    assert -0.25 < s["layer_err_min"] <= s["layer_err_max"] < -0.10
+    assert -0.20 < s["layer_err_min"] <= s["layer_err_max"] < -0.05
+    at_4k = steps[steps["seq_len"] == 4096]["layer_err"].iloc[0]  # the production shape: one block, per layer
+    assert -0.10 < at_4k < -0.05
 
 
 def test_the_memo_check_carries_the_bf16_steps_and_validate_prints_them(capsys):

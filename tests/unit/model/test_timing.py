@@ -318,6 +318,29 @@ def test_norm_traffic_follows_the_norms_a_block_has(kernels):
     assert extra == pytest.approx((rope + gqa) / tp)
 
 
+def test_the_harness_block_code_moves_what_its_kernels_move():
+    """docs/timing-model.md §7.13, Llama-2-13B (MHA), bf16: the harness's block (trainplan.proxy.model) runs one
+    F.rms_norm kernel per norm (2e), its real interleaved RoPE (4 muls over the halves, sub, add, stack: 2e + 7e per
+    q/k element) and no repeat_kv. Under autocast its residual stream is fp32: norms 2·4, adds 4 + 2 + 4, five casts
+    of the fp32 norm output (q, k, v; gate, up: 6 each), RoPE into fp32 (2·2 + 7·4) then SDPA's cast back (6);
+    compiled, Inductor fuses the casts into the norm (4 r, 2 w) and RoPE (2 r, 2 w)."""
+    m = resolve_model("llama2-13b")
+    h, kv, f = m.hidden, m.kv_dim, m.ffn_hidden
+    eager = timing.membound_bytes_fwd(m, "eager", 1, False, 2.0, "harness")
+    assert eager == pytest.approx(2 * 4 * h + 2 * 6 * h + 18 * (h + kv) + 10 * f)
+    auto = timing.membound_bytes_fwd(m, "eager", 1, False, 2.0)  # torchtitan / HF: 36 B norms, complex RoPE
+    assert auto - eager == pytest.approx(2 * 32 * h + 2 * (h + kv))
+    ac = timing.membound_bytes_fwd(m, "eager", 1, False, 2.0, "harness", True)
+    assert ac == pytest.approx(2 * 8 * h + 2 * 10 * h + 30 * h + 38 * (h + kv) + 10 * f)
+    comp = timing.membound_bytes_fwd(m, "compiled", 1, False, 2.0, "harness", True)
+    assert comp == pytest.approx(2 * 6 * h + 2 * 10 * h + 4 * (h + kv) + 6 * f)
+    g = resolve_model("llama3.1-8b")  # GQA: SDPA's enable_gqa, no copy of k, v
+    no_copy = timing.membound_bytes_fwd(g, "eager", 1, False, 2.0, "harness")
+    assert no_copy == pytest.approx(2 * 4 * g.hidden + 12 * g.hidden + 18 * (g.hidden + g.kv_dim) + 10 * g.ffn_hidden)
+    with pytest.raises(ConfigError, match="block_impl"):
+        TrainingSpec(seq_len=4096, global_batch=8, block_impl="megatron")
+
+
 def test_autocast_weight_casts_cost_what_they_stream():
     """bf16_via='autocast' (the harness on one rank): per micro-batch every block linear and the head cast fp32 → bf16
     (6 B) and back in backward (6 B), redone under recompute; from the 2nd micro-batch on the fp32 gradient is
@@ -343,6 +366,10 @@ def test_autocast_weight_casts_cost_what_they_stream():
                      - step_time(small, one, base, lay, eff)["step_time_s"])
             redo = 2 * float(timing.layer_matmul_params_per_rank(small)) * 6 if rc == "full" else 0.0
             want = gb * (6 * w / down + 6 * w / up + redo / down) + (gb - 1) * 12 * w / add
+            # plus the fp32 residual stream's elementwise bytes (§7.13), forward, backward (2x) and the recompute
+            d_e = 4096 * float(timing.membound_bytes_fwd(small, "eager", 1, False, 2.0, "auto", True)
+                               - timing.membound_bytes_fwd(small, "eager", 1, False, 2.0)) / (hbm * eff.membound_eff)
+            want += gb * 2 * d_e * (1 + timing.MEMBOUND_BWD_FACTOR + (1 if rc == "full" else 0))
             assert extra == pytest.approx(want, rel=1e-9), (gpu, gb, rc)
     assert timing.autocast_cast_s(small, TrainingSpec(seq_len=4096, global_batch=8), Layout(dp=1), 2, 1.0, eff) == (0.0, 0.0)
     with pytest.raises(ConfigError, match="bf16_via"):

@@ -401,6 +401,6 @@ def test_own_gpu_check_prints_the_records_summary_and_says_only_what_the_errors_
     assert f"all runs 12 {memo.fmt(allr['throughput_mape'], 'pct')} {memo.fmt(allr['throughput_bias'], 'spct')}" in text
     assert memo.PROXY_FAMILY_LABELS["layout"] in text
     assert f"predicted to within {memo.fmt(allr['saved_layer_max_abs_err_bytes'], 'int')} bytes in every run" in text
-    assert "Every step time is over-predicted" in text
+    assert "Every step time is predicted longer than it ran" in text
     gc["records"][0]["throughput_err"] = 0.02
-    assert "Every step time is over-predicted" not in text_with(gc)
+    assert "Every step time is predicted longer than it ran" not in text_with(gc)
