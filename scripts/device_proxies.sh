@@ -17,23 +17,28 @@
 # Output (default data/calibration/gpu/): <id>.json (RECORD), <id>.spec.json, <id>.log, <id>.nvsmi.csv
 # (nvidia-smi memory.used samples during the run), environment.json (nvidia-smi, torch/CUDA/NCCL versions,
 # what ran and what was skipped). Exit 0 when every started run produced a record.
+# First, unless --no-microbench, the two microbenchmarks the GPU check reads (docs/timing-model.md §7.11–7.12), into
+# <out>/microbench/ with their logs, each capped at a third of the budget, which their time then leaves:
+# benchmarks/bench_hbm_stream.py (HBM stream rates) and benchmarks/bench_bf16_step.py (the production precision regime).
 set -euo pipefail
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="data/calibration/gpu"
 BUDGET_S=480
 DRY=0
+MICRO=1
 CONFIGS=("config/config.yaml" "config/gpu_proxies.yaml")
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --budget-s) BUDGET_S="$2"; shift 2 ;;
     --dry-run) DRY=1; shift ;;
+    --no-microbench) MICRO=0; shift ;;
     --config) CONFIGS=("config/config.yaml" "$2"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
-    *) echo "device_proxies.sh: unknown argument '$1' (valid: --out DIR, --budget-s N, --dry-run, --config YAML)" >&2
+    *) echo "device_proxies.sh: unknown argument '$1' (valid: --out DIR, --budget-s N, --dry-run, --no-microbench, --config YAML)" >&2
        exit 2 ;;
   esac
 done
@@ -48,6 +53,28 @@ if [[ -z "$PY" ]]; then
   if [[ -x "$ROOT/.venv/bin/python" ]]; then PY="$ROOT/.venv/bin/python"; else PY="python3"; fi
 fi
 export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+
+if (( MICRO )) && (( ! DRY )) && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  MICRO=0  # no CUDA: the proxy plan below says so and stops; nothing is written
+fi
+if (( MICRO )); then
+  for bench in hbm_stream bf16_step; do
+    cmd=("$PY" "benchmarks/bench_$bench.py" --out "$OUT/microbench/$bench.json")
+    if (( DRY )); then
+      echo "microbench: ${cmd[*]} [dry run: not run]"
+      continue
+    fi
+    mkdir -p "$OUT/microbench"
+    start=$SECONDS
+    if timeout "$(( BUDGET_S / 3 ))" "${cmd[@]}" > "$OUT/microbench/$bench.log" 2>&1; then
+      echo "microbench: $bench.json ($(( SECONDS - start )) s)"
+    else
+      echo "microbench: $bench failed or ran out of time (exit $?); see $OUT/microbench/$bench.log" >&2
+    fi
+    BUDGET_S=$(( BUDGET_S - (SECONDS - start) ))
+  done
+  (( BUDGET_S >= 1 )) || BUDGET_S=1
+fi
 
 exec "$PY" - "$OUT" "$BUDGET_S" "$DRY" "${CONFIGS[@]}" <<'PYEOF'
 import json
