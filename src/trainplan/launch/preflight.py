@@ -159,14 +159,12 @@ def _predicted_cuda(record: dict, cluster: ClusterSpec, eff: Any) -> tuple[float
     model, layout = ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"])
     node = ClusterSpec(nodes=1, gpus_per_node=spec["nproc_per_node"], gpu=cluster.gpu,
                        intra_busbw_Bps=cluster.intra_busbw_Bps, intra_latency_s=cluster.intra_latency_s)
-    lora = spec.get("finetune", "full") != "full"
-    adapters = {"lora_rank": int(spec.get("lora_rank", RUN_DEFAULTS["lora_rank"])),
-                "lora_targets": tuple(spec.get("lora_targets", RUN_DEFAULTS["lora_targets"]))}
     training = harness_training(seq_len=spec["seq_len"], global_batch=spec["global_batch"], dtype=spec["dtype"],
                                 layout=layout, cluster=cluster, compile=bool(spec.get("compile")),
                                 attn_kernel=attn_kernel_of(record), model_impl=spec.get("model_impl", "trainplan"),
-                                finetune=spec.get("finetune", "full"),
-                                **(adapters if lora else {}))
+                                finetune=spec.get("finetune", "full"),  # the adapters count only with LoRA
+                                lora_rank=int(spec.get("lora_rank", RUN_DEFAULTS["lora_rank"])),
+                                lora_targets=tuple(spec.get("lora_targets", RUN_DEFAULTS["lora_targets"])))
     layout = harness_layout(layout)
     peak = float(memory_breakdown(model, node, training, layout, eff)["total"])
     time_s = float(step_time(model, node, training, layout, eff)["step_time_s"])

@@ -26,7 +26,7 @@ from trainplan.model.arch import ModelSpec
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.hardware import ClusterSpec
 from trainplan.model.layout import Layout, LayoutTable, check_precision, grad_accum, shard_degree
-from trainplan.model.memory import NF4_BYTES_PER_PARAM, layer_matmul_params_per_rank
+from trainplan.model.memory import FP32, NF4_BYTES_PER_PARAM, layer_matmul_params_per_rank
 from trainplan.model.training import TrainingSpec
 
 __all__ = ["step_time", "gemm_eff", "attn_eff_at", "TIMING_KEYS"]
@@ -223,16 +223,14 @@ def membound_bytes_fwd(model: ModelSpec, kernels: str, tp: Array, sp: Array, e: 
     h, f, kv, q = model.hidden, model.ffn_hidden, model.kv_dim, model.q_dim
     eager = kernels == "eager"
     harness = impl == "harness"
-    r = 4.0 if autocast else e  # the residual stream's bytes (memory.residual_bytes)
+    r = float(FP32) if autocast else e  # the residual stream's bytes (memory.residual_bytes)
     residual = 2.0 * r + e if autocast else 3.0 * e  # x + y: read 2, write 1 (Megatron/Inductor fuse it: same traffic)
-    norm = 2.0 * r if harness else norm_bytes_per_elem(model, kernels, r)
-    # autocast, eager: each linear that reads a norm output casts it to bf16 (read 4, write 2): q, k, v and gate, up
-    # apart. Compiled (or fused): one kernel reads the fp32 input and writes the bf16 cast (the casts of one tensor
-    # are one, fused into the norm)
-    n_in = 3 + (2 if model.mlp == "swiglu" else 1)
-    casts = 6.0 * n_in if autocast and eager else 0.0
-    if autocast and not eager:
+    if autocast and not eager:  # compiled (or fused): one kernel reads the fp32 input and writes the bf16 cast
         norm = r + e
+    else:
+        norm = 2.0 * r if harness else norm_bytes_per_elem(model, kernels, r)
+    # autocast, eager: each linear that reads a norm output casts it to bf16 apart: q, k, v and gate, up (or up)
+    casts = AUTOCAST_CAST_BYTES * (3 + (2 if model.mlp == "swiglu" else 1)) if autocast and eager else 0.0
     replicated = model.norms_per_layer * norm + 2.0 * residual + casts  # 2 norms (Gemma 2/3 sandwich: 4; Falcon: 1)
     if model.mlp == "swiglu":
         act = 5.0 * e if eager else 3.0 * e  # silu (r, w) then ·up (2 r, w) | one fused kernel (2 r, w)
@@ -247,7 +245,8 @@ def membound_bytes_fwd(model: ModelSpec, kernels: str, tp: Array, sp: Array, e: 
         rope = (16.0 + 2.0 * e if kernels in ("eager", "compiled") else 2.0 * e) * (q + kv)
         if harness:  # real-valued: 4 muls over the halves (e r, e_out w), sub, add, stack | one Inductor kernel
             out = r  # the cos/sin tables take the residual stream's dtype: fp32 under autocast
-            rope = (2.0 * e + 7.0 * out + (6.0 if autocast else 0.0) if eager else 2.0 * e) * (q + kv)
+            sdpa_cast = AUTOCAST_CAST_BYTES if autocast else 0.0  # SDPA casts the fp32 q, k back to bf16
+            rope = (2.0 * e + 7.0 * out + sdpa_cast if eager else 2.0 * e) * (q + kv)
     # GQA: eager/compiled torchtitan and HF materialise repeat_kv for SDPA (k and v: read kv, write q's width)
     gqa = 2.0 * e * (kv + q) if (kv < q and kernels != "fused" and not harness) else 0.0
     qk_norm = norm * (q + kv) if model.qk_norm else 0.0  # q/k norms (Qwen3, Gemma 3 per head; OLMo 2 whole)
