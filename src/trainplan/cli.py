@@ -101,6 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     es.add_argument("--attn-kernel", default="fa2", choices=("fa2", "cudnn"),
                     help="flash kernel, as training.attn_kernel: fa2 (FlashAttention-2, default) or cudnn (cuDNN "
                          "attention, measured 1.70x FA2 on an H200; H100/H200 only)")
+    es.add_argument("--optimizer-impl", default="fused", choices=("fused", "foreach"),
+                    help="AdamW kernels, as training.optimizer_impl: fused (torch AdamW fused=True, default; "
+                         "torchtitan, Megatron, DeepSpeed) or foreach (PyTorch's multi-tensor default)")
     es.add_argument("--json", action="store_true", help="print the estimate as JSON")
     va = sub.add_parser("validate", help="predicted vs published tables, MAPE per table", formatter_class=raw,
                         epilog="example:\n  trainplan validate --csv validation.csv\n  trainplan validate --heldout\n"

@@ -66,8 +66,11 @@ OPTIONS: dict[str, tuple[Any, Any]] = {
     "dtype": (str, "auto"), "reshard_after_forward": (int, 1), "activation_checkpointing": (int, 0),
     "shard_group": (int, 0),
     "peak_tflops": (float, 0.0), "collective_timeout_s": (int, 1800), "max_steps_this_run": (int, 0),
-    "sleep_per_step_s": (float, 0.0),
+    "sleep_per_step_s": (float, 0.0), "optimizer_impl": (str, "fused"),
 }
+# torch.optim.AdamW's kernels (training.optimizer_impl, which the planner times): fused (torchtitan's default; runs on
+# CUDA and, in torch 2.13, on CPU with FSDP2's DTensor parameters) or foreach (PyTorch's multi-tensor ops).
+OPTIMIZER_IMPLS = {"fused": {"fused": True}, "foreach": {"foreach": True}}
 
 
 # -------------------------------------------------------------------------------------------- data
@@ -127,6 +130,8 @@ def parse_args(argv: Sequence[str] | None = None, env: dict[str, str] | None = N
     missing = [n for n in ("model_config", "data", "seq_len", "steps") if getattr(a, n) is None]
     if missing:
         ap.error("missing: " + ", ".join("--" + m.replace("_", "-") for m in missing))
+    if a.optimizer_impl not in OPTIMIZER_IMPLS:
+        ap.error(f"--optimizer-impl={a.optimizer_impl!r}: one of {', '.join(OPTIMIZER_IMPLS)}")
     if a.cost_json and not a.ckpt_interval_s and not a.ckpt_interval_steps:
         a.ckpt_interval_s = checkpoint_interval_s_from_cost(a.cost_json)
     return a
@@ -266,7 +271,8 @@ def train(a: argparse.Namespace) -> int:
                             f"{device.type} (no sharding, no gradient sync); torch FSDP2 applied directly instead")
             accelerator = None
     if accelerator is not None:
-        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay, foreach=False)
+        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay,
+                                **OPTIMIZER_IMPLS[a.optimizer_impl])
         model, opt = accelerator.prepare(model, opt)
         engine = "transformers AutoModelForCausalLM + Accelerate FSDP2 (accelerate_fsdp2.yaml) + DCP"
     else:
@@ -277,7 +283,8 @@ def train(a: argparse.Namespace) -> int:
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=mesh, reshard_after_forward=bool(a.reshard_after_forward), mp_policy=mp)
         fully_shard(model, mesh=mesh, reshard_after_forward=bool(a.reshard_after_forward), mp_policy=mp)
-        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay, foreach=False)
+        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay,
+                                **OPTIMIZER_IMPLS[a.optimizer_impl])
         engine = "transformers AutoModelForCausalLM + torch FSDP2 (fully_shard) + DCP"
     # what actually got sharded: FSDP2 turns parameters into DTensors (Accelerate's FSDP on CPU does not)
     sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())
@@ -324,7 +331,7 @@ def train(a: argparse.Namespace) -> int:
           "device": device.type, "device_name": torch.cuda.get_device_name(device) if use_cuda else "cpu",
           "backend": dist.get_backend(), "dtype": "bf16" if bf16 else "fp32", "model_config": str(a.model_config),
           "model_spec": spec.to_dict() if spec is not None and hasattr(spec, "to_dict") else None,
-          "n_params": n_params, "seq_len": a.seq_len, "micro_batch": a.micro_batch, "grad_accum": a.grad_accum,
+          "n_params": n_params, "optimizer_impl": a.optimizer_impl, "seq_len": a.seq_len, "micro_batch": a.micro_batch, "grad_accum": a.grad_accum,
           "global_batch": a.micro_batch * a.grad_accum * world,
           "layout": {"dp": world, "tp": 1, "pp": 1, "cp": 1,
                      "sharding": "hsdp" if g < world else ("zero3" if a.reshard_after_forward else "zero2"),

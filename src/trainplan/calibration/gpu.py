@@ -125,6 +125,7 @@ def record_specs(row: Any) -> tuple[ModelSpec, ClusterSpec, TrainingSpec, Layout
         compile=str(_get(row, "compile", False)).lower() in ("true", "1"), attn_kernel=_get(row, "attn_kernel", ""),
         # an ingested production log ran the production stack's code, not the harness's block
         model_impl="production" if _get(row, "family") == "production" else str(_get(row, "model_impl") or "trainplan"),
+        optimizer_impl=str(_get(row, "optimizer_impl") or "foreach"),
         finetune=str(_get(row, "finetune", "full")), lora_rank=int(_get(row, "lora_rank", 16) or 16),
         lora_targets=tuple(t for t in targets.split(",") if t) or ("q", "k", "v", "o"))
     return model, cluster, training, layout, [note] if note else []
@@ -140,18 +141,20 @@ def harness_layout(layout: Layout) -> Layout:
 
 def harness_training(*, seq_len: int, global_batch: int, dtype: str, layout: Layout, cluster: ClusterSpec,
                      compile: bool = False, attn_kernel: Any = "", model_impl: str = "trainplan",
-                     **finetune: Any) -> TrainingSpec:
+                     optimizer_impl: str = "foreach", **finetune: Any) -> TrainingSpec:
     """The TrainingSpec of a proxy-harness run (the GPU check's and the preflight's one convention): eager kernels
     (``compiled`` with ``compile``), SDPA flash attention with the kernel the run dispatched
     (:func:`record_attn_kernel`), the save-every-matmul SAC policy, DTensor SP, autocast over fp32 weights where
     no FSDP runs (``proxy.schema.uses_autocast``), and the harness's own block code (``block_impl='harness'``;
-    ``model_impl='hf'``: transformers' Llama, and ``'production'``: an ingested production log, the kernel class's).
+    ``model_impl='hf'``: transformers' Llama, and ``'production'``: an ingested production log, the kernel class's),
+    and PyTorch's default AdamW on CUDA (``optimizer_impl='foreach'``; an ingested log says which it ran).
     ``finetune``: finetune, lora_rank, lora_targets."""
     return TrainingSpec(seq_len=seq_len, global_batch=global_batch, precision="bf16" if dtype == "bf16" else "fp32",
                         kernels="compiled" if compile else "eager", attn_impl="flash", sac_policy="matmul",
                         sp_impl="pytorch", attn_kernel=record_attn_kernel({"attn_kernel": attn_kernel}, cluster),
                         bf16_via="autocast" if uses_autocast(layout, dtype) else "bf16_params",
-                        block_impl="harness" if model_impl == "trainplan" else "auto", **finetune)
+                        block_impl="harness" if model_impl == "trainplan" else "auto",
+                        optimizer_impl=optimizer_impl, **finetune)
 
 
 def record_attn_kernel(row: Any, cluster: ClusterSpec) -> str:

@@ -122,7 +122,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     cluster = ClusterSpec(nodes=args.gpus // gpn, gpus_per_node=gpn, gpu=gpu)
     training = TrainingSpec(seq_len=args.seq_len, global_batch=args.global_batch, finetune=args.finetune,
                             kernels=args.kernels, attn_impl=args.attn_impl, attn_kernel=args.attn_kernel,
-                            precision=args.precision)
+                            precision=args.precision, optimizer_impl=args.optimizer_impl)
     mp = args.tp * args.pp * args.cp
     if args.gpus % mp:
         raise ConfigError("layout", f"tp·pp·cp = {args.tp}·{args.pp}·{args.cp} = {mp}",

@@ -371,7 +371,7 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         reshard_after_forward=int(layout.sharding in ("zero3", "hsdp")),
         shard_group=int((layout.shard_group or cluster.gpus_per_node) if layout.sharding == "hsdp" else 0),
         activation_checkpointing=int(layout.recompute != "none"),
-        peak_tflops=f"{cluster.gpu.peak_bf16_flops / 1e12:g}",
+        peak_tflops=f"{cluster.gpu.peak_bf16_flops / 1e12:g}", optimizer_impl=training.optimizer_impl,
         steps=total_steps(training),
         ckpt_interval_s=int(round(checkpoint_interval_s)) if checkpoint_interval_s else 0,
         ckpt_interval_note=("" if checkpoint_interval_s else " (no cost.json given: 0 = every "

@@ -159,6 +159,8 @@ def record_from_log(path: str | Path, *, record_id: str | None = None, warmup: i
                  "seq_len": seq, "global_batch": gb, "steps": len(steps), "warmup": len(warm),
                  "nproc_per_node": max(1, world // nnodes), "nnodes": nnodes, "device": dev,
                  "dtype": str(start.get("dtype") or "bf16"), "finetune": "full", "lora_rank": 8,
+                 # the AdamW kernels the trainer ran (train_entry logs them; torchtitan's default is fused)
+                 "optimizer_impl": str(start.get("optimizer_impl") or "fused"),
                  "lora_targets": [], "compile": False, "seed": 0, "data": str(p.name),
                  "source": "trainer log: " + str(start.get("engine") or kind)},
         "layout_family": lay.family, "layout_describe": lay.describe(),

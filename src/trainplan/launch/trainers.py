@@ -163,7 +163,8 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
         notes.append("precision=fp8-tensorwise: torchtitan 0.3's float8 converter has only rowwise recipes; "
                      "this job runs bf16 (use the Accelerate launch, fp8_config backend AO = torchao tensorwise)")
     return {"parallelism": par, "training": train, "activation_checkpoint": ac, "compile": compile_,
-            "checkpoint": ckpt, "float8": float8}, notes
+            "checkpoint": ckpt, "float8": float8,
+            "optimizer": {"implementation": training.optimizer_impl}}, notes
 
 
 def torchtitan_job_module(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, *,
@@ -241,6 +242,8 @@ def {TORCHTITAN_CONFIG_FN}():
     cfg.activation_checkpoint = {{"full": FullAC.Config, "selective": SelectiveAC.Config}}.get(
         SETTINGS["activation_checkpoint"], lambda: None)()
     cfg.compile = CompileConfig(**SETTINGS["compile"])
+    for k, v in SETTINGS["optimizer"].items():  # the AdamW kernels the planner timed (training.optimizer_impl)
+        setattr(cfg.optimizer, k, v)
     for k, v in SETTINGS["checkpoint"].items():
         setattr(cfg.checkpoint, k, v)
     if os.environ.get("TRAINPLAN_HF_ASSETS") and os.environ.get("TRAINPLAN_INITIAL_LOAD_HF", "1") == "1":

@@ -528,9 +528,24 @@ def bubble_s(pp: Array, vpp: Array, m: Array, per_mb_s: Array) -> Array:
     return (pp - 1) / (vpp * m) * (m * per_mb_s)
 
 
-def optimizer_s(local_params: Array, hbm_Bps: float, eff: Efficiency) -> Array:
-    """AdamW step, memory-bound over the local shard: params·bytes touched / (HBM bw·membound_eff)."""
-    return local_params * eff.optimizer_bytes_per_param_traffic / (hbm_Bps * eff.membound_eff)
+# What one AdamW step must move per fp32 parameter: p, g, m, v read (16 B), p, m, v written (12 B); the kernels
+# benchmarks/bench_hbm_stream.py times (adamw_fused, adamw_foreach) move exactly these. The rest of
+# Efficiency.optimizer_bytes_per_param_traffic is the bf16 copy of the updated weights, a separate cast.
+ADAMW_STEP_BYTES = 28.0
+OPTIMIZER_STREAM = {"fused": "adamw_fused", "foreach": "adamw_foreach"}  # training.optimizer_impl → its timing
+
+
+def optimizer_s(local_params: Array, hbm_Bps: float, eff: Efficiency, impl: str = "fused",
+                measured: bool = False) -> Array:
+    """Optimizer step, memory-bound over the local shard: params · bytes touched / HBM rate. With ``measured``
+    (Hopper) the AdamW update (``ADAMW_STEP_BYTES``) streams at the rate measured for ``impl``'s kernels
+    (``stream_frac``: fused or foreach, docs/timing-model.md §7.14) and the bf16 weight copy at ``membound_eff``;
+    otherwise all of ``optimizer_bytes_per_param_traffic`` at ``membound_eff``, the published-run fit's rate."""
+    rest = hbm_Bps * eff.membound_eff
+    if not measured:
+        return local_params * eff.optimizer_bytes_per_param_traffic / rest
+    copy = max(0.0, eff.optimizer_bytes_per_param_traffic - ADAMW_STEP_BYTES)
+    return local_params * (ADAMW_STEP_BYTES / (hbm_Bps * stream_frac(OPTIMIZER_STREAM[impl])) + copy / rest)
 
 
 def offload_s(local_params: Array, cluster: ClusterSpec, eff: Efficiency) -> Array:
@@ -611,7 +626,8 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     stage_params = model.n_params / (tp * pp)
     local = stage_params * _trainable_frac(model, training) / np.where(layout.sharding == "none", 1, shard)
     cpu = np.asarray(layout.offload) == "cpu"
-    opt = np.where(cpu, 0.0, optimizer_s(local, hbm, eff))
+    opt = np.where(cpu, 0.0, optimizer_s(local, hbm, eff, training.optimizer_impl,
+                                         measured=gpu.generation == "h100" and training.optimizer == "adamw"))
     off = np.where(cpu, offload_s(local, cluster, eff), 0.0)
 
     compute = m * compute_mb + accum_step

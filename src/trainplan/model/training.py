@@ -1,5 +1,5 @@
-"""What is trained and how: :class:`TrainingSpec` (sequence, batch, tokens, precision, optimizer, fine-tune kind,
-kernel class, attention implementation, selective-recompute policy, SP implementation)."""
+"""What is trained and how: :class:`TrainingSpec` (sequence, batch, tokens, precision, optimizer and its kernels,
+fine-tune kind, kernel class, attention implementation, selective-recompute policy, SP implementation)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,11 @@ FINETUNE_KINDS = ("full", "lora", "qlora")
 PRECISIONS = ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp32")
 FP8_RECIPES = {"fp8-tensorwise": "tensorwise", "fp8-rowwise": "rowwise"}
 OPTIMIZERS = ("adamw", "sgd")
+# Which AdamW kernels run the step (timing.optimizer_s, docs/timing-model.md §7.14): "fused" = one fused kernel per
+# parameter group (torch.optim.AdamW(fused=True): torchtitan's default, what trainplan.train_entry runs; Megatron's and
+# DeepSpeed's FusedAdam); "foreach" = PyTorch's multi-tensor ops, one pass per elementwise op (torch.optim.AdamW's
+# default on CUDA: the proxy harness). Their HBM rates on Hopper are measured (timing.stream_frac).
+OPTIMIZER_IMPLS = ("fused", "foreach")
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 # How the block's elementwise ops run (timing.py, docs/timing-model.md): "eager" = PyTorch eager ops
 # (torchtitan / HF transformers without torch.compile), "compiled" = torch.compile (Inductor fuses the
@@ -61,6 +66,7 @@ class TrainingSpec:
     epochs: float = 1.0
     precision: str = "bf16"  # bf16 = mixed precision: bf16 compute, fp32 master weights and Adam states
     optimizer: str = "adamw"
+    optimizer_impl: str = "fused"  # OPTIMIZER_IMPLS: the AdamW kernels (fused in production, foreach in the harness)
     finetune: str = "full"
     lora_rank: int = 16
     lora_targets: tuple[str, ...] = ("q", "k", "v", "o")
@@ -87,6 +93,7 @@ class TrainingSpec:
                               f"(full or LoRA, bf16 GEMMs); not with precision={self.precision}, finetune={self.finetune}")
         one_of(self, "precision", PRECISIONS)
         one_of(self, "optimizer", OPTIMIZERS)
+        one_of(self, "optimizer_impl", OPTIMIZER_IMPLS)
         one_of(self, "finetune", FINETUNE_KINDS)
         object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
         bad = [t for t in self.lora_targets if t not in LORA_TARGETS]

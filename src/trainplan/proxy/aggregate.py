@@ -115,6 +115,8 @@ def _spec_columns(rec: dict[str, Any]) -> dict[str, Any]:
         "lora_rank": spec.get("lora_rank"), "lora_targets": ",".join(spec.get("lora_targets") or []),
         "compile": bool(spec.get("compile", False)), "warmup": warm, "steps": spec.get("steps"),
         "model_impl": spec.get("model_impl", "trainplan"), "attn_kernel": attn_kernel_of(rec),
+        # the harness builds torch.optim.AdamW with its defaults (foreach on CUDA); an ingested log names its own
+        "optimizer_impl": spec.get("optimizer_impl", "foreach"),
         "step_times_json": json.dumps([float(t) for t in steps[warm:]]),  # the timed steps (after warm-up)
     }
 

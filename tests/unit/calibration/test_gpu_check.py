@@ -74,17 +74,18 @@ def test_precision_regime_is_the_one_proxy_run_chooses():
 
 def test_shipped_fit_predicts_every_run_a_constant_step_apart(check):
     """With the harness's autocast regime modelled (TrainingSpec.bf16_via, docs/timing-model.md §7.10) every run,
-    1–4 layers, hidden 1280–5120, sequence 1k–16k, is predicted 7–14% slow, within 10 points of each other (41
-    points before the regime was modelled): the level of the production-regime timings (test_bf16_step.py), now that
-    the casts stream at their measured rates (§7.11) and the harness's block code and fp32 residual stream are
-    counted (§7.13)."""
+    1–4 layers, hidden 1280–5120, sequence 1k–16k, is predicted 10–16% slow, within 6 points of each other (41
+    points before the regime was modelled), near the level of the production-regime timings (test_bf16_step.py),
+    now that the casts stream at their measured rates (§7.11), the harness's block code and fp32 residual stream are
+    counted (§7.13) and its foreach AdamW is charged at its measured rate (§7.14)."""
     err = check["throughput_err"]
     assert len(err) == 12 and (err < 0).all() and err.min() > -0.20, check[["id", "throughput_err"]]
-    assert err.max() - err.min() < 0.10
+    assert err.max() - err.min() < 0.07
     prod = check[check["seq_len"] == 4096]["throughput_err"]
     assert len(prod) == 8 and prod.max() - prod.min() < 0.06
     summary = summarize_gpu_check(check).set_index("family")
-    assert summary.loc["all", "throughput_mape"] < 0.11  # 10.0% (§7.13); 8.5% before the fp32 stream's bytes
+    # 12.4% (§7.14); 10.0% with the optimizer at membound_eff (§7.13), 8.5% before the fp32 stream's bytes
+    assert summary.loc["all", "throughput_mape"] < 0.13
 
 
 def test_the_autocast_casts_explain_the_sequence_ladder():
@@ -145,7 +146,7 @@ def test_validate_gpu_records_names_a_bad_directory(tmp_path, capsys):
 
 def test_compiled_over_eager_on_the_h200_matches_the_kernel_class():
     """The fixed harness's compiled/eager pair at depth-L2 (microbench/compile): the model's `compiled` class gives
-    the measured speed-up to within 3% (1.137x measured; 1.159x modelled with the harness's block code, where
+    the measured speed-up to within 3% (1.137x measured; 1.153x modelled with the harness's block code, where
     Inductor fuses autocast's activation casts into the norm and RoPE kernels, §7.13); the run from before the
     dynamo reset compiled nothing."""
     records, files = load_gpu_records(H200 / "microbench" / "compile")

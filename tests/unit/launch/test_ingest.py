@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainplan.calibration.gpu import analytic_record, calibrate_gpu, load_gpu_records
+from trainplan.calibration.gpu import analytic_record, calibrate_gpu, load_gpu_records, record_specs
 from trainplan.launch import ingest
 from trainplan.model.arch import resolve_model
 from trainplan.model.efficiency import Efficiency
@@ -58,6 +58,18 @@ def test_step_log_becomes_a_valid_record_that_aggregate_flattens(tmp_path):
     row = record_row(rec)
     assert (row["device"], row["world_size"], row["gpu_name"], row["nnodes"]) == ("cuda", 32, H100, 4)
     assert json.loads(row["step_times_json"]) == times[3:]  # what calibrate_gpu bootstraps over
+    # the AdamW kernels: a log that does not name them ran torchtitan's / train_entry's default (fused) ...
+    assert rec["spec"]["optimizer_impl"] == row["optimizer_impl"] == "fused"
+    assert record_specs(row)[2].optimizer_impl == "fused"
+    # ... and train_entry's start event names them, which the prediction then charges
+    log = tmp_path / "foreach.jsonl"
+    log.write_text("".join(json.dumps({**json.loads(ln), "optimizer_impl": "foreach"}
+                                      if '"start"' in ln else json.loads(ln)) + "\n"
+                           for ln in (tmp_path / "prod.jsonl").read_text().splitlines()))
+    row2 = record_row(ingest.record_from_log(log, warmup=3))
+    assert record_specs(row2)[2].optimizer_impl == "foreach"
+    assert analytic_record(row2, Efficiency.for_gpu(record_specs(row2)[1].gpu))[0] > \
+        analytic_record(row, Efficiency.for_gpu(record_specs(row)[1].gpu))[0]
 
 
 def test_warmup_is_dropped_after_every_restart(tmp_path):

@@ -6,6 +6,7 @@ import json
 import os
 import shlex
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,16 @@ def test_sbatch_has_one_task_per_node_rendezvous_and_commented_nccl_settings(tmp
     for placeholder in ("PLACEHOLDER_PARTITION", "PLACEHOLDER_ACCOUNT", "PLACEHOLDER_IB_HCAS", "PLACEHOLDER_IFNAME"):
         assert placeholder in text
     assert "TRAINPLAN_GRAD_ACCUM=8" in text  # 256 / (32 * 1)
+    assert "export TRAINPLAN_OPTIMIZER_IMPL=fused " in text  # the AdamW kernels the plan timed
+
+
+def test_the_optimizer_implementation_reaches_the_trainer(tmp_path):
+    """training.optimizer_impl is exported to train_entry (TRAINPLAN_OPTIMIZER_IMPL) and set as torchtitan's
+    optimizer.implementation, so the launch runs the kernels the step time was computed for."""
+    out = tmp_path / "launch"
+    launch.write_artifacts(MODEL, CLUSTER, replace(TRAINING, optimizer_impl="foreach"), FSDP, out, study_hash=HASH)
+    assert "export TRAINPLAN_OPTIMIZER_IMPL=foreach " in (out / "sbatch_4x8.sh").read_text()
+    assert "'optimizer': {'implementation': 'foreach'}" in (out / "trainplan_torchtitan.py").read_text()
 
 
 def test_sbatch_refuses_to_run_with_placeholders(tmp_path):

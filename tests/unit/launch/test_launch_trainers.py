@@ -63,6 +63,7 @@ def test_torchtitan_config_manager_accepts_the_job_and_its_degrees_cover_the_clu
     dims = ParallelDims.from_config(p, CLUSTER.n_gpus)  # torchtitan's own world-size check
     assert dims.dp_replicate * dims.dp_shard * dims.cp * dims.tp * dims.pp == CLUSTER.n_gpus
     assert cfg.checkpoint.enable and cfg.checkpoint.interval == 480  # Young/Daly 1.6 h / 12 s per step
+    assert cfg.optimizer.implementation == TRAINING.optimizer_impl == "fused"  # the AdamW kernels the plan timed
     if layout.sharding == "hsdp":
         assert (p.data_parallel_replicate_degree, p.data_parallel_shard_degree) == (2, 8)  # dp 16, groups of 8
     if layout.sharding == "none":

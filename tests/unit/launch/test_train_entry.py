@@ -165,6 +165,18 @@ def test_bin_format_and_env_defaults_and_cost_interval(tmp_path):
         te.parse_args([], env={})
 
 
+def test_the_optimizer_implementation_is_an_option_and_fused_by_default(capsys):
+    """AdamW runs the kernels the planner timed (training.optimizer_impl, exported by the sbatch script): fused by
+    default, foreach on request, anything else refused before a process group starts."""
+    need = ["--model-config", "c.json", "--data", "t.npy", "--seq-len", "8", "--steps", "1"]
+    assert te.parse_args(need, env={}).optimizer_impl == "fused"
+    assert te.parse_args(need, env={"TRAINPLAN_OPTIMIZER_IMPL": "foreach"}).optimizer_impl == "foreach"
+    assert te.OPTIMIZER_IMPLS["fused"] == {"fused": True} and te.OPTIMIZER_IMPLS["foreach"] == {"foreach": True}
+    with pytest.raises(SystemExit):
+        te.parse_args([*need, "--optimizer-impl", "for-loop"], env={})
+    assert "--optimizer-impl='for-loop'" in capsys.readouterr().err
+
+
 @SLOW
 def test_accelerate_launch_with_the_generated_config_on_cpu(job, reference, tmp_path):
     """`accelerate launch --config_file <generated accelerate_fsdp2.yaml>` (use_cpu, fp32 for CPU): Accelerate

@@ -377,3 +377,35 @@ def test_autocast_weight_casts_cost_what_they_stream():
     for kw in ({"precision": "fp8-tensorwise"}, {"finetune": "qlora"}):  # the harness runs neither under autocast
         with pytest.raises(ConfigError, match="bf16_via='autocast'"):
             TrainingSpec(seq_len=4096, global_batch=8, bf16_via="autocast", **kw)
+
+
+def test_the_optimizer_step_streams_at_its_kernels_measured_rate():
+    """training.optimizer_impl: on Hopper the AdamW update (p, g, m, v read, p, m, v written: 28 B per parameter)
+    streams at the rate measured for the kernels that run it (stream_frac of adamw_fused / adamw_foreach, one H200
+    session), the bf16 weight copy (the rest of optimizer_bytes_per_param_traffic) at membound_eff; elsewhere, and for
+    SGD, everything at membound_eff. Nothing else in the step moves."""
+    m = resolve_model("llama2-13b")
+    lay = Layout(dp=32, sharding="zero2")
+    local = m.n_params / 32
+    for gpu in ("h100-sxm-80gb", "a100-80gb"):
+        c = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu(gpu))
+        eff = Efficiency.for_gpu(c.gpu)
+        hbm = c.gpu.hbm_bw_Bps
+        t = {impl: step_time(m, c, TrainingSpec(seq_len=4096, global_batch=256, optimizer_impl=impl), lay, eff)
+             for impl in ("fused", "foreach")}
+        copy = (eff.optimizer_bytes_per_param_traffic - timing.ADAMW_STEP_BYTES) / (hbm * eff.membound_eff)
+        for impl, kernel in (("fused", "adamw_fused"), ("foreach", "adamw_foreach")):
+            want = (local * (timing.ADAMW_STEP_BYTES / (hbm * timing.stream_frac(kernel)) + copy)
+                    if c.gpu.generation == "h100" else local * eff.optimizer_bytes_per_param_traffic / (hbm * eff.membound_eff))
+            assert t[impl]["optimizer_s"] == pytest.approx(want, rel=1e-12), (gpu, impl)
+            assert t[impl]["compute_s"] == t["fused"]["compute_s"]
+        if c.gpu.generation == "h100":  # the measured rates differ: foreach makes more passes over the state
+            assert t["foreach"]["optimizer_s"] > 2 * t["fused"]["optimizer_s"]
+        else:
+            assert t["foreach"]["optimizer_s"] == t["fused"]["optimizer_s"]
+        sgd = {impl: step_time(m, c, TrainingSpec(seq_len=4096, global_batch=256, optimizer="sgd", optimizer_impl=impl),
+                               lay, eff)["optimizer_s"] for impl in ("fused", "foreach")}
+        assert sgd["fused"] == sgd["foreach"] == pytest.approx(
+            local * eff.optimizer_bytes_per_param_traffic / (hbm * eff.membound_eff), rel=1e-12)
+    with pytest.raises(ConfigError, match="optimizer_impl"):
+        TrainingSpec(seq_len=4096, global_batch=8, optimizer_impl="for-loop")
