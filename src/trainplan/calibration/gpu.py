@@ -44,7 +44,7 @@ from trainplan.model.memory import (
 from trainplan.model.timing import step_time
 from trainplan.model.training import TrainingSpec
 from trainplan.proxy.aggregate import aggregate
-from trainplan.proxy.schema import uses_autocast
+from trainplan.proxy.schema import RUN_DEFAULTS, uses_autocast
 
 TIME_PARAMS = ("gemm_eff_max", "attn_eff", "membound_eff")  # identified by 1-GPU depth/width runs
 COMM_PARAM = "comm_bw_eff"  # needs a scale-out ladder over more than one GPU count
@@ -126,8 +126,10 @@ def record_specs(row: Any) -> tuple[ModelSpec, ClusterSpec, TrainingSpec, Layout
         # an ingested production log ran the production stack's code, not the harness's block
         model_impl="production" if _get(row, "family") == "production" else str(_get(row, "model_impl") or "trainplan"),
         optimizer_impl=str(_get(row, "optimizer_impl") or "foreach"),
-        finetune=str(_get(row, "finetune", "full")), lora_rank=int(_get(row, "lora_rank", 16) or 16),
-        lora_targets=tuple(t for t in targets.split(",") if t) or ("q", "k", "v", "o"))
+        # a row without adapters' settings ran the harness's defaults (proxy.schema.RUN_DEFAULTS)
+        finetune=str(_get(row, "finetune", "full")),
+        lora_rank=int(_get(row, "lora_rank") or RUN_DEFAULTS["lora_rank"]),
+        lora_targets=tuple(t for t in targets.split(",") if t) or tuple(RUN_DEFAULTS["lora_targets"]))
     return model, cluster, training, layout, [note] if note else []
 
 

@@ -36,6 +36,7 @@ from trainplan.model.timing import step_time
 from trainplan.model.training import TrainingSpec
 from trainplan.prediction.production import predict_production
 from trainplan.proxy.aggregate import record_row
+from trainplan.proxy.schema import RUN_DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[3]
 TRUE = Efficiency().replace(gemm_eff_max=0.70, attn_eff=0.38, membound_eff=0.45, alloc_frag_frac=0.07)
@@ -223,8 +224,13 @@ def test_aggregate_row_carries_what_rebuilding_the_specs_needs():
     assert {"heads", "kv_heads", "ffn_hidden", "vocab", "model_json", "layout_json", "gpu_name",
             "step_times_json"} <= set(row)
     assert len(json.loads(row["step_times_json"])) == 12  # the 2 warm-up steps dropped
-    m, c, *_ = record_specs(pd.Series(row))
+    m, c, t, *_ = record_specs(pd.Series(row))
     assert (m.heads, m.ffn_hidden, c.gpu.name) == (40, 13824, "h100-sxm-80gb")
+    assert t.optimizer_impl == row["optimizer_impl"] == "foreach"  # torch.optim.AdamW's default on CUDA
+    # a hand-made row without the adapters' settings ran the harness's defaults (RUN_DEFAULTS: r = 8 on q, v)
+    lora = {k: v for k, v in row.items() if k not in ("lora_rank", "lora_targets")}
+    t = record_specs(pd.Series({**lora, "finetune": "lora"}))[2]
+    assert (t.lora_rank, t.lora_targets) == (RUN_DEFAULTS["lora_rank"], tuple(RUN_DEFAULTS["lora_targets"])) == (8, ("q", "v"))
 
 
 def test_device_script_dry_run_lists_the_runs_and_runs_nothing(tmp_path):
