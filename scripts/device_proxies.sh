@@ -17,9 +17,10 @@
 # Output (default data/calibration/gpu/): <id>.json (RECORD), <id>.spec.json, <id>.log, <id>.nvsmi.csv
 # (nvidia-smi memory.used samples during the run), environment.json (nvidia-smi, torch/CUDA/NCCL versions,
 # what ran and what was skipped). Exit 0 when every started run produced a record.
-# First, unless --no-microbench, the two microbenchmarks the GPU check reads (docs/timing-model.md §7.11–7.12), into
-# <out>/microbench/ with their logs, each capped at a third of the budget, which their time then leaves:
-# benchmarks/bench_hbm_stream.py (HBM stream rates) and benchmarks/bench_bf16_step.py (the production precision regime).
+# First, unless --no-microbench, the microbenchmarks (docs/timing-model.md §7.11–7.12, §7.14), into <out>/microbench/
+# with their logs, each capped at a third of the budget, which their time then leaves: benchmarks/bench_hbm_stream.py
+# (HBM stream rates) and benchmarks/bench_bf16_step.py (the production precision regime), which the GPU check reads,
+# and benchmarks/bench_optimizer_step.py (AdamW for-loop / foreach / fused on FSDP2 shards, one rank).
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
@@ -58,7 +59,7 @@ if (( MICRO )) && (( ! DRY )) && ! "$PY" -c "import torch, sys; sys.exit(0 if to
   MICRO=0  # no CUDA: the proxy plan below says so and stops; nothing is written
 fi
 if (( MICRO )); then
-  for bench in hbm_stream bf16_step; do
+  for bench in hbm_stream bf16_step optimizer_step; do
     cmd=("$PY" "benchmarks/bench_$bench.py" --out "$OUT/microbench/$bench.json")
     if (( DRY )); then
       echo "microbench: ${cmd[*]} [dry run: not run]"

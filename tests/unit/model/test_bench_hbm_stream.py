@@ -63,3 +63,33 @@ def test_the_model_reads_the_measured_h200_rates():
     assert timing.stream_frac("cast_bf16_to_fp32") < 0.6 * timing.stream_frac("cast_fp32_to_bf16")
     with pytest.raises(ValueError, match="no timing of 'memcpy'"):
         timing.stream_frac("memcpy")
+
+
+def test_optimizer_step_bench_runs_the_three_adamw_implementations_on_fsdp2_shards(tmp_path):
+    """benchmarks/bench_optimizer_step.py under torchrun on CPU (2 ranks, gloo): for-loop, foreach and fused AdamW on
+    FSDP2's DTensor shards take the same first step (the fused CPU kernel to float rounding) and each is timed; the
+    HBM-equivalent bytes are a GPU figure only. Times are printed, never asserted (these machines are noisy)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "opt.json"
+    torchrun = Path(sys.executable).parent / "torchrun"
+    p = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", str(port),
+                        str(ROOT / "benchmarks" / "bench_optimizer_step.py"), "--device", "cpu", "--hidden", "64",
+                        "--ffn", "172", "--layers", "2", "--iters", "2", "--warmup", "1", "--out", str(out)],
+                       capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    rows = {r["impl"]: r for r in doc["results"]}
+    assert list(rows) == ["for-loop", "foreach", "fused"] and doc["environment"]["world_size"] == 2
+    # 2 blocks of 7 weights over 2 ranks: one block's worth of parameters per rank
+    assert doc["environment"]["sharded_tensors"] == 14 and doc["environment"]["local_params"] == 4 * 64 * 64 + 3 * 64 * 172
+    for r in rows.values():
+        assert r["median_s"] > 0 and len(r["times_s"]) == 2 and r["bytes_equiv_per_param"] is None
+        assert r["max_abs_diff_vs_for_loop"] < 1e-6
+    assert rows["fused"]["vs_fused"] == 1.0 and "x fused" in p.stdout
