@@ -1,4 +1,4 @@
-"""The AdamW step on FSDP2-sharded parameters, per implementation: for-loop, foreach, fused (docs/timing-model.md §7.14).
+"""The AdamW step on FSDP2-sharded parameters, per implementation: for-loop, foreach, fused (timing-model §7.14).
 
 ``training.optimizer_impl`` times the step at the HBM rate ``bench_hbm_stream`` measured for the fused and foreach
 kernels on one plain tensor. A training job steps FSDP2's DTensor shards instead: many tensors, each op dispatched

@@ -88,7 +88,8 @@ def test_optimizer_step_bench_runs_the_three_adamw_implementations_on_fsdp2_shar
     rows = {r["impl"]: r for r in doc["results"]}
     assert list(rows) == ["for-loop", "foreach", "fused"] and doc["environment"]["world_size"] == 2
     # 2 blocks of 7 weights over 2 ranks: one block's worth of parameters per rank
-    assert doc["environment"]["sharded_tensors"] == 14 and doc["environment"]["local_params"] == 4 * 64 * 64 + 3 * 64 * 172
+    env = doc["environment"]
+    assert env["sharded_tensors"] == 14 and env["local_params"] == 4 * 64 * 64 + 3 * 64 * 172
     for r in rows.values():
         assert r["median_s"] > 0 and len(r["times_s"]) == 2 and r["bytes_equiv_per_param"] is None
         assert r["max_abs_diff_vs_for_loop"] < 1e-6
