@@ -89,32 +89,30 @@ def main(argv: list[str] | None = None) -> int:
         timer = event_timer(a.device)
         start = [p.detach().clone() for p in model.parameters()]
         rows: list[dict[str, Any]] = []
-        after: dict[str, list[Any]] = {}
+        first: list[Any] = []  # the for-loop's first update (IMPLS runs it first), which the others must match
         for impl, kw in IMPLS.items():
-            if impl == "fused" and a.device == "cpu" and not hasattr(torch, "_fused_adamw_"):
-                continue  # pragma: no cover - a torch without the CPU fused kernel
             with torch.no_grad():
                 for p, s in zip(model.parameters(), start, strict=True):
                     p.copy_(s)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0, **kw)
             opt.step()  # the states exist before timing; the first update is compared across implementations
-            after[impl] = [p.detach().full_tensor() for p in model.parameters()]
+            after = [p.detach().full_tensor() for p in model.parameters()]
+            first = first or after
             times = timer(opt.step, a.warmup, a.iters)
             med = statistics.median(times)
             rows.append({"impl": impl, "median_s": med, "times_s": times, "local_params": local,
-                         "bytes_equiv_per_param": med * a.hbm_tbps * 1e12 / local if a.device == "cuda" else None})
+                         "bytes_equiv_per_param": med * a.hbm_tbps * 1e12 / local if a.device == "cuda" else None,
+                         "max_abs_diff_vs_for_loop": max(float((x - y).abs().max())
+                                                         for x, y in zip(after, first, strict=True))})
             del opt
-        same = {impl: max(float((x - y).abs().max()) for x, y in zip(after[impl], after["for-loop"], strict=True))
-                for impl in after}
-        fused = next((r["median_s"] for r in rows if r["impl"] == "fused"), None)
+        fused = rows[-1]["median_s"]  # IMPLS ends with fused
         for r in rows:
-            r["vs_fused"] = r["median_s"] / fused if fused else None
-            r["max_abs_diff_vs_for_loop"] = same[r["impl"]]
+            r["vs_fused"] = r["median_s"] / fused
         if rank == 0:
             print(f"{world} rank(s), {a.device}: {local / 1e6:.2f} M local parameters in {tensors} sharded tensors "
                   f"({a.layers} blocks, hidden {a.hidden}, ffn {a.ffn})")
             for r in rows:
-                ratio = f"{r['vs_fused']:5.2f}x fused" if r["vs_fused"] else ""
+                ratio = f"{r['vs_fused']:5.2f}x fused"
                 hbm = (f"{r['bytes_equiv_per_param']:7.1f} B/param at {a.hbm_tbps:g} TB/s (minimum {ADAMW_BYTES:g})"
                        if a.device == "cuda" else "")  # a CPU's time says nothing about HBM
                 print(f"  {r['impl']:9s} {r['median_s'] * 1e3:9.3f} ms  {hbm}  {ratio}  max |Δ| after one step vs "
