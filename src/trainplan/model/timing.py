@@ -121,6 +121,12 @@ FP8_CAST_BYTES = 5.0
 FP8_TRANSPOSE_BYTES = 2.0
 
 
+def te_fp8(training: TrainingSpec) -> bool:
+    """FP8 through Transformer Engine: the fused (Megatron / TE) kernel class with per-tensor scaling, which TE
+    runs as delayed scaling; the other classes (and rowwise anywhere) cast as torchao's dynamic recipes do."""
+    return training.kernels == "fused" and training.fp8 == "tensorwise"
+
+
 def fp8_cast_bytes_mb(model: ModelSpec, training: TrainingSpec, tokens: Array, tp: Array,
                       weight_cast: Array) -> tuple[Array, Array]:
     """HBM bytes of one block's FP8 casts per micro-batch, (forward, backward). Tensorwise: cast each linear
@@ -136,6 +142,34 @@ def fp8_cast_bytes_mb(model: ModelSpec, training: TrainingSpec, tokens: Array, t
                 2.0 * FP8_CAST_BYTES * x_out + FP8_CAST_BYTES * x_in + FP8_CAST_BYTES * w)
     return (FP8_CAST_BYTES * x_in + (FP8_CAST_BYTES + FP8_TRANSPOSE_BYTES) * w,
             FP8_CAST_BYTES * x_out + FP8_TRANSPOSE_BYTES * (x_in + x_out))
+
+
+# Transformer Engine's FP8 (kernels=fused, tensorwise: TE's per-tensor delayed scaling, as NeMo / Megatron run it),
+# HBM bytes per element [derived: TE 1.x LayerNormLinear / LayerNormMLP / Linear]. Delayed scaling takes each scale
+# from the amax history of earlier steps and records the new amax inside the cast kernel, so no amax pass; TE's
+# cast-transpose kernel reads bf16 once and writes the FP8 copy and, where the weight gradient needs it, its
+# transpose (2 + 1 + 1); the norm before QKV and FC1 and the MLP activation before FC2 write their outputs in FP8
+# themselves, leaving only the transposed copy for wgrad (read 1, write 1); weights are cast and transposed with
+# the step's first micro-batch and reused by the others (``is_first_microbatch``).
+TE_CAST_TRANSPOSE_BYTES = 4.0
+TE_CAST_BYTES = 3.0
+
+
+def te_fp8_cast_bytes(model: ModelSpec, training: TrainingSpec, tokens: Array,
+                      tp: Array) -> tuple[Array, Array, Array]:
+    """HBM bytes of one block's FP8 casts under Transformer Engine: (forward per micro-batch, backward per
+    micro-batch, weights per step). Forward: a cast(-transpose) of the attention output feeding the out projection
+    (the other three linears take FP8 from the norm or activation kernel before them); backward: a
+    cast(-transpose) of every output gradient and, for wgrad, the transposed FP8 copies of the norm- and
+    activation-fused inputs (full fine-tuning only: frozen weights need no wgrad, so no transposes of their
+    inputs or gradients); per step: each weight cast with its transpose (dgrad reads it), once."""
+    full = training.finetune == "full"
+    ins, outs = fp8_linear_dims(model, "fused")  # in: [h, q, h, f]; out: [qkv, h, (2)f, h]
+    fused_in = tokens * (ins[0] + ins[2] + ins[3]) / tp
+    proj_in, x_out = tokens * ins[1] / tp, tokens * sum(outs) / tp
+    cast = TE_CAST_TRANSPOSE_BYTES if full else TE_CAST_BYTES
+    bwd = cast * x_out + (FP8_TRANSPOSE_BYTES * fused_in if full else 0.0)
+    return cast * proj_in, bwd, TE_CAST_TRANSPOSE_BYTES * layer_matmul_params_per_rank(model, tp)
 
 
 # Our own kernel timings (benchmarks/bench_attention_backends.py on one H200, 2026-12-04; package data, copied from
@@ -590,12 +624,17 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
         check_precision(cluster, training)
         fp8_eff = eff.replace(gemm_eff_max=getattr(eff, f"fp8_gemm_eff_{training.fp8}"))
         g = layer_gemm_fwd_s(model, tokens, tp, FP8_PEAK_FACTOR * peak, fp8_eff, kernels)
-        fsdp_fp8_gather = (training.fp8 == "tensorwise") & np.isin(layout.sharding, ("zero3", "hsdp"))
-        cf, cb = fp8_cast_bytes_mb(model, training, tokens, tp, np.where(fsdp_fp8_gather, 0.0, 1.0))
+        if te_fp8(training):
+            cf, cb, cw = te_fp8_cast_bytes(model, training, tokens, tp)
+            fp8_weight_step = layers * cw / (hbm * eff.membound_eff)
+        else:
+            fsdp_fp8_gather = (training.fp8 == "tensorwise") & np.isin(layout.sharding, ("zero3", "hsdp"))
+            cf, cb = fp8_cast_bytes_mb(model, training, tokens, tp, np.where(fsdp_fp8_gather, 0.0, 1.0))
+            fp8_weight_step = 0.0
         cast_f, cast_b = cf / (hbm * eff.membound_eff), cb / (hbm * eff.membound_eff)
     else:
         g = layer_gemm_fwd_s(model, tokens, tp, peak, eff, kernels)
-        cast_f = cast_b = 0.0
+        cast_f = cast_b = fp8_weight_step = 0.0
     e = layer_membound_fwd_s(model, tokens, tp, sp, hbm, eff, act, kernels, training.block_impl, training.autocast)
     if training.attn_impl == "math":
         a, a_bwd = attn_math_fwd_s(model, tokens, s, tp, peak, hbm, eff, act)
@@ -630,7 +669,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
                                          measured=gpu.generation == "h100" and training.optimizer == "adamw"))
     off = np.where(cpu, offload_s(local, cluster, eff), 0.0)
 
-    compute = m * compute_mb + accum_step
+    compute = m * compute_mb + accum_step + fp8_weight_step
     exposed = m * (tp_mb + cp_mb + fsdp_mb + p2p_mb) + dp
     step = compute + exposed + bubble + opt + off
     tok_s = training.tokens_per_step / step

@@ -10,9 +10,9 @@ from trainplan.model.base import ConfigError, one_of, positive_int, positive_num
 # ------------------------------------------------------------------------------------------ training
 FINETUNE_KINDS = ("full", "lora", "qlora")
 # fp8-*: bf16 mixed precision with the block linears' GEMMs in FP8 (torchao Float8Linear recipes "tensorwise" /
-# "rowwise", as torchtitan's float8 converter applies them; Transformer Engine's per-tensor delayed scaling is
-# tensorwise). Attention, norms, embeddings and the output projection stay bf16; weights and optimizer states
-# keep the bf16 mixed-precision layout.
+# "rowwise", as torchtitan's float8 converter applies them; with kernels="fused", tensorwise is Transformer
+# Engine's per-tensor delayed scaling, whose casts are fused: timing.te_fp8). Attention, norms, embeddings and the
+# output projection stay bf16; weights and optimizer states keep the bf16 mixed-precision layout.
 PRECISIONS = ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp32")
 FP8_RECIPES = {"fp8-tensorwise": "tensorwise", "fp8-rowwise": "rowwise"}
 OPTIMIZERS = ("adamw", "sgd")

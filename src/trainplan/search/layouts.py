@@ -386,8 +386,9 @@ FP8_RISK = ("risk for a fine-tune: loss divergence from the bf16 run (FP8's 3-bi
 
 def fp8_technique_rows(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,
                        eff: Efficiency) -> list[dict[str, Any]]:
-    """The FP8 rows of the technique table for the chosen layout: each torchao recipe against bf16 on the same
-    layout (speed-up; memory unchanged: torchao keeps the bf16 mixed-precision states and casts per GEMM), with the
+    """The FP8 rows of the technique table for the chosen layout: each recipe (torchao's; tensorwise under
+    ``kernels=fused`` is Transformer Engine's delayed scaling) against bf16 on the same layout (speed-up; memory
+    unchanged: the bf16 mixed-precision states stay and the FP8 copies are made per GEMM), with the
     risk for a fine-tune. Empty on GPUs without FP8 tensor cores. The recommendation stays on the configured
     precision: FP8 is used only when ``training.precision`` opts in."""
     from dataclasses import replace as _replace
@@ -404,7 +405,8 @@ def fp8_technique_rows(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         verdict = f"buys {delta:+.1%}" if delta > TIE_FRAC else ("ties" if delta >= -TIE_FRAC else f"costs {-delta:.1%}")
         used = training.precision == recipe
         note = ("opted in by training.precision; " if used else "not used: bf16 unless the study opts in; ") + FP8_RISK
-        rows.append({"technique": f"FP8 matmuls ({recipe.split('-')[1]}, torchao Float8)", "used_by_best": used,
+        stack = "Transformer Engine" if timing.te_fp8(_replace(training, precision=recipe)) else "torchao Float8"
+        rows.append({"technique": f"FP8 matmuls ({recipe.split('-')[1]}, {stack})", "used_by_best": used,
                      "best_with": layout.describe() + f" {recipe}", "tokens_per_s_per_gpu_with": f,
                      "best_without": layout.describe() + " bf16", "tokens_per_s_per_gpu_without": b,
                      "delta_frac": delta, "verdict": verdict, "note": note,

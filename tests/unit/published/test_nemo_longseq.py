@@ -8,9 +8,10 @@ from trainplan.model.arch import resolve_model
 from trainplan.published.fit import GEN_FIT, never_fitted_rows
 from trainplan.published.tables import NEMO_MODELS, NEVER_FITTED, load_table, validate_all
 
-# Reached with the shipped H100 fit: MAPE 17.6%, every row under-predicted (−12% at 4K, where NeMo 24.07's FP8 rows
-# of the same model sit at −13%, growing to −21…−23% from 256K: TE's attention beats the fitted PyTorch-SDPA rate).
-NEMO_LONGSEQ_MAPE_TOL_PCT = 18.5
+# Reached with the shipped H100 fit: MAPE 14.7% (17.6% while TE's runs were charged torchao's casts). The 4K row,
+# where the GEMMs dominate, is within 3% (TE's fused casts, timing.te_fp8_cast_bytes); from 32K on every row is
+# under-predicted by 12–23%, growing with the attention's share: TE's attention beats the fitted PyTorch-SDPA rate.
+NEMO_LONGSEQ_MAPE_TOL_PCT = 15.5
 
 
 def test_nemo_flops_formula_reproduces_nemo_2407_model_tflops():

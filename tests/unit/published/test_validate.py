@@ -16,10 +16,10 @@ from trainplan.published.tables import TT500_PARAM, mape_table, validate_all
 
 # In-sample MAPE per table (each generation's own fit; bf16 and FP8 rows). Reached: Megatron 2021 T1 4.0%,
 # Korthikanti 3.7%, torchtitan A100 2.5%; torchtitan H100 6.4%, async TP 8.0%, Megatron 2024 6.1%, Llama 3 405B
-# 3.5%; NeMo 24.07 FP8 (held out of every fit) 16.0%, NeMo long-sequence FP8 (held out of every fit) 17.6%.
+# 3.5%; NeMo 24.07 FP8 (held out of every fit) 7.2%, NeMo long-sequence FP8 (held out of every fit) 14.7%.
 MAPE_TOL_PCT = {"megatron2021_t1": 5.0, "korthikanti2022_t3_5": 5.0, "torchtitan_a100": 5.0,
                 "torchtitan_h100": 7.0, "torchtitan_asynctp_h100": 8.5, "megatron2024_h100": 6.5,
-                "llama3_405b_h100": 4.0, "nemo2407_h100": 16.5, "nemo_longseq_h100": 18.5}
+                "llama3_405b_h100": 4.0, "nemo2407_h100": 8.0, "nemo_longseq_h100": 15.5}
 # Memory vs torchtitan's peak reserved GiB (the two eager seq-8192 FSDP rows in scope): reached 6.3%.
 TORCHTITAN_H100_MEM_MAPE_TOL_PCT = 10.0
 
