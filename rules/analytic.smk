@@ -13,5 +13,6 @@ rule analytic_model:
         "../envs/trainplan.yaml"
     params:
         cfg=cfg("analytic_model"),
+        code=CODE_VERSION,
     script:
         "../workflow/scripts/analytic_model.py"

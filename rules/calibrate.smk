@@ -16,6 +16,7 @@ rule calibrate:
         "../envs/trainplan.yaml"
     params:
         cfg=cfg("calibrate"),
+        code=CODE_VERSION,
     script:
         "../workflow/scripts/calibrate.py"
 
@@ -32,6 +33,7 @@ rule fit_scaling:
         "../envs/trainplan.yaml"
     params:
         cfg=cfg("fit_scaling"),
+        code=CODE_VERSION,
     script:
         "../workflow/scripts/fit_scaling.py"
 
@@ -51,5 +53,6 @@ rule predict_production:
         "../envs/trainplan.yaml"
     params:
         cfg=cfg("predict_production"),
+        code=CODE_VERSION,
     script:
         "../workflow/scripts/predict_production.py"

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from trainplan import pkgdata
 from trainplan.config import config_slice, load_config, schema_path
-from trainplan.provenance import study_hash
+from trainplan.provenance import code_version, study_hash
 from trainplan.proxy.slurm_resources import proxy_job_resources
 from trainplan.model.base import ConfigError
 
@@ -25,6 +25,9 @@ BENCH = f"{R}/benchmarks"
 # The one study hash (provenance.study_hash of the resolved config): the memo footer and the launch files
 # print it, and so does every run here.
 STUDY_HASH = study_hash(STUDY.raw)
+# Hash of the trainplan package's own code and data (provenance.code_version): a param of every rule, so a
+# changed model, fit or template reruns what it computes (Snakemake's "code" trigger sees only the rule scripts).
+CODE_VERSION = code_version()
 # Rules that run `benchmark:` (their TSVs are memo inputs: the memo reports their wall time).
 BENCHMARKED = ("analytic_model", "calibrate", "cost_and_risk", "figures")
 # The published tables calibration reads (package data, cited in its SOURCES.md): editing one reruns calibrate.

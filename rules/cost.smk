@@ -13,5 +13,6 @@ rule cost_and_risk:
         "../envs/trainplan.yaml"
     params:
         cfg=cfg("cost_and_risk"),
+        code=CODE_VERSION,
     script:
         "../workflow/scripts/cost_and_risk.py"

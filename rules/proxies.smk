@@ -10,6 +10,7 @@ checkpoint select_proxies:
         "../envs/trainplan.yaml"
     params:
         cfg=cfg("select_proxies"),
+        code=CODE_VERSION,
     script:
         "../workflow/scripts/select_proxies.py"
 
@@ -41,6 +42,7 @@ rule proxy_run:
         mpi=lambda wc: proxy_resources(wc)["mpi"],
     params:
         cfg=cfg("proxy_run"),
+        code=CODE_VERSION,
     script:
         "../workflow/scripts/proxy_run.py"
 
@@ -57,5 +59,6 @@ rule aggregate:
         "../envs/trainplan.yaml"
     params:
         cfg=cfg("aggregate"),
+        code=CODE_VERSION,
     script:
         "../workflow/scripts/aggregate.py"

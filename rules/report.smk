@@ -29,6 +29,7 @@ rule figures:
         "../envs/trainplan.yaml"
     params:
         cfg=cfg("figures"),
+        code=CODE_VERSION,
     script:
         "../workflow/scripts/figures.py"
 
@@ -72,6 +73,7 @@ rule memo:
         "../envs/trainplan.yaml"
     params:
         cfg=cfg("memo"),
+        code=CODE_VERSION,
     script:
         "../workflow/scripts/memo.py"
 
@@ -94,5 +96,6 @@ rule launch_artifacts:
         # the whole resolved config (RULE_SECTIONS: "*"): every file's header prints the study hash
         # (provenance.study_hash), the same value as the memo footer, so any config change rewrites them
         cfg=cfg("launch_artifacts"),
+        code=CODE_VERSION,
     script:
         "../workflow/scripts/launch_artifacts.py"

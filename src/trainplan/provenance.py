@@ -24,7 +24,7 @@ from trainplan.io import read_json, to_jsonable, write_json
 HASH_SCHEME = 1
 SIDECAR_SUFFIX = ".provenance.json"
 
-__all__ = ["HASH_SCHEME", "config_hash", "file_sha256", "git_state", "read_sidecar", "sidecar_path",
+__all__ = ["HASH_SCHEME", "code_version", "config_hash", "file_sha256", "git_state", "read_sidecar", "sidecar_path",
            "study_hash", "write_sidecar"]
 
 
@@ -48,6 +48,24 @@ def study_hash(config: Any) -> str:
     ``config_hash`` (in its sidecar) covers only its slice and is a different number by design.
     """
     return config_hash(getattr(config, "raw", config))
+
+
+# What code_version hashes: the package's source and data files (symlinked ones, the default config and the memo
+# template, are inputs or config slices of the rules already).
+CODE_SUFFIXES = (".py", ".json", ".csv", ".yaml", ".j2", ".mplstyle", ".css")
+
+
+@lru_cache(maxsize=4)
+def code_version(root: str | Path | None = None) -> str:
+    """sha256 (first 16 hex digits) over the relative paths and bytes of the trainplan package's own files
+    (``CODE_SUFFIXES``, symlinks skipped; ``root``: another tree): equal for equal code and data, whatever the
+    checkout or the time."""
+    root = Path(root or Path(__file__).resolve().parent)
+    h = hashlib.sha256(f"trainplan-code-v{HASH_SCHEME}\n".encode("ascii"))
+    for p in sorted(root.rglob("*")):
+        if p.suffix in CODE_SUFFIXES and p.is_file() and not p.is_symlink() and "__pycache__" not in p.parts:
+            h.update(p.relative_to(root).as_posix().encode() + b"\0" + file_sha256(p).encode("ascii") + b"\n")
+    return h.hexdigest()[:16]
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:

@@ -116,9 +116,14 @@ def fp8_linear_dims(model: ModelSpec, kernels: str) -> tuple[list[float], list[f
 
 
 # HBM bytes per element of FP8 casting work (dynamic scaling: an amax pass reads the bf16 tensor, the cast reads it
-# again and writes 1 byte; a transposed FP8 copy reads 1, writes 1) [derived: torchao float8 tensorwise/rowwise].
+# again and writes 1 byte; a transposed FP8 copy reads 1, writes 1) [derived: torchao float8 tensorwise/rowwise,
+# under torch.compile, which fuses each chain into two kernels].
 FP8_CAST_BYTES = 5.0
 FP8_TRANSPOSE_BYTES = 2.0
+# The same chains in eager mode, one kernel per op [derived: torchao.float8 float8_utils.tensor_to_amax,
+# _ToFloat8ConstrFunc, to_fp8_saturated]: amax = max(abs(x)) (abs: read 2, write 2; max: read 2), then
+# x.to(float32) (2 + 4), / scale (4 + 4), clamp (4 + 4), .to(float8) (4 + 1): 33 B per element.
+FP8_CAST_BYTES_EAGER = 6.0 + 6.0 + 8.0 + 8.0 + 5.0
 
 
 def te_fp8(training: TrainingSpec) -> bool:
@@ -133,15 +138,15 @@ def fp8_cast_bytes_mb(model: ModelSpec, training: TrainingSpec, tokens: Array, t
     input (fwd) and output gradient (bwd), transposed FP8 copies of both for wgrad, and each weight (cast +
     transposed copy) unless FSDP all-gathers it already in FP8 (``weight_cast`` = 0). Rowwise: scales per row
     along each GEMM's reduction axis, so the backward re-quantises the saved bf16 input along the other axis and
-    the output gradient along both (no transposed copies), and FSDP all-gathers bf16 weights."""
+    the output gradient along both (no transposed copies), and FSDP all-gathers bf16 weights. Eager mode runs each
+    cast as its unfused op chain (``FP8_CAST_BYTES_EAGER``)."""
     ins, outs = fp8_linear_dims(model, training.kernels)
     x_in, x_out = tokens * sum(ins) / tp, tokens * sum(outs) / tp
     w = layer_matmul_params_per_rank(model, tp) * weight_cast
+    c = FP8_CAST_BYTES_EAGER if training.kernels == "eager" else FP8_CAST_BYTES
     if training.fp8 == "rowwise":
-        return (FP8_CAST_BYTES * x_in + FP8_CAST_BYTES * w,
-                2.0 * FP8_CAST_BYTES * x_out + FP8_CAST_BYTES * x_in + FP8_CAST_BYTES * w)
-    return (FP8_CAST_BYTES * x_in + (FP8_CAST_BYTES + FP8_TRANSPOSE_BYTES) * w,
-            FP8_CAST_BYTES * x_out + FP8_TRANSPOSE_BYTES * (x_in + x_out))
+        return c * x_in + c * w, 2.0 * c * x_out + c * x_in + c * w
+    return c * x_in + (c + FP8_TRANSPOSE_BYTES) * w, c * x_out + FP8_TRANSPOSE_BYTES * (x_in + x_out)
 
 
 # Transformer Engine's FP8 (kernels=fused, tensorwise: TE's per-tensor delayed scaling, as NeMo / Megatron run it),

@@ -360,9 +360,12 @@ def torchtitan_a100(eff: Efficiency, h100_peak_flops: float | None = None,
         dp = int(r.gpus) // tp
         seq = int(r.seq_len_default_cfg)
         opt = str(r.optimizations)
+        # Async TP needs torch.compile. Not stated for the Float8 row [I: compiled]: torchao's casts unfused in eager
+        # (timing.FP8_CAST_BYTES_EAGER) would leave ~1.2x over the bf16 row, not the published 1.62x, and adding
+        # compile + async TP to an eager run would gain more than the 4.5% the third row shows.
         t = TrainingSpec(seq_len=seq, global_batch=int(r.local_batch) * dp,
                          precision="fp8-tensorwise" if "Float8" in opt else "bf16",
-                         **(TORCHTITAN_COMPILED if "AsyncTP" in opt else TORCHTITAN_EAGER))
+                         **(TORCHTITAN_COMPILED if "Float8" in opt else TORCHTITAN_EAGER))
         lay = Layout(dp=dp, tp=tp, sp=tp > 1, sharding="zero3", recompute=_ac(r.activation_ckpt),
                      micro_batch=int(r.local_batch), tp_overlap="AsyncTP" in opt)
         ok = True

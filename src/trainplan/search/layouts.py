@@ -398,6 +398,8 @@ def fp8_technique_rows(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     base = _replace(training, precision="bf16")
     b = timing.step_time(model, cluster, base, layout, eff)["tokens_per_s_per_gpu"]
     mem = float(memory.memory_breakdown(model, cluster, base, layout, eff)["total"]) / 2**30
+    compiled = _replace(base, kernels="compiled")
+    b_compiled = timing.step_time(model, cluster, compiled, layout, eff)["tokens_per_s_per_gpu"]
     rows = []
     for recipe in ("fp8-tensorwise", "fp8-rowwise"):
         f = timing.step_time(model, cluster, _replace(training, precision=recipe), layout, eff)["tokens_per_s_per_gpu"]
@@ -405,13 +407,21 @@ def fp8_technique_rows(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         verdict = f"buys {delta:+.1%}" if delta > TIE_FRAC else ("ties" if delta >= -TIE_FRAC else f"costs {-delta:.1%}")
         used = training.precision == recipe
         note = ("opted in by training.precision; " if used else "not used: bf16 unless the study opts in; ") + FP8_RISK
+        compiled_note = ""
+        if training.kernels == "eager":  # torchao's casts unfused (timing.FP8_CAST_BYTES_EAGER): say what compile gives
+            fc = timing.step_time(model, cluster, _replace(compiled, precision=recipe), layout,
+                                  eff)["tokens_per_s_per_gpu"]
+            compiled_note = (f"eager: torchao's casts run unfused; under torch.compile (training.kernels: compiled) "
+                             f"{fc:.0f} vs {b_compiled:.0f} tokens/s/GPU for compiled bf16 "
+                             f"({fc / b_compiled - 1.0:+.1%})")
+            note = compiled_note + "; " + note
         stack = "Transformer Engine" if timing.te_fp8(_replace(training, precision=recipe)) else "torchao Float8"
         rows.append({"technique": f"FP8 matmuls ({recipe.split('-')[1]}, {stack})", "used_by_best": used,
                      "best_with": layout.describe() + f" {recipe}", "tokens_per_s_per_gpu_with": f,
                      "best_without": layout.describe() + " bf16", "tokens_per_s_per_gpu_without": b,
                      "delta_frac": delta, "verdict": verdict, "note": note,
                      "line": f"{verdict} ({f:.0f} vs {b:.0f} tokens/s/GPU, memory {mem:.1f} GiB either way); {note}",
-                     "mem_total_gib": mem, "fp8": True})
+                     "mem_total_gib": mem, "fp8": True, "compiled_note": compiled_note})
     return rows
 
 
@@ -421,7 +431,8 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
     Families are coarse (data-parallel sharding × TP × PP); this says what each modifier buys or costs.
     Columns: technique, used_by_best, best_with, tokens_per_s_per_gpu_with, best_without,
     tokens_per_s_per_gpu_without, delta_frac (with ÷ without − 1), verdict (needed / buys x% / ties / costs x% /
-    never fits), note (why, in a few words), line (one sentence). Techniques no enumerated layout uses are left out.
+    never fits), note (why, in a few words), line (one sentence), compiled_note (FP8 rows of an eager study: what
+    torch.compile would give). Techniques no enumerated layout uses are left out.
     """
     feas = df[df["feasible"]]
     top = feas.loc[[feas["tokens_per_s"].idxmax()]] if len(feas) else feas
@@ -464,4 +475,4 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
     return pd.DataFrame(rows + list(extra or []),
                         columns=["technique", "used_by_best", "best_with", "tokens_per_s_per_gpu_with",
                                  "best_without", "tokens_per_s_per_gpu_without", "delta_frac", "verdict",
-                                 "note", "line"])
+                                 "note", "line", "compiled_note"])

@@ -12,6 +12,7 @@ import pytest
 from trainplan.io import read_json, write_csv, write_json, write_text
 from trainplan.provenance import (
     HASH_SCHEME,
+    code_version,
     config_hash,
     file_sha256,
     read_sidecar,
@@ -83,3 +84,28 @@ def test_one_study_hash_for_the_memo_the_launch_files_and_the_cli():
     assert h == config_hash(config_slice(cfg.raw, "launch_artifacts"))  # launch files print the study hash
     assert h != config_hash(config_slice(cfg.raw, "analytic_model"))  # a slice hash is a different number
     assert study_hash(load_config([conf / "config.yaml", conf / "lora.yaml"])) != h
+
+
+def test_code_version_follows_code_and_data_not_caches_or_symlinks(tmp_path):
+    """The param every rule carries (rules/common.smk CODE_VERSION): a changed model file or fit reruns the study;
+    bytecode caches, symlinked files (inputs of their own rules) and other suffixes do not count."""
+    pkg = tmp_path / "pkg"
+    (pkg / "model").mkdir(parents=True)
+    (pkg / "model" / "timing.py").write_text("A = 1\n")
+    (pkg / "fits.json").write_text("{}")
+    base = code_version(pkg)
+    assert len(base) == 16 and code_version() != base  # the real package has its own
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__pycache__" / "x.py").write_text("junk")
+    (pkg / "notes.txt").write_text("junk")
+    (tmp_path / "elsewhere.yaml").write_text("a: 1")
+    (pkg / "default.yaml").symlink_to(tmp_path / "elsewhere.yaml")
+    code_version.cache_clear()
+    assert code_version(pkg) == base
+    (pkg / "model" / "timing.py").write_text("A = 2\n")
+    code_version.cache_clear()
+    changed = code_version(pkg)
+    assert changed != base
+    (pkg / "model" / "timing.py").rename(pkg / "model" / "timing2.py")  # same bytes, other path
+    code_version.cache_clear()
+    assert code_version(pkg) not in (base, changed)

@@ -15,7 +15,7 @@ from trainplan.published.fit import GEN_FIT, MAMF_FRAC, family_bias, fit_generat
 from trainplan.published.tables import TT500_PARAM, mape_table, validate_all
 
 # In-sample MAPE per table (each generation's own fit; bf16 and FP8 rows). Reached: Megatron 2021 T1 4.0%,
-# Korthikanti 3.7%, torchtitan A100 2.5%; torchtitan H100 6.4%, async TP 8.0%, Megatron 2024 6.1%, Llama 3 405B
+# Korthikanti 3.7%, torchtitan A100 2.5%; torchtitan H100 6.5%, async TP 7.9%, Megatron 2024 6.1%, Llama 3 405B
 # 3.5%; NeMo 24.07 FP8 (held out of every fit) 7.2%, NeMo long-sequence FP8 (held out of every fit) 14.7%.
 MAPE_TOL_PCT = {"megatron2021_t1": 5.0, "korthikanti2022_t3_5": 5.0, "torchtitan_a100": 5.0,
                 "torchtitan_h100": 7.0, "torchtitan_asynctp_h100": 8.5, "megatron2024_h100": 6.5,
@@ -131,7 +131,7 @@ def test_shipped_fits_are_the_documented_fit():
 
 # Leave one table out per generation (the fit without the table predicts it), shipped in efficiency_fits.json.
 # Reached: A100 Megatron 2021 T1 3.4%, T2 (PTD-P) 5.2%, Korthikanti 7.1%, torchtitan A100 2.3%; H100 torchtitan
-# 7.8%, async TP 6.4%, Megatron 2024 7.0%, Llama 3 405B 3.4% (issue target: 10% per table; met on both).
+# 7.5%, async TP 6.5%, Megatron 2024 7.0%, Llama 3 405B 3.4% (issue target: 10% per table; met on both).
 HELDOUT_MAPE_TOL_PCT = {"megatron2021_t1": 4.0, "narayanan2021_t2": 6.0, "korthikanti2022_t3_5": 7.5,
                         "torchtitan_a100": 3.0, "torchtitan_h100": 8.25, "torchtitan_asynctp_h100": 7.0,
                         "megatron2024_h100": 7.5, "llama3_405b_h100": 4.0}
