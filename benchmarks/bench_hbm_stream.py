@@ -9,7 +9,11 @@ session can put a number on "weight-sized stream" without fitting it:
 * ``cast_bf16_to_fp32`` (2 + 4: the cast's backward, FSDP2's reduce-scatter copy-in),
 * ``add_fp32_inplace`` (4 + 4 read, 4 write: AccumulateGrad from the second micro-batch),
 * ``adamw_foreach`` / ``adamw_fused`` (p, g, m, v read, p, m, v written: 28 B per fp32 parameter),
-* ``rmsnorm_eager`` (HF's Python RMSNorm on bf16 activations, 4096 × 5120: the small-kernel contrast).
+* ``rmsnorm_eager`` (HF's Python RMSNorm on bf16 activations, 4096 × 5120: the small-kernel contrast),
+* ``fp8_cast_eager`` (torchao's dynamic tensorwise FP8 cast of the same activations without torch.compile:
+  ``max(abs(x))``, ``.to(float32)``, ``* scale``, ``clamp``, ``.to(float8)``, one kernel each, 33 B per element,
+  ``timing.FP8_CAST_BYTES_EAGER``) and, on CUDA, ``fp8_cast_compiled`` (the same function under torch.compile,
+  charged 5 B per element, ``timing.FP8_CAST_BYTES``): whether the eager chain costs what §9 charges.
 
 Each is the median of ``--iters`` calls timed with CUDA events (``time.perf_counter`` on CPU) after warm-ups, as GB/s
 of the bytes it must move and as a fraction of ``--hbm-tbps`` (the spec bandwidth: H100 SXM 3.35, H200 4.8).
@@ -31,6 +35,7 @@ from typing import Any
 # One Llama-2-13B block's matmul weights: 4·5120² + 3·5120·13824 (trainplan.model.memory.layer_matmul_params_per_rank).
 BLOCK_NUMEL = 4 * 5120 * 5120 + 3 * 5120 * 13824
 ADAMW_BYTES = 28.0  # fp32 p, g, m, v read (16) + p, m, v written (12)
+FP8_E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 
 
 def event_timer(device: str) -> Callable[[Callable[[], Any], int, int], list[float]]:
@@ -82,6 +87,10 @@ def kernels(numel: int, device: str, tokens: int, hidden: int) -> dict[str, tupl
         var = h.pow(2).mean(-1, keepdim=True)
         return nw * (h * torch.rsqrt(var + 1e-5)).to(torch.bfloat16)
 
+    def fp8_cast() -> torch.Tensor:  # torchao float8_utils / _ToFloat8ConstrFunc, tensorwise, op by op
+        scale = FP8_E4M3_MAX / x.abs().max().to(torch.float32).clamp(min=1e-12)
+        return (x.to(torch.float32) * scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+
     out = {
         "cast_fp32_to_bf16": (lambda: w16.copy_(w32), 6.0 * numel),
         "cast_bf16_to_fp32": (lambda: g32.copy_(w16), 6.0 * numel),
@@ -89,9 +98,13 @@ def kernels(numel: int, device: str, tokens: int, hidden: int) -> dict[str, tupl
         "adamw_foreach": (opt_foreach.step, ADAMW_BYTES * numel),
         # x.float() (2 r, 4 w) · pow (4, 4) · mean (4) · x·rsqrt (4, 4) · .to(bf16) (4, 2) · ×w (2, 2): 36 B per element
         "rmsnorm_eager": (rmsnorm, 36.0 * tokens * hidden),
+        # abs (2 r, 2 w) · max (2) · .to(fp32) (2, 4) · × scale (4, 4) · clamp (4, 4) · .to(fp8) (4, 1): 33 B
+        "fp8_cast_eager": (fp8_cast, 33.0 * tokens * hidden),
     }
     if opt_fused is not None:
         out["adamw_fused"] = (opt_fused.step, ADAMW_BYTES * numel)
+    if device == "cuda":  # Inductor fuses the chain: an amax pass (2) and one cast kernel (2 r, 1 w)
+        out["fp8_cast_compiled"] = (torch.compile(fp8_cast), 5.0 * tokens * hidden)
     return out
 
 

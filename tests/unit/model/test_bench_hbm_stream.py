@@ -26,7 +26,8 @@ def test_smoke_run_on_cpu_writes_every_kernel(tmp_path):
                        "--warmup", "1", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     names = [r["kernel"] for r in doc["results"]]
-    assert names == ["cast_fp32_to_bf16", "cast_bf16_to_fp32", "add_fp32_inplace", "adamw_foreach", "rmsnorm_eager"]
+    assert names == ["cast_fp32_to_bf16", "cast_bf16_to_fp32", "add_fp32_inplace", "adamw_foreach", "rmsnorm_eager",
+                     "fp8_cast_eager"]
     assert all(r["median_s"] > 0 and r["GBps"] > 0 and len(r["times_s"]) == 2 for r in doc["results"])
     assert doc["environment"]["device"] == "cpu"
 
@@ -42,6 +43,10 @@ def test_bytes_per_element_are_the_models():
     m = resolve_model("llama2-13b")
     assert ks["rmsnorm_eager"][1] / (tokens * hidden) == timing.norm_bytes_per_elem(m, "eager", 2.0)
     assert layer_matmul_params_per_rank(m) == bench.BLOCK_NUMEL
+    assert ks["fp8_cast_eager"][1] / (tokens * hidden) == timing.FP8_CAST_BYTES_EAGER
+    import torch
+
+    assert bench.FP8_E4M3_MAX == torch.finfo(torch.float8_e4m3fn).max
 
 
 def test_the_model_reads_the_measured_h200_rates():
