@@ -317,7 +317,8 @@ def _techniques(tech: pd.DataFrame | None) -> list[dict] | None:
     rows = _records(tech)
     for r in rows:
         r["used_by_best"] = str(r.get("used_by_best")).lower() == "true"
-        for k in ("best_with", "best_without", "verdict", "note", "line", "compiled_note"):
+        r["fp8"] = str(r.get("technique") or "").startswith("FP8")
+        for k in ("best_with", "best_without", "verdict", "note", "line", "compiled_note", "risk"):
             r[k] = "" if r.get(k) is None else str(r[k])
     return rows
 

@@ -421,7 +421,7 @@ def fp8_technique_rows(model: ModelSpec, cluster: ClusterSpec, training: Trainin
                      "best_without": layout.describe() + " bf16", "tokens_per_s_per_gpu_without": b,
                      "delta_frac": delta, "verdict": verdict, "note": note,
                      "line": f"{verdict} ({f:.0f} vs {b:.0f} tokens/s/GPU, memory {mem:.1f} GiB either way); {note}",
-                     "mem_total_gib": mem, "fp8": True, "compiled_note": compiled_note})
+                     "mem_total_gib": mem, "fp8": True, "compiled_note": compiled_note, "risk": FP8_RISK})
     return rows
 
 
@@ -432,7 +432,7 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
     Columns: technique, used_by_best, best_with, tokens_per_s_per_gpu_with, best_without,
     tokens_per_s_per_gpu_without, delta_frac (with ÷ without − 1), verdict (needed / buys x% / ties / costs x% /
     never fits), note (why, in a few words), line (one sentence), compiled_note (FP8 rows of an eager study: what
-    torch.compile would give). Techniques no enumerated layout uses are left out.
+    torch.compile would give), risk (FP8 rows: the risk for a fine-tune and its day-1 check). Techniques no enumerated layout uses are left out.
     """
     feas = df[df["feasible"]]
     top = feas.loc[[feas["tokens_per_s"].idxmax()]] if len(feas) else feas
@@ -475,4 +475,4 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
     return pd.DataFrame(rows + list(extra or []),
                         columns=["technique", "used_by_best", "best_with", "tokens_per_s_per_gpu_with",
                                  "best_without", "tokens_per_s_per_gpu_without", "delta_frac", "verdict",
-                                 "note", "line", "compiled_note"])
+                                 "note", "line", "compiled_note", "risk"])

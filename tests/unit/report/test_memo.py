@@ -404,3 +404,42 @@ def test_own_gpu_check_prints_the_records_summary_and_says_only_what_the_errors_
     assert "Every step time is predicted longer than it ran" in text
     gc["records"][0]["throughput_err"] = 0.02
     assert "Every step time is predicted longer than it ran" not in text_with(gc)
+
+
+def test_fp8_paragraph_says_what_compile_gives_and_which_recipe_is_opted_in(tmp_path):
+    """The FP8 rows of the technique table (search.fp8_technique_rows) reach the memo's "FP8 on this layout"
+    paragraph: for an eager study each recipe with what torch.compile would give and "Neither is used"; with a
+    recipe opted in, that one marked and its saving stated as fact (the cost already includes it)."""
+    import pandas as pd
+
+    from trainplan.model.arch import resolve_model
+    from trainplan.model.efficiency import Efficiency
+    from trainplan.model.hardware import ClusterSpec, resolve_gpu
+    from trainplan.model.layout import Layout
+    from trainplan.model.training import TrainingSpec
+    from trainplan.provenance import write_sidecar
+    from trainplan.search.layouts import fp8_technique_rows
+
+    h100 = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
+    m, lay = resolve_model("llama2-13b"), Layout(dp=32, sharding="zero2")
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    base = pd.read_csv(FIXTURE / "analytic/techniques.csv")
+
+    def text_with(training: TrainingSpec) -> str:
+        rows = fp8_technique_rows(m, h100, training, lay, Efficiency.for_gpu(h100.gpu))
+        out = root / "analytic/techniques.csv"
+        pd.concat([base, pd.DataFrame(rows)[list(base.columns) + ["compiled_note", "risk"]]]).to_csv(out, index=False)
+        write_sidecar(out, rule="analytic_model", config_slice={})
+        pages = PdfReader(_render(root, tmp_path / "m.pdf")).pages
+        return " ".join(" ".join(p.extract_text() for p in pages).split())
+
+    eager = text_with(TrainingSpec(seq_len=4096, global_batch=256, kernels="eager"))
+    assert "FP8 on this layout" in eager and "Neither is used: bf16 unless the study opts in." in eager
+    para = eager[eager.find("FP8 on this layout"):eager.find("Risk for a fine-tune")]
+    assert para.count("under torch.compile (training.kernels: compiled)") == 2, para
+    assert "Risk for a fine-tune" in eager
+    opted = text_with(TrainingSpec(seq_len=4096, global_batch=256, kernels="compiled", precision="fp8-tensorwise"))
+    assert re.search(r"FP8 matmuls \(tensorwise, torchao Float8\) \(opted in by training\.precision\) buys \+\d+\.\d% "
+                     r"over bf16: it cuts the p50 cost by \$[\d,]+;", opted), opted[opted.find("FP8 on this"):][:400]
+    assert "Neither is used" not in opted and "under torch.compile" not in opted
