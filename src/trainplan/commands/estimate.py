@@ -123,6 +123,9 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     training = TrainingSpec(seq_len=args.seq_len, global_batch=args.global_batch, finetune=args.finetune,
                             kernels=args.kernels, attn_impl=args.attn_impl, attn_kernel=args.attn_kernel,
                             precision=args.precision, optimizer_impl=args.optimizer_impl)
+    if training.fp8 and training.kernels == "eager":
+        warn(f"--precision {args.precision} with --kernels eager: torchao's FP8 casts run unfused (timing."
+             f"FP8_CAST_BYTES_EAGER), usually slower than bf16; torchao's FP8 expects --kernels compiled")
     mp = args.tp * args.pp * args.cp
     if args.gpus % mp:
         raise ConfigError("layout", f"tp·pp·cp = {args.tp}·{args.pp}·{args.cp} = {mp}",

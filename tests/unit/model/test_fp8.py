@@ -38,6 +38,12 @@ def test_cli_precision_flag_and_a100_refusal(capsys):
     assert main(args + ["--gpu", "a100-80gb", "--precision", "fp8-tensorwise"]) == 2
     err = capsys.readouterr().err
     assert "training.precision" in err and "Traceback" not in err
+    # eager FP8 is answered, with a warning that says why it is slow and what to use instead
+    assert main([a for a in args if a not in ("--kernels", "compiled")] + ["--precision", "fp8-tensorwise"]) == 0
+    err = capsys.readouterr().err
+    assert "torchao's FP8 casts run unfused" in err and "--kernels compiled" in err
+    assert main(args + ["--precision", "fp8-tensorwise"]) == 0
+    assert "unfused" not in capsys.readouterr().err
 
 
 def test_fp8_speeds_up_gemms_and_keeps_memory():
