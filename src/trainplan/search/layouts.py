@@ -398,24 +398,26 @@ def fp8_technique_rows(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     base = _replace(training, precision="bf16")
     b = timing.step_time(model, cluster, base, layout, eff)["tokens_per_s_per_gpu"]
     mem = float(memory.memory_breakdown(model, cluster, base, layout, eff)["total"]) / 2**30
+    eager = training.kernels == "eager"  # torchao's casts unfused (timing.FP8_CAST_BYTES_EAGER): say what compile gives
     compiled = _replace(base, kernels="compiled")
-    b_compiled = timing.step_time(model, cluster, compiled, layout, eff)["tokens_per_s_per_gpu"]
+    b_compiled = timing.step_time(model, cluster, compiled, layout, eff)["tokens_per_s_per_gpu"] if eager else None
     rows = []
     for recipe in ("fp8-tensorwise", "fp8-rowwise"):
-        f = timing.step_time(model, cluster, _replace(training, precision=recipe), layout, eff)["tokens_per_s_per_gpu"]
+        t = _replace(training, precision=recipe)
+        f = timing.step_time(model, cluster, t, layout, eff)["tokens_per_s_per_gpu"]
         delta = f / b - 1.0
         verdict = f"buys {delta:+.1%}" if delta > TIE_FRAC else ("ties" if delta >= -TIE_FRAC else f"costs {-delta:.1%}")
         used = training.precision == recipe
         note = ("opted in by training.precision; " if used else "not used: bf16 unless the study opts in; ") + FP8_RISK
         compiled_note = ""
-        if training.kernels == "eager":  # torchao's casts unfused (timing.FP8_CAST_BYTES_EAGER): say what compile gives
+        if eager:
             fc = timing.step_time(model, cluster, _replace(compiled, precision=recipe), layout,
                                   eff)["tokens_per_s_per_gpu"]
             compiled_note = (f"eager: torchao's casts run unfused; under torch.compile (training.kernels: compiled) "
                              f"{fc:.0f} vs {b_compiled:.0f} tokens/s/GPU for compiled bf16 "
                              f"({fc / b_compiled - 1.0:+.1%})")
             note = compiled_note + "; " + note
-        stack = "Transformer Engine" if timing.te_fp8(_replace(training, precision=recipe)) else "torchao Float8"
+        stack = "Transformer Engine" if timing.te_fp8(t) else "torchao Float8"
         rows.append({"technique": f"FP8 matmuls ({recipe.split('-')[1]}, {stack})", "used_by_best": used,
                      "best_with": layout.describe() + f" {recipe}", "tokens_per_s_per_gpu_with": f,
                      "best_without": layout.describe() + " bf16", "tokens_per_s_per_gpu_without": b,
