@@ -20,7 +20,8 @@
 # First, unless --no-microbench, the microbenchmarks (docs/timing-model.md §7.11–7.12, §7.14), into <out>/microbench/
 # with their logs, each capped at a third of the budget, which their time then leaves: benchmarks/bench_hbm_stream.py
 # (HBM stream rates) and benchmarks/bench_bf16_step.py (the production precision regime), which the GPU check reads,
-# and benchmarks/bench_optimizer_step.py (AdamW for-loop / foreach / fused on FSDP2 shards, one rank).
+# benchmarks/bench_optimizer_step.py (AdamW for-loop / foreach / fused on FSDP2 shards, one rank) and
+# benchmarks/bench_ring_attention.py (one rank of torch's ring attention on a fake CP group vs its flash kernels, §7.4).
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
@@ -59,7 +60,7 @@ if (( MICRO )) && (( ! DRY )) && ! "$PY" -c "import torch, sys; sys.exit(0 if to
   MICRO=0  # no CUDA: the proxy plan below says so and stops; nothing is written
 fi
 if (( MICRO )); then
-  for bench in hbm_stream bf16_step optimizer_step; do
+  for bench in hbm_stream bf16_step optimizer_step ring_attention; do
     cmd=("$PY" "benchmarks/bench_$bench.py" --out "$OUT/microbench/$bench.json")
     if (( DRY )); then
       echo "microbench: ${cmd[*]} [dry run: not run]"

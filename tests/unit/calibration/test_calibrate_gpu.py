@@ -247,7 +247,8 @@ def test_device_script_dry_run_lists_the_runs_and_runs_nothing(tmp_path):
     assert not out.exists()  # nothing ran, nothing written
     micro = [ln for ln in p.stdout.splitlines() if ln.startswith("microbench:")]
     assert [ln.split()[2] for ln in micro] == ["benchmarks/bench_hbm_stream.py", "benchmarks/bench_bf16_step.py",
-                                               "benchmarks/bench_optimizer_step.py"]
+                                               "benchmarks/bench_optimizer_step.py",
+                                               "benchmarks/bench_ring_attention.py"]
     assert all(f"{out}/microbench/" in ln and "not run" in ln for ln in micro)
     quiet = subprocess.run(["bash", str(ROOT / "scripts" / "device_proxies.sh"), "--dry-run", "--no-microbench"],
                            capture_output=True, text=True, timeout=120, cwd=ROOT)
