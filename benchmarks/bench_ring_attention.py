@@ -80,12 +80,42 @@ def model_figures(rows: list[dict[str, Any]], gpu: str, kernels: str = "compiled
     return out
 
 
+def _ring_times(a: argparse.Namespace, r: dict[str, Any], world: int, timer: Any, bf16: Any) -> tuple[float, float]:
+    """(forward, forward + backward) seconds of one layer's SDPA under torch's ``context_parallel`` as the last rank
+    of a ``r["cp"]``-rank mesh inside the fake ``world``."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+
+    cp = r["cp"]
+    mesh = init_device_mesh("cuda", (world // cp, cp), mesh_dim_names=("dp", "cp"))["cp"]
+    full = [bf16(1, a.heads, r["seq_len"], a.head_dim) for _ in range(4)]
+    with context_parallel(mesh, buffers=full, buffer_seq_dims=[2, 2, 2, 2]):
+        q, k, v, g = full  # now this rank's shards (head-tail balance: chunks cp-1 and cp)
+        try:
+            q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+
+            def fwd() -> None:
+                with torch.no_grad():
+                    F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+            def train() -> None:
+                q.grad = k.grad = v.grad = None
+                F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
+
+            return (statistics.median(timer(fwd, a.warmup, a.iters)),
+                    statistics.median(timer(train, a.warmup, a.iters)))
+        finally:
+            for t in (q, k, v):
+                t.grad = None
+                t.requires_grad_(False)  # context_parallel resizes the buffers back on exit, which needs no grad
+
+
 def _measure(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.experimental import context_parallel
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -122,27 +152,27 @@ def _measure(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
             if cp == 1:
                 r["fwd_s"], r["train_s"] = first
             else:
-                mesh = init_device_mesh("cuda", (world // cp, cp), mesh_dim_names=("dp", "cp"))["cp"]
-                full = [bf16(1, a.heads, r["seq_len"], a.head_dim) for _ in range(4)]
-                with context_parallel(mesh, buffers=full, buffer_seq_dims=[2, 2, 2, 2]):
-                    q, k, v, g = full  # now this rank's shards (round-robin: chunks cp-1 and cp)
-                    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
-
-                    def fwd(q: Any = q, k: Any = k, v: Any = v) -> None:
-                        with torch.no_grad():
-                            F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-                    def train(q: Any = q, k: Any = k, v: Any = v, g: Any = g) -> None:
-                        q.grad = k.grad = v.grad = None
-                        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
-
-                    r["fwd_s"] = statistics.median(timer(fwd, a.warmup, a.iters))
-                    r["train_s"] = statistics.median(timer(train, a.warmup, a.iters))
-                    for t in (q, k, v):
-                        t.requires_grad_(False)  # context_parallel restores the buffers' shapes on exit
-                del full, q, k, v, g
+                try:
+                    r["fwd_s"], r["train_s"] = _ring_times(a, r, world, timer, bf16)
+                except Exception as e:  # noqa: BLE001 - a CP degree that cannot run is a result, the rest still run
+                    r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                    print(f"cp {cp}: {r['error']}", file=sys.stderr, flush=True)
             torch.cuda.empty_cache()
     dist.destroy_process_group()
+
+
+def summarize(rows: list[dict[str, Any]], hbm_Bps: float) -> None:
+    """Add to each timed row its rate, the time beyond its flash kernels (``overhead_train_s``) as HBM bytes per
+    local token at ``hbm_Bps`` (comparable with ``model_overhead_bytes_per_token_train``), and its time per attention
+    FLOP relative to the first timed row (None for all when the first row has no timing). A row with an ``error`` is
+    left as it is."""
+    timed = [r for r in rows if "train_s" in r]
+    base = timed[0]["train_s"] / timed[0]["train_flops"] if timed and timed[0] is rows[0] else None
+    for r in timed:
+        r["train_tflops"] = r["train_flops"] / r["train_s"] / 1e12
+        r["overhead_train_s"] = r["train_s"] - r["kernels_train_s"]
+        r["overhead_bytes_per_token_train"] = r["overhead_train_s"] * hbm_Bps / r["local_tokens"]
+        r["time_per_flop_rel"] = None if base is None else r["train_s"] / r["train_flops"] / base
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,12 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                   "--dry-run lists the shapes)", file=sys.stderr)
             return 2
         _measure(a, rows)
-        base = rows[0]["train_s"] / rows[0]["train_flops"]
-        for r in rows:
-            r["time_per_flop_rel"] = r["train_s"] / r["train_flops"] / base
-            r["train_tflops"] = r["train_flops"] / r["train_s"] / 1e12
-            r["overhead_train_s"] = r["train_s"] - r["kernels_train_s"]
-            r["overhead_bytes_per_token_train"] = r["overhead_train_s"] * hbm / r["local_tokens"]
+        summarize(rows, hbm)
 
     print(f"{'cp':>3} {'seq':>8} {'calls':>5} {'TFLOP train':>11}  {'model ms':>9} {'model /FLOP':>11} "
           f"{'model B/tok':>11}" + ("" if a.dry_run else f"  {'ms':>8} {'kernels ms':>10} {'/FLOP':>6} {'B/tok':>7}"))
@@ -194,9 +219,12 @@ def main(argv: list[str] | None = None) -> int:
         line = (f"{r['cp']:>3} {r['seq_len']:>8} {len(r['calls']):>5} {r['train_flops'] / 1e12:>11.1f}  "
                 f"{r['model_train_s'] * 1e3:>9.1f} {r['model_time_per_flop_rel']:>11.3f} "
                 f"{r['model_overhead_bytes_per_token_train']:>11.0f}")
-        if not a.dry_run:
-            line += (f"  {r['train_s'] * 1e3:>8.1f} {r['kernels_train_s'] * 1e3:>10.1f} {r['time_per_flop_rel']:>6.3f} "
-                     f"{r['overhead_bytes_per_token_train']:>7.0f}")
+        if "error" in r:
+            line += f"  {r['error']}"
+        elif not a.dry_run:
+            rel = r.get("time_per_flop_rel")
+            line += (f"  {r['train_s'] * 1e3:>8.1f} {r['kernels_train_s'] * 1e3:>10.1f} "
+                     f"{'n/a' if rel is None else f'{rel:.3f}':>6} {r['overhead_bytes_per_token_train']:>7.0f}")
         print(line, flush=True)
     if not a.dry_run:
         import torch

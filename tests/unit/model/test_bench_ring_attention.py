@@ -62,3 +62,24 @@ def test_bad_cps_is_a_clear_error(cps, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--dry-run", "--cps", cps])
     assert e.value.code == 2 and "--cps" in capsys.readouterr().err
+
+
+def test_summarize_turns_timings_into_the_models_units():
+    rows = bench.plan([1, 2, 4], 1000, heads=2, head_dim=64)
+    for r, (train, kernels) in zip(rows, [(1.0, 1.0), (2.5, 2.0), (5.0, 4.0)], strict=True):
+        r |= {"train_s": train, "kernels_train_s": kernels}
+    rows[2] = {**rows[2], "error": "RuntimeError: x"}
+    del rows[2]["train_s"]
+    bench.summarize(rows, hbm_Bps=1e12)
+    assert rows[0]["time_per_flop_rel"] == 1 and rows[0]["overhead_bytes_per_token_train"] == 0
+    assert rows[1]["time_per_flop_rel"] == pytest.approx(2.5 / 2)  # twice the FLOPs in 2.5× the time
+    assert rows[1]["overhead_bytes_per_token_train"] == pytest.approx(0.5 * 1e12 / 1000)
+    assert "time_per_flop_rel" not in rows[2]  # an error stays an error, not a ratio
+
+
+def test_without_the_reference_row_there_is_no_ratio():
+    rows = bench.plan([1, 2], 1000, heads=2, head_dim=64)
+    rows[0]["error"] = "RuntimeError: x"
+    rows[1] |= {"train_s": 2.0, "kernels_train_s": 1.5}
+    bench.summarize(rows, hbm_Bps=1e12)
+    assert rows[1]["time_per_flop_rel"] is None and rows[1]["overhead_train_s"] == pytest.approx(0.5)
