@@ -80,11 +80,28 @@ def model_figures(rows: list[dict[str, Any]], gpu: str, kernels: str = "compiled
     return out
 
 
+def _fwd_train_times(q: Any, k: Any, v: Any, g: Any, causal: bool, a: argparse.Namespace,
+                     timer: Any) -> tuple[float, float]:
+    """Median seconds of one SDPA forward (no grad) and one forward + backward over ``q``, ``k``, ``v`` (which
+    require grad) with output gradient ``g``, through whatever ``F.scaled_dot_product_attention`` is at call time
+    (under ``context_parallel``: torch's ring attention)."""
+    import torch
+    import torch.nn.functional as F
+
+    def fwd() -> None:
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def train() -> None:
+        q.grad = k.grad = v.grad = None
+        F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(g)
+
+    return statistics.median(timer(fwd, a.warmup, a.iters)), statistics.median(timer(train, a.warmup, a.iters))
+
+
 def _ring_times(a: argparse.Namespace, r: dict[str, Any], world: int, timer: Any, bf16: Any) -> tuple[float, float]:
     """(forward, forward + backward) seconds of one layer's SDPA under torch's ``context_parallel`` as the last rank
     of a ``r["cp"]``-rank mesh inside the fake ``world``."""
-    import torch
-    import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
 
@@ -95,17 +112,7 @@ def _ring_times(a: argparse.Namespace, r: dict[str, Any], world: int, timer: Any
         q, k, v, g = full  # now this rank's shards (head-tail balance: chunks cp-1 and cp)
         try:
             q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
-
-            def fwd() -> None:
-                with torch.no_grad():
-                    F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-            def train() -> None:
-                q.grad = k.grad = v.grad = None
-                F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
-
-            return (statistics.median(timer(fwd, a.warmup, a.iters)),
-                    statistics.median(timer(train, a.warmup, a.iters)))
+            return _fwd_train_times(q, k, v, g, True, a, timer)
         finally:
             for t in (q, k, v):
                 t.grad = None
@@ -115,7 +122,6 @@ def _ring_times(a: argparse.Namespace, r: dict[str, Any], world: int, timer: Any
 def _measure(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -131,16 +137,7 @@ def _measure(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
         q, k, v, g = bf16(1, a.heads, q_len, a.head_dim), *(bf16(1, a.heads, k_len, a.head_dim) for _ in range(2)), \
             bf16(1, a.heads, q_len, a.head_dim)
         q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
-
-        def fwd() -> None:
-            with torch.no_grad():
-                F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-        def train() -> None:
-            q.grad = k.grad = v.grad = None
-            F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(g)
-
-        return (statistics.median(timer(fwd, a.warmup, a.iters)), statistics.median(timer(train, a.warmup, a.iters)))
+        return _fwd_train_times(q, k, v, g, causal, a, timer)
 
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
         first = sdpa_times(a.local_tokens, a.local_tokens, True)

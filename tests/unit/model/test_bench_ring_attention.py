@@ -83,3 +83,14 @@ def test_without_the_reference_row_there_is_no_ratio():
     rows[1] |= {"train_s": 2.0, "kernels_train_s": 1.5}
     bench.summarize(rows, hbm_Bps=1e12)
     assert rows[1]["time_per_flop_rel"] is None and rows[1]["overhead_train_s"] == pytest.approx(0.5)
+
+
+def test_the_timing_helper_runs_forward_and_backward_on_cpu():
+    import argparse
+
+    q, k, v = (torch.randn(1, 2, 64, 16, requires_grad=True) for _ in range(3))
+    g = torch.randn(1, 2, 64, 16)
+    fwd, train = bench._fwd_train_times(q, k, v, g, True, argparse.Namespace(warmup=1, iters=2),
+                                        bench.event_timer("cpu"))
+    assert fwd > 0 and train > 0
+    assert q.grad is not None and k.grad is not None and v.grad is not None  # the backward ran into q, k, v
