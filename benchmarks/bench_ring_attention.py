@@ -51,14 +51,17 @@ def plan(cps: list[int], local: int, heads: int, head_dim: int) -> list[dict[str
 def model_figures(rows: list[dict[str, Any]], gpu: str, kernels: str = "compiled") -> list[dict[str, Any]]:
     """What the planner charges one layer of each row on ``gpu`` (its generation's fitted Efficiency, ``kernels``
     class): flash forward and forward + backward at ``attn_eff_at(seq/cp)`` (timing.attn_fwd_s, the backward at
-    ATTN_BWD_FACTOR), the ring overhead bytes per local token (timing.ring_overhead_bytes) and their time at
-    ``membound_eff``, and the time per attention FLOP relative to the first row."""
+    ATTN_BWD_FACTOR), the ring overhead bytes per local token (timing.ring_overhead_bytes, K and V at
+    timing.ring_kv_width) and their time (timing.ring_overhead_mb_s, as step_time charges it), and the time per
+    attention FLOP relative to the first row."""
     import numpy as np
 
     from trainplan.model import timing
     from trainplan.model.arch import ModelSpec
     from trainplan.model.efficiency import Efficiency
     from trainplan.model.hardware import resolve_gpu
+    from trainplan.model.layout import Layout
+    from trainplan.model.training import TrainingSpec
 
     g = resolve_gpu(gpu)
     eff = timing.class_efficiency(Efficiency.for_gpu(g), kernels)
@@ -67,13 +70,16 @@ def model_figures(rows: list[dict[str, Any]], gpu: str, kernels: str = "compiled
         h, d, local, cp = r["heads"], r["head_dim"], r["local_tokens"], r["cp"]
         m = ModelSpec(name="ring-bench", layers=1, hidden=h * d, heads=h, kv_heads=h, vocab=32000,
                       max_seq_len=r["seq_len"])
+        t = TrainingSpec(seq_len=r["seq_len"], global_batch=1, kernels=kernels, attn_impl="flash")
+        lay = Layout(dp=1, cp=cp, cp_kind="ring", sharding="none", recompute="none")
+        act = 2.0 if t.half else 4.0  # as timing.step_time
         fwd = float(timing.attn_fwd_s(m, local, r["seq_len"], 1, g.peak_bf16_flops, eff, cp))
-        f_b, b_b = (float(np.asarray(x)) for x in timing.ring_overhead_bytes(cp, h * d, h * d, 2.0))
-        per_s = local / (g.hbm_bw_Bps * eff.membound_eff)
+        f_b, b_b = (float(np.asarray(x))
+                    for x in timing.ring_overhead_bytes(cp, h * d, timing.ring_kv_width(m, kernels), act))
+        ring_s = float(np.asarray(timing.ring_overhead_mb_s(m, t, local, lay, 1, g.hbm_bw_Bps, eff, act)))
         out.append({"cp": cp, "model_kernels_fwd_s": fwd, "model_kernels_train_s": fwd * (1 + timing.ATTN_BWD_FACTOR),
                     "model_overhead_bytes_per_token_fwd": f_b, "model_overhead_bytes_per_token_train": f_b + b_b,
-                    "model_fwd_s": fwd + f_b * per_s,
-                    "model_train_s": fwd * (1 + timing.ATTN_BWD_FACTOR) + (f_b + b_b) * per_s})
+                    "model_train_s": fwd * (1 + timing.ATTN_BWD_FACTOR) + ring_s})
     base = out[0]["model_train_s"] / rows[0]["train_flops"]
     for r, o in zip(rows, out, strict=True):
         o["model_time_per_flop_rel"] = o["model_train_s"] / r["train_flops"] / base
