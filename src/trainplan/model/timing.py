@@ -29,7 +29,7 @@ from trainplan.model.layout import Layout, LayoutTable, check_precision, grad_ac
 from trainplan.model.memory import FP32, NF4_BYTES_PER_PARAM, layer_matmul_params_per_rank
 from trainplan.model.training import TrainingSpec
 
-__all__ = ["step_time", "gemm_eff", "attn_eff_at", "TIMING_KEYS"]
+__all__ = ["step_time", "gemm_eff", "attn_eff_at", "TIMING_KEYS", "COMPUTE_PARTS"]
 
 Array = Any
 LayoutLike = Layout | LayoutTable
@@ -56,6 +56,10 @@ FP8_PEAK_FACTOR = 2.0  # dense FP8 / dense BF16 on Hopper (NVIDIA H100 datasheet
 TIMING_KEYS = ("compute_s", "tp_comm_s", "cp_comm_s", "fsdp_comm_s", "dp_comm_s", "pp_p2p_s",
                "comm_exposed_s", "bubble_s", "optimizer_s", "offload_s", "step_time_s", "tokens_per_s",
                "tokens_per_s_per_gpu", "mfu", "hfu")
+# Parts of compute_s per step (each already inside it; not to be added to the other terms): the recompute, FSDP2's
+# all-gather copy-out on the compute stream, the ring-attention merges and QLoRA's dequantisation. They say *why* a
+# layout computes longer than another (search.layouts names the part that grows most).
+COMPUTE_PARTS = ("recompute_s", "fsdp_copy_s", "ring_merge_s", "dequant_s")
 
 
 def class_efficiency(eff: Efficiency, kernels: str) -> Efficiency:
@@ -686,7 +690,8 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     out = {"compute_s": compute, "tp_comm_s": m * tp_mb, "cp_comm_s": m * cp_mb, "fsdp_comm_s": m * fsdp_mb,
            "dp_comm_s": dp, "pp_p2p_s": m * p2p_mb, "comm_exposed_s": exposed, "bubble_s": bubble,
            "optimizer_s": opt, "offload_s": off, "step_time_s": step, "tokens_per_s": tok_s,
-           "tokens_per_s_per_gpu": tok_s / n, "mfu": mfu, "hfu": hfu}
+           "tokens_per_s_per_gpu": tok_s / n, "mfu": mfu, "hfu": hfu,
+           "recompute_s": m * layers * redo, "fsdp_copy_s": m * copy, "ring_merge_s": m * ring, "dequant_s": m * dequant}
     if isinstance(layout, Layout):
         return {k: float(np.asarray(v)) for k, v in out.items()}
     return {k: np.broadcast_to(np.asarray(v, dtype=float), (len(layout),)).copy() for k, v in out.items()}

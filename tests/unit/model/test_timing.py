@@ -410,3 +410,24 @@ def test_the_optimizer_step_streams_at_its_kernels_measured_rate():
             local * eff.optimizer_bytes_per_param_traffic / (hbm * eff.membound_eff), rel=1e-12)
     with pytest.raises(ConfigError, match="optimizer_impl"):
         TrainingSpec(seq_len=4096, global_batch=8, optimizer_impl="for-loop")
+
+
+def test_compute_parts_are_inside_compute_and_only_where_their_technique_is():
+    """timing.COMPUTE_PARTS: each is ≥ 0, together ≤ compute_s, and non-zero exactly where the layout pays it."""
+    from trainplan.model.timing import COMPUTE_PARTS
+
+    cases = {Layout(dp=32, sharding="zero2"): (), Layout(dp=32, sharding="zero2", recompute="full"): ("recompute_s",),
+             Layout(dp=32, sharding="zero3"): ("fsdp_copy_s",),
+             Layout(dp=16, cp=2, sharding="zero2"): ("ring_merge_s",)}
+    for lay, paid in cases.items():
+        r = step_time(MODEL, CLUSTER, TRAIN, lay)
+        assert sum(r[k] for k in COMPUTE_PARTS) < r["compute_s"], lay.describe()
+        for k in COMPUTE_PARTS:
+            assert (r[k] > 0) == (k in paid), (k, lay.describe())
+    from dataclasses import replace
+
+    qlora = replace(TRAIN, finetune="qlora")
+    assert step_time(MODEL, CLUSTER, qlora, Layout(dp=32, sharding="zero2"))["dequant_s"] > 0
+    # each part is the compute it adds: FSDP's copies are all of ZeRO-3's extra compute over ZeRO-2 here
+    z2, z3 = (step_time(MODEL, CLUSTER, TRAIN, Layout(dp=32, sharding=s)) for s in ("zero2", "zero3"))
+    assert z3["compute_s"] - z2["compute_s"] == pytest.approx(z3["fsdp_copy_s"], rel=1e-9)

@@ -110,3 +110,22 @@ def test_zero2_reduces_every_microbatch():
     z1 = step_time(m, c, TrainingSpec(seq_len=4096, global_batch=256), Layout(dp=32, sharding="zero1"), eff)
     assert eight["dp_comm_s"] > 4 * one["dp_comm_s"]
     assert z1["dp_comm_s"] < 2 * one["dp_comm_s"]
+
+
+def test_verdicts_name_the_part_of_compute_that_grows(df):
+    """A layout that loses on compute says which part: recompute for rc=full, FSDP's copies for ZeRO-3 at rc=none
+    (not "recompute" for a layout that recomputes nothing)."""
+    from trainplan.search.layouts import step_time_growth
+
+    feas = df[df["feasible"]]
+    pick = {k: feas[(feas["dp"] == 32) & (feas["sharding"] == s) & (feas["recompute"] == rc)
+                    & (feas["micro_batch"] == 1)].iloc[0] for k, s, rc in
+            (("z2", "zero2", "none"), ("z3", "zero3", "none"), ("z2full", "zero2", "full"))}
+    g = step_time_growth(pick["z3"], pick["z2"])
+    assert max(g, key=g.get) == "FSDP all-gather copies on the compute stream"
+    assert g["recompute"] == 0.0 and sum(g.values()) == pytest.approx(
+        pick["z3"]["step_time_s"] - pick["z2"]["step_time_s"])
+    g = step_time_growth(pick["z2full"], pick["z2"])
+    assert max(g, key=g.get) == "recompute"
+    fsdp = family_verdicts(df).set_index("family").loc["FSDP", "line"]
+    assert "recompute" not in fsdp or "rc=full" in fsdp
