@@ -56,7 +56,8 @@ PROXY_FAMILY_LABELS = {"all": "all runs", "depth": "depth slice (1–4 layers, s
 
 # ------------------------------------------------------------------------------------- formatting
 def fmt(value: Any, kind: str = "num") -> str:
-    """The one number formatter of the memo. kinds: int, num, gib, pct, spct (signed), usd, h, frac3, sci, s."""
+    """The one number formatter of the memo. kinds: int, num, gib, pct, spct (signed), usd, rate (a price: cents
+    unless whole dollars), h, frac3, sci, s."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
     if isinstance(value, bool):
@@ -74,6 +75,8 @@ def fmt(value: Any, kind: str = "num") -> str:
         return f"{100 * v:+.1f}%"
     if kind == "usd":
         return f"${v:,.0f}"
+    if kind == "rate":
+        return f"${v:,.0f}" if v == round(v) else f"${v:,.2f}"
     if kind == "frac3":
         return f"{v:.3f}"
     if kind == "sci":

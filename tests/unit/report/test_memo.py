@@ -268,6 +268,7 @@ def test_fmt_is_the_one_formatter():
     assert memo.fmt(0.3591, "pct") == "35.9%"
     assert memo.fmt(-0.0692, "spct") == "-6.9%" and memo.fmt(0.1, "spct") == "+10.0%"
     assert memo.fmt(9738.0, "usd") == "$9,738"
+    assert memo.fmt(6.88, "rate") == "$6.88" and memo.fmt(3.0, "rate") == "$3"  # a price keeps its cents
     assert memo.fmt(float("nan")) == "n/a" and memo.fmt(None, "int") == "n/a"
     assert memo.fmt(True) == "yes"
 
@@ -443,3 +444,21 @@ def test_fp8_paragraph_says_what_compile_gives_and_which_recipe_is_opted_in(tmp_
     assert re.search(r"FP8 matmuls \(tensorwise, torchao Float8\) \(opted in by training\.precision\) buys \+\d+\.\d% "
                      r"over bf16: it cuts the p50 cost by \$[\d,]+;", opted), opted[opted.find("FP8 on this"):][:400]
     assert "Neither is used" not in opted and "under torch.compile" not in opted
+
+
+def test_sensitivity_base_is_explained_against_the_cost_tables_p50(rendered):
+    """The tornado's base cost is one point (every assumption at base, p50 throughput); the cost table's p50 is a
+    median over joint draws. The memo prints both from cost.json and says why they differ; costs print as dollars."""
+    import html as html_mod
+
+    ctx = memo.build_context(memo.memo_inputs(rendered["root"]), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    ctx["cost"] = dict(ctx["cost"], detail={"point": {"usd": 1600.0}, "n_samples": 4000})
+    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    p50 = ctx["cost"]["dollars"]["p50"]
+    assert "every assumption at its config value and the throughput at its p50: one point, $1,600" in text
+    assert f"The cost table's p50, ${p50:,.0f}, is the median over 4,000 joint draws" in text
+    assert f"differ by {100 * (p50 / 1600.0 - 1):.1f}%" in text
+    s = ctx["sensitivity"][0]
+    assert f"${s['metric_low']:,.0f} / ${s['metric_base']:,.0f} / ${s['metric_high']:,.0f}" in text
+    del ctx["cost"]["detail"]
+    assert "one point" not in " ".join(re.sub(r"<[^>]+>", " ", memo.render_html(ctx)).split())
