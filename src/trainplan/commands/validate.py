@@ -81,10 +81,11 @@ def print_heldout(rows: Any, csv: str | None, never: Any = None) -> int:
                   f"{e.abs().max():.1f}")
     con.print(t)
     f = Table(title="Held-out bias per family class (FSDP/ZeRO = data parallel only; TP; PP; CP)")
-    for c in ("gen", "family", "rows", "bias %", "MAPE %", "worst %"):
+    for c in ("gen", "family", "rows", "bias %", "± s.e. %", "MAPE %", "worst %"):
         f.add_column(c, justify="left" if c in ("gen", "family") else "right")
     for r in family_bias(rows).itertuples():
-        f.add_row(r.generation, r.family, str(r.rows), f"{r.bias_pct:+.1f}", f"{r.mape_pct:.1f}", f"{r.worst_abs_pct:.1f}")
+        f.add_row(r.generation, r.family, str(r.rows), f"{r.bias_pct:+.1f}", f"{r.bias_se_pct:.1f}", f"{r.mape_pct:.1f}",
+                  f"{r.worst_abs_pct:.1f}")
     con.print(f)
     for gen, g in rows.groupby("generation", sort=True):
         cov = interval_coverage(g)

@@ -367,11 +367,20 @@ def fp8_speedups(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def family_bias(df: pd.DataFrame) -> pd.DataFrame:
-    """Bias and MAPE (%) per (generation, family class) over scored throughput rows (FSDP/ZeRO, TP, PP, CP)."""
+    """Bias and MAPE (%) per (generation, family class) over scored throughput rows (FSDP/ZeRO, TP, PP, CP), with
+    the standard error of the bias (sample standard deviation / √rows; NaN for one row): how far the mean of so few,
+    so spread errors can move by which rows happen to be published."""
     d = scored_rows(df)
     g = d.groupby(["generation", "family"], sort=True)["err_pct"]
-    return pd.DataFrame({"rows": g.size(), "bias_pct": g.mean(), "mape_pct": g.apply(lambda e: float(e.abs().mean())),
+    return pd.DataFrame({"rows": g.size(), "bias_pct": g.mean(), "bias_se_pct": g.apply(bias_se),
+                         "mape_pct": g.apply(lambda e: float(e.abs().mean())),
                          "worst_abs_pct": g.apply(lambda e: float(e.abs().max()))}).reset_index()
+
+
+def bias_se(errors: Any) -> float:
+    """Standard error of the mean of ``errors``: sample standard deviation (ddof 1) / √n; NaN below two values."""
+    e = np.asarray(list(errors), dtype=float)
+    return float(e.std(ddof=1) / np.sqrt(len(e))) if len(e) > 1 else float("nan")
 
 
 # What the held-out validation must reach: every H100 table's held-out MAPE (the study's generation; the A100 figure

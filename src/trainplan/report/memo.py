@@ -25,7 +25,7 @@ from trainplan.io import read_json, write_bytes
 from trainplan.model.layout import Layout
 from trainplan.model.timing import attention_kernel_rel
 from trainplan.provenance import sidecar_path
-from trainplan.published.fit import HELDOUT_TARGETS
+from trainplan.published.fit import HELDOUT_TARGETS, bias_se
 from trainplan.published.tables import NEVER_FITTED
 from trainplan.report.figures import parity_table, representative_layouts
 from trainplan.report.labels import memo_labels as report_labels  # noqa: F401 (re-exported)
@@ -357,10 +357,11 @@ def _figures(fig_dir: Path | None, res: Inputs) -> dict[str, dict | None]:
 def family_bias_rows(calib: dict | None, chosen: dict | None) -> list[dict[str, Any]] | None:
     """Held-out bias per family class of the study GPU's generation (calibration.json
     ``heldout_errors_by_family``: predicted/published − 1 of every leave-one-table-out row): rows, mean error,
-    whether it is inside the ±5% target and whether it is the chosen layout's family (its interval's pool)."""
+    its standard error (published.fit.bias_se), whether it is inside the ±5% target and whether it is the chosen
+    layout's family (its interval's pool)."""
     by = (calib or {}).get("heldout_errors_by_family") or {}
     mine = (chosen or {}).get("interval_family")
-    out = [{"family": f, "n": len(e), "bias": sum(e) / len(e), "chosen": f == mine,
+    out = [{"family": f, "n": len(e), "bias": sum(e) / len(e), "se": bias_se(e), "chosen": f == mine,
             "met": 100.0 * abs(sum(e) / len(e)) <= HELDOUT_TARGETS["family_bias_pct"]} for f, e in sorted(by.items()) if e]
     return out or None
 

@@ -162,6 +162,16 @@ def test_heldout_errors_per_table_and_family():
     fam = family_bias(h.assign(in_mape=True))
     for r in fam.itertuples():
         assert abs(r.bias_pct) <= FAMILY_BIAS_TOL_PCT[r.generation][r.family], r
+        e = h[(h["generation"] == r.generation) & (h["family"] == r.family)]["err_pct"].to_numpy(float)
+        assert r.bias_se_pct == pytest.approx(e.std(ddof=1) / len(e) ** 0.5), r  # the spread the bias rests on
+
+
+def test_bias_se_is_the_standard_error_of_the_mean():
+    from trainplan.published.fit import bias_se
+
+    assert bias_se([1.0, 3.0]) == pytest.approx(1.0)  # sd (ddof 1) √2 over √2
+    assert bias_se([2.0, 2.0, 2.0]) == 0.0
+    assert bias_se([5.0]) != bias_se([5.0])  # one value: NaN, no spread to speak of
 
 
 def test_interval_from_heldout_errors_covers_heldout_rows():

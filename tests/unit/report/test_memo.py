@@ -345,6 +345,9 @@ def test_family_bias_rows_mark_the_target_and_the_chosen_family():
     assert [(r["family"], r["n"], r["met"], r["chosen"]) for r in rows] == [
         ("CP", 2, False, False), ("FSDP/ZeRO", 2, True, True)]  # an empty pool is no row
     assert rows[0]["bias"] == pytest.approx(0.057)
+    assert rows[0]["se"] == pytest.approx(0.043)  # |0.10 − 0.014| / 2: sd (ddof 1) / √2
+    one = memo.family_bias_rows({"heldout_errors_by_family": {"PP": [0.02]}}, None)
+    assert one[0]["se"] != one[0]["se"]  # one row: no standard error (NaN), and the memo prints none
     assert memo.family_bias_rows({}, None) is None
 
 
@@ -361,8 +364,8 @@ def test_published_data_check_states_the_bias_of_each_family_class(tmp_path):
     (root / "prediction/production.json").write_text(json.dumps(prod))
     text = " ".join(" ".join(p.extract_text() for p in PdfReader(_render(root, tmp_path / "m.pdf")).pages).split())
     assert "Bias per family class, rows left out of the fit (H100" in text
-    assert "CP +5.7% (2 rows, outside the target)" in text
-    assert "FSDP/ZeRO -3.4% (2 rows, the chosen layout's family)" in text
+    assert "CP +5.7% ± 4.3% (2 rows, outside the target)" in text
+    assert "FSDP/ZeRO -3.4% ± 1.6% (2 rows, the chosen layout's family)" in text
 
 
 def test_title_fields_come_from_the_results_not_the_default_config():
