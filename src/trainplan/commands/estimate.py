@@ -17,6 +17,7 @@ from trainplan.model.efficiency import Efficiency
 from trainplan.model.estimate import MAX_MICRO_BATCH, estimate, fastest_micro_batch
 from trainplan.model.hardware import ClusterSpec, resolve_gpu
 from trainplan.model.layout import Layout, check_layout
+from trainplan.model.timing import COMPUTE_PARTS
 from trainplan.model.training import TrainingSpec
 from trainplan.published.intervals import family_class, throughput_interval
 
@@ -164,6 +165,11 @@ def run(args: argparse.Namespace) -> int:
     mem = js["memory_gib"]
     print("memory/GPU GiB: " + ", ".join(f"{k} {v:.1f}" for k, v in mem.items())
           + f"  (HBM {js['hbm_gib']:.1f}, headroom {js['headroom']:.0%})")
+    b, parts = js["breakdown"], js["compute_parts"]
+    inside = ", ".join(f"{COMPUTE_PARTS[k]} {v:.2f}" for k, v in parts.items() if v > 0)
+    print(f"step s: compute {b['compute_s']:.2f}" + (f" (of which {inside})" if inside else "")
+          + f", exposed comm {b['comm_exposed_s']:.2f}, bubble {b['bubble_s']:.2f}, optimizer {b['optimizer_s']:.2f}"
+          + (f", offload {b['offload_s']:.2f}" if b["offload_s"] > 0 else ""))
     print(f"step {js['step_time_s']:.2f} s, {js['tokens_per_s']:.0f} tokens/s, "
           f"{js['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, MFU {js['mfu']:.1%}, HFU {js['hfu']:.1%}")
     iv = js["interval"]

@@ -57,6 +57,7 @@ class Estimate:
             "mfu": t.get("mfu"),
             "hfu": t.get("hfu"),
             "breakdown": {k: t[k] for k in timing.TIMING_KEYS if k.endswith("_s") and k != "step_time_s" and k in t},
+            "compute_parts": {k: t[k] for k in timing.COMPUTE_PARTS if k in t},  # inside breakdown.compute_s
             "layout": self.layout.to_dict(),
             "layout_text": self.layout.describe(),
             "family": self.layout.family,

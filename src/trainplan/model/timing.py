@@ -59,7 +59,8 @@ TIMING_KEYS = ("compute_s", "tp_comm_s", "cp_comm_s", "fsdp_comm_s", "dp_comm_s"
 # Parts of compute_s per step (each already inside it; not to be added to the other terms): the recompute, FSDP2's
 # all-gather copy-out on the compute stream, the ring-attention merges and QLoRA's dequantisation. They say *why* a
 # layout computes longer than another (search.layouts names the part that grows most).
-COMPUTE_PARTS = ("recompute_s", "fsdp_copy_s", "ring_merge_s", "dequant_s")
+COMPUTE_PARTS = {"recompute_s": "recompute", "fsdp_copy_s": "FSDP all-gather copies on the compute stream",
+                 "ring_merge_s": "ring-attention merges", "dequant_s": "QLoRA dequantisation"}  # key → what it is
 
 
 def class_efficiency(eff: Efficiency, kernels: str) -> Efficiency:

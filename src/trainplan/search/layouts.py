@@ -275,7 +275,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: 
     cols: dict[str, np.ndarray] = {}
     for k in MEMORY_KEYS:
         cols["mem_" + k + "_gib"] = np.full(len(df), np.nan)
-    for k in timing.TIMING_KEYS + timing.COMPUTE_PARTS:
+    for k in (*timing.TIMING_KEYS, *timing.COMPUTE_PARTS):
         cols[k] = np.full(len(df), np.nan)
     if len(idx):
         mem = memory.memory_breakdown(model, cluster, training, sub, eff)
@@ -283,7 +283,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: 
             if k in mem:
                 cols["mem_" + k + "_gib"][idx] = np.broadcast_to(np.asarray(mem[k], dtype=float), len(idx)) / GiB
         tim = timing.step_time(model, cluster, training, sub, eff)
-        for k in timing.TIMING_KEYS + timing.COMPUTE_PARTS:
+        for k in (*timing.TIMING_KEYS, *timing.COMPUTE_PARTS):
             cols[k][idx] = tim[k]
     df = pd.concat([df, pd.DataFrame(cols)], axis=1)
     hbm_gib = cluster.gpu.hbm_bytes / GiB
@@ -369,17 +369,12 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
 TIE_FRAC = 0.005  # |Δ throughput| below this is a tie (the ranking then falls to headroom and simplicity)
 
 
-# The parts of compute_s (timing.COMPUTE_PARTS) by the name a verdict gives them; the rest of compute_s is the
-# layout's GEMMs, attention and elementwise kernels (smaller or more of them: TP/CP splits, micro-batch size).
-COMPUTE_PART_NAMES = {"recompute_s": "recompute", "fsdp_copy_s": "FSDP all-gather copies on the compute stream",
-                      "ring_merge_s": "ring-attention merges", "dequant_s": "QLoRA dequantisation"}
-
-
 def step_time_growth(r: pd.Series, o: pd.Series, comm: str = "exposed comm") -> dict[str, float]:
     """Seconds per step by which each term of layout ``r`` exceeds layout ``o``'s: bubble, exposed communication,
-    optimizer/offload, and compute split into its named parts (COMPUTE_PART_NAMES) and the kernels themselves."""
+    optimizer/offload, and compute split into its named parts (timing.COMPUTE_PARTS) and the rest: the layout's
+    GEMMs, attention and elementwise kernels (smaller or more of them: TP/CP splits, micro-batch size)."""
     parts = {name: float(np.nan_to_num(r.get(k, 0.0)) - np.nan_to_num(o.get(k, 0.0)))
-             for k, name in COMPUTE_PART_NAMES.items()}
+             for k, name in timing.COMPUTE_PARTS.items()}
     kernels = r["compute_s"] - o["compute_s"] - sum(parts.values())
     return {"bubble": r["bubble_s"] - o["bubble_s"], comm: r["comm_exposed_s"] - o["comm_exposed_s"],
             "compute (GEMMs, attention, elementwise kernels)": kernels, **parts,

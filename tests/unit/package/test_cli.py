@@ -313,3 +313,19 @@ def test_an_unknown_gpu_name_suggests_the_known_ones_it_resembles(capsys):
     assert "(did you mean a100-80gb?)" in capsys.readouterr().err
     assert main(["estimate", "--gpu", "b200"]) == 2
     assert "did you mean" not in capsys.readouterr().err
+
+
+def test_estimate_says_what_its_compute_holds(capsys):
+    """The step line splits compute into the parts that grow with a technique (timing.COMPUTE_PARTS), as --json's
+    compute_parts does; a layout that pays none (ZeRO-2, no recompute) lists none."""
+    base = ["estimate", "--model", "llama2-13b", "--gpus", "32", "--micro-batch", "1"]
+    assert main(base + ["--sharding", "zero3", "--recompute", "full"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"step s: compute [\d.]+ \(of which recompute [\d.]+, FSDP all-gather copies on the compute "
+                     r"stream [\d.]+\), exposed comm", out), out
+    assert main(base + ["--sharding", "zero2"]) == 0
+    assert "of which" not in capsys.readouterr().out
+    assert main(base + ["--sharding", "zero3", "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert set(js["compute_parts"]) == {"recompute_s", "fsdp_copy_s", "ring_merge_s", "dequant_s"}
+    assert 0 < js["compute_parts"]["fsdp_copy_s"] < js["breakdown"]["compute_s"]
