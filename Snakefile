@@ -4,6 +4,7 @@ import sys
 from snakemake.utils import min_version, validate
 
 from trainplan.proxy.torchrun import forward_signals_to_proxies
+from trainplan.report.headline import headline
 
 min_version("9.0")
 
@@ -40,6 +41,12 @@ onstart:
     # SIGINT/SIGTERM also reach the local proxy launchers, which stop their ranks within seconds (Snakemake
     # alone would wait for the running jobs); no-op for Slurm jobs, which are not children of this process
     forward_signals_to_proxies()
+
+
+onsuccess:
+    # the answer where the run ends: memo path, recommendation, p10–p90, cost (nothing if the memo was not built)
+    if (line := headline(R)) is not None:
+        print(line, file=sys.stderr)
 
 
 rule all:
