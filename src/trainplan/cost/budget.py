@@ -186,6 +186,12 @@ def schedule(tokens_per_s_per_gpu: Any, *, n_gpus: int, n_params: float, total_t
     }
 
 
+def duration_text(hours: float) -> str:
+    """A duration as people read it: whole minutes below an hour (a 0.34 h checkpoint interval is "20 min"),
+    hours to one decimal above. The memo and the launch checks print the checkpoint interval with it."""
+    return f"{60 * hours:.0f} min" if hours < 1 else f"{hours:,.1f} h"
+
+
 def dollars(gpu_hours: Any, price_per_gpu_hour_usd: Any) -> Any:
     """Dollars = GPU-hours × price per GPU-hour."""
     return np.asarray(gpu_hours) * price_per_gpu_hour_usd

@@ -41,6 +41,7 @@ import yaml
 
 from trainplan import __version__
 from trainplan.config import load_config
+from trainplan.cost.budget import duration_text
 from trainplan.io import InputFileError, read_json, read_json_checked, write_json, write_text
 from trainplan.launch.trainers import (
     TORCHTITAN_CONFIG_FN,
@@ -443,7 +444,7 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
          "passes_when": "the record is written; rerun the study: calibrate fits the efficiencies to it"},
     ]
     if checkpoint_interval_s:
-        out[3]["passes_when"] += f"; production checkpoints every {checkpoint_interval_s / 3600:.2g} h (Young/Daly)"
+        out[3]["passes_when"] += f"; production checkpoints every {duration_text(checkpoint_interval_s / 3600)} (Young/Daly)"
     return out
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from trainplan import pkgdata
+from trainplan.cost.budget import duration_text
 from trainplan.io import read_json, write_bytes
 from trainplan.model.layout import Layout
 from trainplan.model.timing import attention_kernel_rel
@@ -57,7 +58,7 @@ PROXY_FAMILY_LABELS = {"all": "all runs", "depth": "depth slice (1–4 layers, s
 # ------------------------------------------------------------------------------------- formatting
 def fmt(value: Any, kind: str = "num") -> str:
     """The one number formatter of the memo. kinds: int, num, gib, pct, spct (signed), usd, rate (a price: cents
-    unless whole dollars), h, frac3, sci, s."""
+    unless whole dollars), h, dur (hours with the unit: minutes below one hour), frac3, sci, s."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
     if isinstance(value, bool):
@@ -67,6 +68,8 @@ def fmt(value: Any, kind: str = "num") -> str:
     v = float(value)
     if kind == "int":
         return f"{v:,.0f}"
+    if kind == "dur":
+        return duration_text(v)
     if kind in ("gib", "h"):
         return f"{v:,.1f}"
     if kind == "pct":

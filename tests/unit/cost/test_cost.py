@@ -110,3 +110,10 @@ def test_bad_cost_config_names_the_key(cfg, key):
     with pytest.raises(ConfigError) as e:
         C.CostInputs.from_config(cfg)
     assert e.value.key == key
+
+
+def test_duration_text_reads_like_a_person():
+    from trainplan.cost.budget import duration_text
+
+    assert duration_text(0.3384) == "20 min" and duration_text(0.99) == "59 min"
+    assert duration_text(1.0) == "1.0 h" and duration_text(18.26) == "18.3 h"

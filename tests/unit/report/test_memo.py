@@ -269,6 +269,7 @@ def test_fmt_is_the_one_formatter():
     assert memo.fmt(-0.0692, "spct") == "-6.9%" and memo.fmt(0.1, "spct") == "+10.0%"
     assert memo.fmt(9738.0, "usd") == "$9,738"
     assert memo.fmt(6.88, "rate") == "$6.88" and memo.fmt(3.0, "rate") == "$3"  # a price keeps its cents
+    assert memo.fmt(0.3384, "dur") == "20 min" and memo.fmt(2.25, "dur") == "2.2 h"  # the checkpoint interval
     assert memo.fmt(float("nan")) == "n/a" and memo.fmt(None, "int") == "n/a"
     assert memo.fmt(True) == "yes"
 
