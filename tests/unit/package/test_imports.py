@@ -17,7 +17,7 @@ PKG = Path(__file__).resolve().parents[3] / "src" / "trainplan"
 # layer or a lower one. The same list is in docs/ARCHITECTURE.md; a new module gets a layer here.
 LAYERS: list[tuple[str, set[str]]] = [
     ("leaves (standard library + third party only)",
-     {"trainplan", "io", "pkgdata", "proxy", "proxy.slurm_resources", "report", "report.benchmarks",
+     {"trainplan", "io", "pkgdata", "proxy", "proxy.slurm_resources", "report", "report.benchmarks", "report.headline",
       "model", "search", "published", "cost", "calibration", "prediction", "launch", "stages"}),
     ("specs", {"model.base", "model.arch", "model.hardware", "model.training", "model.layout"}),
     ("analytic core (no torch, no snakemake)",
