@@ -444,6 +444,10 @@ def test_fp8_paragraph_says_what_compile_gives_and_which_recipe_is_opted_in(tmp_
     para = eager[eager.find("FP8 on this layout"):eager.find("Risk for a fine-tune")]
     assert para.count("under torch.compile (training.kernels: compiled)") == 2, para
     assert "Risk for a fine-tune" in eager
+    # the table's FP8 cells point at the paragraph instead of repeating it: the risk is said once, not three times
+    assert eager.count("loss divergence from the bf16 run") == 1, eager
+    assert eager.count("see FP8 on this layout below (eager kernels: what torch.compile gives; the risk, its day-1 "
+                       "check)") == 2
     opted = text_with(TrainingSpec(seq_len=4096, global_batch=256, kernels="compiled", precision="fp8-tensorwise"))
     assert re.search(r"FP8 matmuls \(tensorwise, torchao Float8\) \(opted in by training\.precision\) buys \+\d+\.\d% "
                      r"over bf16: it cuts the p50 cost by \$[\d,]+;", opted), opted[opted.find("FP8 on this"):][:400]
