@@ -160,3 +160,39 @@ def test_published_h100_source_refits_gemm_on_validates_torchtitan_rows():
         return np.mean([abs(predict(r, e) / r["tps_per_gpu"] - 1) for _, r in pub.iterrows()])
 
     assert mape(fitted) < mape(eff0)
+
+
+def test_production_interval_is_the_exact_predictive_interval_estimate_prints():
+    """With the shipped fit (one Efficiency, no bootstrap samples) and held-out errors per family, the production
+    p10/p90 of throughput and MFU are interval_bounds' own, as `trainplan estimate` and `plan` print them; they were
+    a 2,000-draw Monte Carlo estimate of it, ~0.3% off (the memo said 4,757–5,748 where `plan` said 4,742–5,772)."""
+    from trainplan.model.arch import resolve_model
+    from trainplan.model.efficiency import Efficiency
+    from trainplan.model.estimate import estimate
+    from trainplan.model.hardware import ClusterSpec, resolve_gpu
+    from trainplan.model.layout import Layout
+    from trainplan.model.training import TrainingSpec
+    from trainplan.prediction.production import predict_production
+    from trainplan.published.intervals import heldout_errors_by_family, throughput_interval
+
+    model = resolve_model("llama2-13b")
+    cluster = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
+    training = TrainingSpec(seq_len=4096, global_batch=256)
+    eff = Efficiency.for_gpu(cluster.gpu)
+    lays = [Layout(dp=32, sharding="zero2"), Layout(dp=16, pp=2, pp_schedule="interleaved", vpp=4, sharding="zero1")]
+    cand = pd.DataFrame([{**lay.to_dict(), "feasible": True, "rank": i + 1, "mem_total_gib": 60.0}
+                         for i, lay in enumerate(lays)])
+    cal = {"source": "published-open-set", "efficiency": eff.to_dict(), "efficiency_samples": [],
+           "heldout_errors_by_family": heldout_errors_by_family("h100"), "memory_relative_errors": [-0.05, 0.05]}
+    out = predict_production(cand, model, cluster, training, cal, seed=0)
+    for lay, (_, r) in zip(lays, out.iterrows(), strict=True):
+        js = estimate(model, cluster, training, lay, eff).to_json()
+        iv = throughput_interval(js, "h100", r["interval_family"])
+        assert r["tokens_per_s_per_gpu_p50"] == pytest.approx(js["tokens_per_s_per_gpu"], rel=1e-12)
+        for q in ("p10", "p90"):
+            assert r[f"tokens_per_s_per_gpu_{q}"] == pytest.approx(iv[f"tokens_per_s_per_gpu_{q}"], rel=1e-12)
+            assert r[f"mfu_{q}"] == pytest.approx(iv[f"mfu_{q}"], rel=1e-12)
+            assert r[f"tokens_per_s_{q}"] == pytest.approx(32 * iv[f"tokens_per_s_per_gpu_{q}"], rel=1e-12)
+    # a different seed moves only the memory draws
+    again = predict_production(cand, model, cluster, training, cal, seed=7)
+    assert (again["tokens_per_s_per_gpu_p10"] == out["tokens_per_s_per_gpu_p10"]).all()
