@@ -4,14 +4,16 @@ memo itself reads, so the terminal and page 1 agree; silent (None) when a run bu
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from trainplan.io import read_json
+
 
 def _load(path: Path) -> dict[str, Any] | None:
+    """io.read_json, or None when the file is missing or not JSON (a partial run is not an error here)."""
     try:
-        return json.loads(path.read_text())
+        return read_json(path)
     except (OSError, ValueError):
         return None
 
