@@ -17,7 +17,7 @@ from trainplan.model.efficiency import Efficiency
 from trainplan.model.estimate import MAX_MICRO_BATCH, estimate, fastest_micro_batch
 from trainplan.model.hardware import ClusterSpec, resolve_gpu
 from trainplan.model.layout import Layout, check_layout
-from trainplan.model.timing import COMPUTE_PARTS
+from trainplan.model.timing import COMPUTE_PARTS, STEP_PARTS
 from trainplan.model.training import TrainingSpec
 from trainplan.published.intervals import family_class, throughput_interval
 
@@ -167,9 +167,9 @@ def run(args: argparse.Namespace) -> int:
           + f"  (HBM {js['hbm_gib']:.1f}, headroom {js['headroom']:.0%})")
     b, parts = js["breakdown"], js["compute_parts"]
     inside = ", ".join(f"{COMPUTE_PARTS[k]} {v:.2f}" for k, v in parts.items() if v > 0)
-    print(f"step s: compute {b['compute_s']:.2f}" + (f" (of which {inside})" if inside else "")
-          + f", exposed comm {b['comm_exposed_s']:.2f}, bubble {b['bubble_s']:.2f}, optimizer {b['optimizer_s']:.2f}"
-          + (f", offload {b['offload_s']:.2f}" if b["offload_s"] > 0 else ""))
+    terms = [f"{name} {b[k]:.2f}" + (f" (of which {inside})" if k == "compute_s" and inside else "")
+             for k, name in STEP_PARTS.items() if k != "offload_s" or b[k] > 0]  # the terms that add up to the step
+    print("step s: " + ", ".join(terms))
     print(f"step {js['step_time_s']:.2f} s, {js['tokens_per_s']:.0f} tokens/s, "
           f"{js['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, MFU {js['mfu']:.1%}, HFU {js['hfu']:.1%}")
     iv = js["interval"]

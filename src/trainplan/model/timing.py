@@ -56,6 +56,9 @@ FP8_PEAK_FACTOR = 2.0  # dense FP8 / dense BF16 on Hopper (NVIDIA H100 datasheet
 TIMING_KEYS = ("compute_s", "tp_comm_s", "cp_comm_s", "fsdp_comm_s", "dp_comm_s", "pp_p2p_s",
                "comm_exposed_s", "bubble_s", "optimizer_s", "offload_s", "step_time_s", "tokens_per_s",
                "tokens_per_s_per_gpu", "mfu", "hfu")
+# The terms that add up to step_time_s, in the order the memo's figure stacks them and `trainplan estimate` prints them.
+STEP_PARTS = {"compute_s": "compute", "comm_exposed_s": "exposed comm", "bubble_s": "pipeline bubble",
+              "optimizer_s": "optimizer step", "offload_s": "CPU offload"}  # key → what it is
 # Parts of compute_s per step (each already inside it; not to be added to the other terms): the recompute, FSDP2's
 # all-gather copy-out on the compute stream, the ring-attention merges and QLoRA's dequantisation. They say *why* a
 # layout computes longer than another (search.layouts names the part that grows most).

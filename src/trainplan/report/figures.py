@@ -28,14 +28,13 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from trainplan import pkgdata  # noqa: E402
 from trainplan.io import read_json, write_bytes, write_json  # noqa: E402
+from trainplan.model.timing import STEP_PARTS  # noqa: E402
 from trainplan.report.labels import caption_path  # noqa: E402, F401 (re-exported)
 from trainplan.report.labels import figure_labels as report_labels  # noqa: E402, F401
 
 STYLE = pkgdata.path(pkgdata.MPL_STYLE)
 
 MEM_TERMS = ("weights", "gradients", "optimizer", "activations", "logits", "buffers", "overhead")
-TIME_TERMS = (("compute_s", "compute"), ("comm_exposed_s", "exposed comm"), ("bubble_s", "pipeline bubble"),
-              ("optimizer_s", "optimizer step"))
 
 
 @contextmanager
@@ -100,16 +99,18 @@ def plot_memory(df: pd.DataFrame, *, hbm_gib: float | None = None, ax: Axes | No
 
 
 def plot_time_breakdown(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
-    """Stacked bars of the step time: compute, exposed communication, pipeline bubble, optimizer step."""
+    """Stacked bars of the step time, one segment per term of ``timing.STEP_PARTS`` (compute, exposed
+    communication, pipeline bubble, optimizer step, CPU offload; a term zero on every bar is left out): each bar
+    ends at the layout's step time."""
     with _style():
         fig, ax = _axes(ax, (7.0, 0.3 * len(df) + 1.4))
         labels = [layout_label(r) for _, r in df.iterrows()]
         y = np.arange(len(df))
         left = np.zeros(len(df))
-        for col, name in TIME_TERMS:
-            if col not in df:
+        for col, name in STEP_PARTS.items():
+            v = df[col].fillna(0).to_numpy(float) if col in df else np.zeros(len(df))
+            if not v.any():
                 continue
-            v = df[col].fillna(0).to_numpy(float)
             ax.barh(y, v, left=left, label=name, height=0.65)
             left += v
         ax.set_yticks(y, labels)

@@ -316,14 +316,18 @@ def runner_up(families: pd.DataFrame | None, chosen: dict[str, Any] | None) -> d
             "inside_interval": tps >= float(chosen["tokens_per_s_per_gpu_p10"])}
 
 
-def _techniques(tech: pd.DataFrame | None) -> list[dict] | None:
-    """The "what each technique buys" table (``search.technique_verdicts`` rows), or None if not produced."""
+def _techniques(tech: pd.DataFrame | None, cost: dict[str, Any] | None) -> list[dict] | None:
+    """The "what each technique buys" table (``search.technique_verdicts`` rows), or None if not produced.
+    ``fp8_priced``: an FP8 row with a measured change and a cost to price it, told in the memo's "FP8 on this
+    layout" paragraph (its table cell points there)."""
     if tech is None or not len(tech):
         return None
     rows = _records(tech)
+    priced = bool((cost or {}).get("dollars"))
     for r in rows:
         r["used_by_best"] = str(r.get("used_by_best")).lower() == "true"
         r["fp8"] = str(r.get("technique") or "").startswith("FP8")
+        r["fp8_priced"] = r["fp8"] and r.get("delta_frac") is not None and priced
         for k in ("best_with", "best_without", "verdict", "note", "line", "compiled_note", "risk"):
             r[k] = "" if r.get(k) is None else str(r[k])
     return rows
@@ -406,7 +410,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         "summary": summary, "layout_str": layout_str, "chosen_row": chosen_row, "representatives": rep,
         "fallback": fallback,
         **_families(families), "runner_up": runner_up(families, (prod or {}).get("chosen")),
-        "techniques": _techniques(res.csv("techniques")),
+        "techniques": _techniques(res.csv("techniques"), cost),
         "calibration": calib, "source": source, "source_label": ((calib or {}).get("source_detail") if source == "gpu-proxies" else None)
         or SOURCE_LABELS.get(str(source), str(source)),
         "heldout": _records(res.csv("heldout")) or None, "never_fitted": list(NEVER_FITTED),

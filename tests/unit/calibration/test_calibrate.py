@@ -196,3 +196,37 @@ def test_production_interval_is_the_exact_predictive_interval_estimate_prints():
     # a different seed moves only the memory draws
     again = predict_production(cand, model, cluster, training, cal, seed=7)
     assert (again["tokens_per_s_per_gpu_p10"] == out["tokens_per_s_per_gpu_p10"]).all()
+    # the memory interval has its own random stream: the same whether throughput is exact or drawn from samples
+    cal_m = {**cal, "memory_relative_errors": list(np.linspace(-0.1, 0.1, 41))}
+    exact = predict_production(cand, model, cluster, training, cal_m, seed=0)
+    drawn = predict_production(cand, model, cluster, training, {**cal_m, "efficiency_samples": [eff.to_dict()] * 2},
+                               seed=0)
+    assert drawn["tokens_per_s_per_gpu_p10"].ne(exact["tokens_per_s_per_gpu_p10"]).any()  # Monte Carlo, not exact
+    for q in ("p10", "p90"):
+        assert (drawn[f"mem_peak_bytes_{q}"] == exact[f"mem_peak_bytes_{q}"]).all()
+
+
+def test_production_memory_interval_is_the_order_statistic_predictive_interval():
+    """Memory p10/p90 need no draws: with n pool errors a new run falls below the k-th ratio with probability
+    k/(n + 1), so with 17 exact errors and two under-predictions of 6 and 6.5% the p90 (k = 18 of 19) is the
+    6% one, for every layout and seed (2,000 draws put it on either side of that step)."""
+    from trainplan.model.arch import resolve_model
+    from trainplan.model.efficiency import Efficiency
+    from trainplan.model.hardware import ClusterSpec, resolve_gpu
+    from trainplan.model.layout import Layout
+    from trainplan.model.training import TrainingSpec
+    from trainplan.prediction.production import predict_production
+    from trainplan.published.intervals import heldout_errors_by_family
+
+    model = resolve_model("llama2-13b")
+    cluster = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
+    training = TrainingSpec(seq_len=4096, global_batch=256)
+    eff = Efficiency.for_gpu(cluster.gpu)
+    lays = [Layout(dp=32, sharding="zero2"), Layout(dp=32, sharding="zero1"), Layout(dp=32, sharding="zero3")]
+    cand = pd.DataFrame([{**lay.to_dict(), "feasible": True, "rank": i + 1} for i, lay in enumerate(lays)])
+    cal = {"efficiency": eff.to_dict(), "heldout_errors_by_family": heldout_errors_by_family("h100"),
+           "memory_relative_errors": [0.0] * 17 + [-0.06, -0.065]}
+    for seed in (0, 1):
+        out = predict_production(cand, model, cluster, training, cal, seed=seed)
+        np.testing.assert_allclose(out["mem_peak_bytes_p90"], out["mem_peak_bytes_p50"] / 0.94, rtol=1e-12)
+        np.testing.assert_allclose(out["mem_peak_bytes_p10"], out["mem_peak_bytes_p50"], rtol=1e-12)

@@ -329,3 +329,17 @@ def test_estimate_says_what_its_compute_holds(capsys):
     js = json.loads(capsys.readouterr().out)
     assert set(js["compute_parts"]) == {"recompute_s", "fsdp_copy_s", "ring_merge_s", "dequant_s"}
     assert 0 < js["compute_parts"]["fsdp_copy_s"] < js["breakdown"]["compute_s"]
+
+
+def test_estimate_step_line_adds_up_to_the_step(capsys):
+    """The step line's terms (timing.STEP_PARTS) add up to the step it prints, CPU offload included."""
+    assert main(["estimate", "--model", "llama2-13b", "--gpus", "32", "--micro-batch", "1", "--sharding", "zero3",
+                 "--offload", "cpu"]) == 0
+    out = capsys.readouterr().out
+    line = re.search(r"^step s: (.*)$", out, re.M).group(1)
+    line = re.sub(r" \(of which [^)]*\)", "", line)
+    terms = dict((name, float(v)) for name, v in re.findall(r"([a-zA-Z ]+?) ([\d.]+)(?:, |$)", line))
+    assert list(terms) == ["compute", "exposed comm", "pipeline bubble", "optimizer step", "CPU offload"], line
+    assert terms["CPU offload"] > 0
+    step = float(re.search(r"^step ([\d.]+) s,", out, re.M).group(1))
+    assert sum(terms.values()) == pytest.approx(step, abs=0.03)

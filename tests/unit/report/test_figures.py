@@ -92,6 +92,30 @@ def test_time_breakdown_bars_sum_to_step_time():
     np.testing.assert_allclose([ends[i] for i in range(len(rep))], rep["step_time_s"], rtol=1e-4)
 
 
+def test_time_breakdown_bars_include_cpu_offload():
+    """An optimizer-offload layout's bar ends at its step time too: the offload term is stacked (it was left out,
+    so such a bar stopped short of its step by the whole PCIe round trip)."""
+    from trainplan.model.arch import resolve_model
+    from trainplan.model.efficiency import Efficiency
+    from trainplan.model.hardware import ClusterSpec, resolve_gpu
+    from trainplan.model.layout import Layout
+    from trainplan.model.timing import step_time
+    from trainplan.model.training import TrainingSpec
+
+    cluster = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
+    lays = [Layout(dp=32, sharding="zero3"), Layout(dp=32, sharding="zero3", offload="cpu")]
+    rows = [{**step_time(resolve_model("llama2-13b"), cluster, TrainingSpec(seq_len=4096, global_batch=256), lay,
+                         Efficiency()), "family": lay.family, "layout_text": lay.describe(), **vars(lay)}
+            for lay in lays]
+    df = pd.DataFrame(rows)
+    assert df["offload_s"].iloc[1] > 0.05 * df["step_time_s"].iloc[1]  # the term is worth drawing
+    ax = F.plot_time_breakdown(df).axes[0]
+    ends = [max(p.get_x() + p.get_width() for p in ax.patches if round(p.get_y() + p.get_height() / 2) == i)
+            for i in range(len(df))]
+    np.testing.assert_allclose(ends, df["step_time_s"], rtol=1e-9)
+    assert "CPU offload" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
 def test_parity_table_pairs_pred_and_meas_columns_and_skips_failed_runs():
     rec = pd.read_csv(FIXTURE / "proxies/records.csv")
     long = F.parity_table(rec)
