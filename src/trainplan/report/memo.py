@@ -24,7 +24,7 @@ from trainplan import pkgdata
 from trainplan.cost.budget import duration_text
 from trainplan.io import read_json, write_bytes
 from trainplan.model.layout import Layout
-from trainplan.model.timing import attention_kernel_rel
+from trainplan.model.timing import STEP_PARTS, attention_kernel_rel
 from trainplan.provenance import sidecar_path
 from trainplan.published.fit import HELDOUT_TARGETS, bias_se
 from trainplan.published.tables import NEVER_FITTED
@@ -408,6 +408,9 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
                   "hash": study_hash, "hash_short": study_hash[:12], "commit": git_commit,
                   "commit_short": git_commit[:12], "date": date.strftime("%Y-%m-%d")},
         "summary": summary, "layout_str": layout_str, "chosen_row": chosen_row, "representatives": rep,
+        # the step's terms for the chosen layout's row (CPU offload only when it offloads): they add up to its step
+        "step_parts": [(k, v) for k, v in STEP_PARTS.items()
+                       if k != "offload_s" or float((chosen_row or {}).get("offload_s") or 0.0) > 0],
         "fallback": fallback,
         **_families(families), "runner_up": runner_up(families, (prod or {}).get("chosen")),
         "techniques": _techniques(res.csv("techniques"), cost),

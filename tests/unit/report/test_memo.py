@@ -480,3 +480,31 @@ def test_sensitivity_base_is_explained_against_the_cost_tables_p50(rendered):
     assert f"${s['metric_low']:,.0f} / ${s['metric_base']:,.0f} / ${s['metric_high']:,.0f}" in text
     del ctx["cost"]["detail"]
     assert "one point" not in " ".join(re.sub(r"<[^>]+>", " ", memo.render_html(ctx)).split())
+
+
+def test_throughput_table_shows_the_terms_that_add_up_to_the_step(tmp_path):
+    """The recommended layout's row lists the step's terms (timing.STEP_PARTS): CPU offload only when it offloads,
+    so the row adds up to its step time either way."""
+    import html as html_mod
+
+    import pandas as pd
+
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+
+    def row_text() -> tuple[list[str], str]:
+        ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+        text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+        r = ctx["chosen_row"]
+        assert sum(float(r[k]) for k, _ in ctx["step_parts"]) == pytest.approx(float(r["step_time_s"]), rel=1e-6)
+        return [k for k, _ in ctx["step_parts"]], text
+
+    keys, text = row_text()
+    assert "offload_s" not in keys and "CPU offload s" not in text and "optimizer step s step s" in text
+    cand = pd.read_csv(root / "analytic/candidates.csv")
+    first = cand["rank"] == cand.loc[cand["feasible"].astype(bool), "rank"].min()
+    cand.loc[first, "offload_s"] = 0.5
+    cand.loc[first, "step_time_s"] += 0.5
+    cand.to_csv(root / "analytic/candidates.csv", index=False)
+    keys, text = row_text()
+    assert keys[-1] == "offload_s" and "optimizer step s CPU offload s step s" in text
