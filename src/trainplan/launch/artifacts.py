@@ -53,6 +53,7 @@ from trainplan.launch.trainers import (
     torchtitan_settings,
     total_steps,
 )
+from trainplan.model import comm
 from trainplan.model.arch import ModelSpec, hf_config_dict, hf_unsupported_reason
 from trainplan.model.base import ConfigError
 from trainplan.model.hardware import ClusterSpec
@@ -381,7 +382,7 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         ckpt_interval_steps=ckpt_steps,
         trainer=trainer, trainer_why=_one_line(why), torchtitan_ok=not titan_no,
         torchtitan_why=_one_line("; ".join(titan_no)).replace('"', "'"),
-        min_tps=int(min_tokens_per_s_per_gpu or 0), rdzv_port=master_port,
+        min_tps=round(min_tokens_per_s_per_gpu or 0), rdzv_port=master_port,
         accelerate_node_command=shlex.quote(accelerate_node_command(cluster, train_script=train_script,
                                                                     train_args=train_args,
                                                                     accelerate_file=accelerate_file)),
@@ -411,13 +412,31 @@ def sbatch_test_only(path: str | Path, *, partition: str | None = None, account:
 
 
 # ------------------------------------------------------------------------------------------ write
+def all_gpus_busbw(cluster: ClusterSpec) -> dict[str, Any]:
+    """The NCCL bus bandwidth the plan assumes for one collective over every GPU of the job (``comm.group_link``'s
+    rail model: across nodes each rank's rail carries its share, so the group gets ``inter_busbw_GBps`` × rails
+    per node, capped at the intra-node busbw): what nccl-tests' all_reduce_perf over all nodes must reach.
+    ``inter_busbw_GBps`` itself is per rail (one GPU per node), not this figure."""
+    bw = float(comm.group_link(cluster, cluster.n_gpus, 1)[0]) / 1e9
+    intra, inter = cluster.intra_busbw_Bps / 1e9, cluster.inter_busbw_Bps / 1e9
+    if cluster.nodes <= 1:
+        why = f"the plan's collectives inside the node (cluster.intra_busbw_GBps {intra:g})"
+    else:
+        rails = cluster.nics_per_node
+        why = (f"what the plan assumes for a collective over all {cluster.n_gpus} GPUs, min(cluster.intra_busbw_GBps "
+               f"{intra:g}, cluster.inter_busbw_GBps {inter:g} per rail × {rails:g} rails per node)")
+    return {"busbw_GBps": round(bw, 1), "why": why}
+
+
 def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "results/analytic/summary.json",
                   config_path: str = "config/config.yaml", min_tokens_per_s_per_gpu: float | None = None,
-                  checkpoint_interval_s: float | None = None) -> list[dict[str, str]]:
-    """The memo's day-1 go/no-go checks as commands: [{check, command, passes_when}] (manifest.json ``day1``)."""
+                  checkpoint_interval_s: float | None = None) -> list[dict[str, Any]]:
+    """The memo's day-1 go/no-go checks as commands: [{check, command, passes_when}] (manifest.json ``day1``; the
+    nccl-tests check also carries its threshold, ``min_busbw_GBps``)."""
     sb = sbatch_name(cluster)
     tps = f"{min_tokens_per_s_per_gpu:,.0f}" if min_tokens_per_s_per_gpu else "the p10 prediction"
     run = "run-<study hash[:12]>"
+    busbw = all_gpus_busbw(cluster)
     out = [
         {"check": "one-node preflight",
          "command": f"trainplan preflight --summary {shlex.quote(summary_path)} --config {shlex.quote(config_path)} "
@@ -427,13 +446,14 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
         {"check": "first 50 steps on all GPUs",
          "command": f"sbatch --export=ALL,TRAINPLAN_MODE=day1-throughput {sb}",
          "passes_when": f"the job exits 0: it ends with `trainplan ingest <{run}>/day1-throughput-<job>/steps.jsonl "
-                        f"--min-tokens-per-s-per-gpu {int(min_tokens_per_s_per_gpu or 0)}` (median tokens/s/GPU "
+                        f"--min-tokens-per-s-per-gpu {round(min_tokens_per_s_per_gpu or 0)}` (median tokens/s/GPU "
                         f">= {tps}, losses finite)" if trainer == "accelerate" else
                         f"torchtitan's log shows tps per GPU >= {tps} after warm-up and finite losses"},
         {"check": "nccl-tests all-reduce across all nodes",
          "command": f"srun --nodes={cluster.nodes} --ntasks-per-node={cluster.gpus_per_node} "
                     f"--gpus-per-node={cluster.gpus_per_node} all_reduce_perf -b 1G -e 8G -f 2 -g 1",
-         "passes_when": f"busbw at 8 GB >= {cluster.inter_busbw_Bps / 1e9:g} GB/s (cluster.inter_busbw_GBps)"},
+         "passes_when": f"busbw at 8 GB >= {busbw['busbw_GBps']:g} GB/s: {busbw['why']}",
+         "min_busbw_GBps": busbw["busbw_GBps"], "why": busbw["why"]},
         {"check": "save and restore one sharded (DCP) checkpoint",
          "command": f"sbatch --export=ALL,TRAINPLAN_MODE=day1-checkpoint {sb}",
          "passes_when": "the job exits 0: a checkpoint at step 5, a fresh launch restores it and reaches step 10 "

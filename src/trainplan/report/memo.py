@@ -425,7 +425,8 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         "validation": _validation(rec), "launch": _launch(res.path("launch")), "figures": _figures(fig_dir, res),
         "manifest": res.json("launch"),
         "config_rows": _flatten(config),
-        "inter_busbw_GBps": (config.get("cluster") or {}).get("inter_busbw_GBps") if config else None,
+        # the nccl-tests day-1 check and its threshold (launch.artifacts.all_gpus_busbw), as the manifest states it
+        "nccl_check": next((d for d in (res.json("launch") or {}).get("day1") or [] if "min_busbw_GBps" in d), None),
         "training_attn_kernel": (config.get("training") or {}).get("attn_kernel", "fa2") if config else None,
         "cudnn_attention_rel": attention_kernel_rel("cudnn"),
         "proxy_family_labels": PROXY_FAMILY_LABELS,

@@ -115,7 +115,7 @@ def test_manifest_names_the_trainer_the_sbatch_runs_and_the_day1_commands(tmp_pa
     assert checks["one-node preflight"].startswith("trainplan preflight ")
     assert checks["first 50 steps on all GPUs"] == "sbatch --export=ALL,TRAINPLAN_MODE=day1-throughput sbatch_4x8.sh"
     assert "TRAINPLAN_MODE=day1-checkpoint" in checks["save and restore one sharded (DCP) checkpoint"]
-    assert "--min-tokens-per-s-per-gpu 4960" in sb
+    assert "--min-tokens-per-s-per-gpu 4961" in sb  # the p10 4,960.6 rounded, as the memo prints it
     if "deepspeed_zero.json" in {a["filename"] for a in man["artifacts"]}:
         assert "reference only" in man["deepspeed"]
 

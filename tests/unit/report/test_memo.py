@@ -65,7 +65,7 @@ def test_page_one_states_the_decision_with_numbers_from_the_results(rendered):
             f"{ch['mem_total_gib_p10']:.1f}", f"{ch['mem_total_gib_p90']:.1f}", f"{100 * ch['headroom_frac']:.1f}%",
             f"{100 * ch['mfu_p50']:.1f}%", f"{summary['hbm_gib']:.1f}",
             f"{cost['ask']['gpu_hours']:,.0f}GPU-hours", f"${cost['ask']['dollars']:,.0f}",
-            f"{cost['ask']['window_h']:.1f}h", f"{CONFIG['cluster']['inter_busbw_GBps']}GB/sperGPU",
+            f"{cost['ask']['window_h']:.1f}h",
             f"≤{ch['mem_total_gib_p90']:.1f}GiB(p90prediction)", f"≥{ch['tokens_per_s_per_gpu_p10']:,.0f}(p10)"]
     for t in cost["targets"]:
         unit = t["unit"]
@@ -508,3 +508,34 @@ def test_throughput_table_shows_the_terms_that_add_up_to_the_step(tmp_path):
     cand.to_csv(root / "analytic/candidates.csv", index=False)
     keys, text = row_text()
     assert keys[-1] == "offload_s" and "optimizer step s CPU offload s step s" in text
+
+
+def test_nccl_check_holds_the_cluster_to_the_busbw_the_plan_assumes(tmp_path):
+    """The day-1 nccl-tests threshold is the busbw the model gives a collective over all GPUs (rail model: per-rail
+    inter-node busbw × rails per node, capped at NVLink's), written once in the manifest and quoted by the memo; it
+    was the per-rail 46 GB/s, which a cluster 8× slower than planned would pass."""
+    import html as html_mod
+
+    from trainplan.launch.artifacts import day1_commands
+    from trainplan.model import comm
+    from trainplan.model.hardware import ClusterSpec, resolve_gpu
+    from trainplan.provenance import write_sidecar
+
+    cluster = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
+    day1 = day1_commands(cluster, trainer="accelerate", min_tokens_per_s_per_gpu=4741.6)
+    nccl = next(d for d in day1 if d["check"].startswith("nccl-tests"))
+    planned = float(comm.group_link(cluster, 32, 1)[0]) / 1e9
+    assert nccl["min_busbw_GBps"] == pytest.approx(planned) and planned > 2 * cluster.inter_busbw_Bps / 1e9
+    assert f">= {planned:g} GB/s" in nccl["passes_when"] and "46 per rail × 8 rails" in nccl["passes_when"]
+    assert "--min-tokens-per-s-per-gpu 4742`" in day1[1]["passes_when"]  # rounded as the memo prints the p10
+    one_node = next(d for d in day1_commands(ClusterSpec(nodes=1, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb")),
+                                             trainer="accelerate") if "min_busbw_GBps" in d)
+    assert one_node["min_busbw_GBps"] == pytest.approx(360.0)
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    man = json.loads((root / "launch/manifest.json").read_text()) | {"day1": day1}
+    (root / "launch/manifest.json").write_text(json.dumps(man))
+    write_sidecar(root / "launch/manifest.json", rule="launch_artifacts", config_slice={})
+    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    assert f"reaches the bus bandwidth the plan assumes for it: {planned:,.0f} GB/s, what the plan assumes" in text
