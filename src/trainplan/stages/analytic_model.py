@@ -7,7 +7,7 @@ from typing import Any
 
 from trainplan.io import write_csv, write_json
 from trainplan.model.estimate import estimate
-from trainplan.model.flops import train_flops_per_token
+from trainplan.model.flops import n_params_dense, train_flops_per_token
 from trainplan.model.layout import Layout
 from trainplan.search.layouts import family_verdicts, fp8_technique_rows, search, technique_verdicts
 from trainplan.stages.common import (
@@ -35,7 +35,8 @@ def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     else:
         summary["status"] = "no feasible layout"
     m = s["model"]
-    summary.update(model={**m.to_dict(), "n_params": m.n_params, "n_params_nonembedding": m.n_params_nonembedding},
+    summary.update(model={**m.to_dict(), "n_params": m.n_params, "n_params_nonembedding": m.n_params_nonembedding,
+                                 "n_params_dense": n_params_dense(m)},
                    n_params=m.n_params, gpu=s["cluster"].gpu.name, n_gpus=s["cluster"].n_gpus,
                    hbm_gib=s["cluster"].gpu.hbm_bytes / 2**30,
                    flops_per_token=train_flops_per_token(m, s["training"]))

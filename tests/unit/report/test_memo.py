@@ -539,3 +539,32 @@ def test_nccl_check_holds_the_cluster_to_the_busbw_the_plan_assumes(tmp_path):
     ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
     text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
     assert f"reaches the bus bandwidth the plan assumes for it: {planned:,.0f} GB/s, what the plan assumes" in text
+
+
+def test_flops_formula_names_the_parameters_it_counts(tmp_path):
+    """The throughput section's 6·N + 12·L·h·s reproduces the FLOPs per token it prints: N is N_dense (all but the
+    input embedding; the output projection counts), printed beside the non-embedding count, which differs from it
+    by the LM head (it said N_non-embedding: 8.62e10 by its own formula against the 8.72e10 printed)."""
+    import html as html_mod
+
+    from trainplan.model.arch import resolve_model
+    from trainplan.model.flops import n_params_dense, train_flops_per_token
+    from trainplan.model.training import TrainingSpec
+    from trainplan.provenance import write_sidecar
+
+    m = resolve_model("llama2-13b")
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    summary = json.loads((root / "analytic/summary.json").read_text())
+    summary["model"] = summary["model"] | {"n_params_dense": n_params_dense(m),
+                                           "n_params_nonembedding": m.n_params_nonembedding}
+    summary["flops_per_token"] = train_flops_per_token(m, TrainingSpec(seq_len=4096, global_batch=256))
+    (root / "analytic/summary.json").write_text(json.dumps(summary))
+    write_sidecar(root / "analytic/summary.json", rule="analytic_model", config_slice={})
+    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    assert f"N dense = {n_params_dense(m):,}, every parameter but the input embedding table" in text
+    assert "Model FLOPs per token = 6·N dense + 12·L·h·s" in text
+    flops = 6 * n_params_dense(m) + 12 * m.layers * m.hidden * 4096
+    assert f"This study: {flops:.2e} model FLOPs per token" in text
+    assert f"{6 * m.n_params_nonembedding + 12 * m.layers * m.hidden * 4096:.2e}" not in text
