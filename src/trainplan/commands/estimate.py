@@ -17,6 +17,7 @@ from trainplan.model.efficiency import Efficiency
 from trainplan.model.estimate import MAX_MICRO_BATCH, estimate, fastest_micro_batch
 from trainplan.model.hardware import ClusterSpec, resolve_gpu
 from trainplan.model.layout import Layout, check_layout
+from trainplan.model.memory import host_offload_bytes
 from trainplan.model.timing import COMPUTE_PARTS, STEP_PARTS
 from trainplan.model.training import TrainingSpec
 from trainplan.published.intervals import family_class, throughput_interval
@@ -164,7 +165,10 @@ def run(args: argparse.Namespace) -> int:
               + f" of {', '.join(map(str, tried))}; --micro-batch N pins one)")
     mem = js["memory_gib"]
     print("memory/GPU GiB: " + ", ".join(f"{k} {v:.1f}" for k, v in mem.items())
-          + f"  (HBM {js['hbm_gib']:.1f}, headroom {js['headroom']:.0%})")
+          + f"  (HBM {js['hbm_gib']:.1f}, headroom {round(js['headroom'], 2) + 0.0:.0%})")
+    if layout.offload != "none":
+        host = float(host_offload_bytes(model, training, layout, cluster)) * min(cluster.gpus_per_node, cluster.n_gpus)
+        print(f"host RAM/node (CPU offload): {host / 1e9:,.0f} GB of {cluster.host_mem_bytes / 1e9:,.0f} GB")
     b, parts = js["breakdown"], js["compute_parts"]
     inside = ", ".join(f"{COMPUTE_PARTS[k]} {v:.2f}" for k, v in parts.items() if v > 0)
     terms = [f"{name} {b[k]:.2f}" + (f" (of which {inside})" if k == "compute_s" and inside else "")

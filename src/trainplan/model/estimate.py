@@ -56,7 +56,8 @@ class Estimate:
             "tokens_per_s_per_gpu": t.get("tokens_per_s_per_gpu"),
             "mfu": t.get("mfu"),
             "hfu": t.get("hfu"),
-            "breakdown": {k: t[k] for k in timing.TIMING_KEYS if k.endswith("_s") and k != "step_time_s" and k in t},
+            "breakdown": {k: t[k] for k in timing.TIMING_KEYS  # seconds per step (STEP_PARTS add up to the step)
+                          if k.endswith("_s") and k not in ("step_time_s", "tokens_per_s") and k in t},
             "compute_parts": {k: t[k] for k in timing.COMPUTE_PARTS if k in t},  # inside breakdown.compute_s
             "layout": self.layout.to_dict(),
             "layout_text": self.layout.describe(),
@@ -81,6 +82,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, lay
     if mem["total"] > max_mem_frac * hbm:
         reason = (f"OOM: needs {mem['total'] / GiB:.1f} GiB > {max_mem_frac:.0%} of "
                   f"{hbm / GiB:.1f} GiB usable HBM")
+    host = memory.host_ram_problem(model, cluster, training, layout, max_mem_frac)
+    reason = "; ".join(r for r in (reason, host) if r)
     return Estimate(model=model, layout=layout, feasible=not reason, reason=reason, memory_bytes=mem, timing=tim,
                     hbm_bytes=hbm, efficiency_source=eff.source, flops_per_token=f_tok)
 

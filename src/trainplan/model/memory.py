@@ -168,8 +168,9 @@ def lora_params_per_layer(model: ModelSpec, rank: int, targets: tuple[str, ...],
 
 # -------------------------------------------------------------------------------- model states
 def model_states(model: ModelSpec, training: TrainingSpec, layout: Any, cluster: Any = None,
-                 stage: str = "first") -> dict[str, Any]:
-    """Weights, gradients and optimizer bytes on one rank of ``stage`` (ZeRO §3.1 / FSDP2 / LoRA / QLoRA).
+                 stage: str = "first", *, on_device: bool = True) -> dict[str, Any]:
+    """Weights, gradients and optimizer bytes on one rank of ``stage`` (ZeRO §3.1 / FSDP2 / LoRA / QLoRA);
+    ``on_device=False``: before CPU offload takes its part off HBM (host_offload_bytes).
 
     Sharding: ZeRO-1/2 use the ZeRO paper's split (2+2+12 B/param); ZeRO-3/HSDP use the FSDP2 split
     (fp32 sharded params + fp32 grads + fp32 m, v = 16/d B/param; the gathered bf16 units are ``buffers``).
@@ -195,12 +196,39 @@ def model_states(model: ModelSpec, training: TrainingSpec, layout: Any, cluster:
         fs = model_state_bytes(adapters, d, z, training.precision, opt, "fsdp2")
         st = {k: np.where(conv_fsdp, fs[k], zs[k]) for k in zs}
         st["weights"] = st["weights"] + frozen_base_bytes(model, training, L.tp, L.pp, stage) / np.where(z >= 3, d, 1)
+    if not on_device:
+        return {k: _out(v) for k, v in st.items()}
     off = L.offload == "cpu"
     st["optimizer"] = np.where(off, 0.0, st["optimizer"])
     if training.finetune == "full":
         st["weights"] = np.where(off & conv_fsdp, 0.0, st["weights"])
     st["gradients"] = np.where(off & conv_fsdp, 0.0, st["gradients"])
     return {k: _out(v) for k, v in st.items()}
+
+
+def host_offload_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, cluster: Any = None) -> Any:
+    """Host RAM one rank's CPU offload holds: the states ``model_states`` takes off HBM (optimizer with the fp32
+    master; under FSDP2 also the sharded params and grads), on the heavier pipeline stage; 0 without offload.
+    A node holds this for each of its ranks (search and estimate check it against ``cluster.host_mem_bytes``)."""
+    out = []
+    for stage in ("first", "last"):
+        raw = model_states(model, training, layout, cluster, stage, on_device=False)
+        dev = model_states(model, training, layout, cluster, stage)
+        out.append(sum(np.asarray(raw[k], dtype=float) - np.asarray(dev[k], dtype=float) for k in raw))
+    return _out(np.maximum(out[0], out[1]))
+
+
+def host_ram_problem(model: ModelSpec, cluster: Any, training: TrainingSpec, layout: Any,
+                     max_frac: float) -> Any:
+    """'' where the offloaded states of a node's ranks fit in ``max_frac`` of its host RAM, else the reason
+    (an array of them for a table of layouts)."""
+    ranks = min(cluster.gpus_per_node, cluster.n_gpus)
+    per_node = np.asarray(host_offload_bytes(model, training, layout, cluster), dtype=float) * ranks
+    cap = max_frac * cluster.host_mem_bytes
+    msg = np.array([f"host RAM: CPU offload holds {x / 1e9:,.0f} GB per node ({ranks} ranks) > {max_frac:.0%} of "
+                    f"{cluster.host_mem_bytes / 1e9:,.0f} GB (cluster.host_mem_GB)" if x > cap else ""
+                    for x in np.atleast_1d(per_node)], dtype=object)
+    return str(msg[0]) if np.ndim(per_node) == 0 else msg
 
 
 def frozen_base_bytes(model: ModelSpec, training: TrainingSpec, tp: Any = 1, pp: Any = 1,

@@ -292,6 +292,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: 
     oom_idx = np.nonzero(oom)[0]
     reason[oom_idx] = [f"OOM: needs {x:.1f} GiB > {o['max_mem_frac']:.0%} of {hbm_gib:.1f} GiB"
                        for x in df["mem_total_gib"].to_numpy()[oom_idx]]
+    off = np.nonzero(ok & (df["offload"].to_numpy() != "none"))[0]  # the host holds what offload takes off HBM
+    if len(off):
+        host = memory.host_ram_problem(model, cluster, training,
+                                       LayoutTable(**{k: getattr(L, k)[off] for k in LayoutTable.FIELDS}),
+                                       o["max_mem_frac"])
+        reason[off] = [("; ".join(x for x in (r, h) if x)) for r, h in zip(reason[off], host, strict=True)]
     df["feasible"] = reason == ""
     df["reason"] = reason
     df["family"] = _family(df)

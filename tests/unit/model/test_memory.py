@@ -104,6 +104,32 @@ def test_offload_removes_optimizer_from_hbm() -> None:
     assert st["optimizer"] == 0 and st["weights"] == M.model_states(LLAMA13, TRAIN, base, cluster())["weights"]
 
 
+def test_host_ram_holds_what_offload_takes_off_hbm() -> None:
+    """CPU offload moves the optimizer (ZeRO-2: 12 B/param with the fp32 master, sharded) or, under FSDP2's
+    CPUOffloadPolicy, all 16 B/param of the sharded states to host RAM; a node holds its ranks' share and a plan
+    whose share exceeds host RAM is infeasible (it was feasible at any size: 405B with optimizer offload on one
+    node needs ~6.5 TB against DGX H100's 2 TB)."""
+    from trainplan.model.arch import resolve_model
+    from trainplan.model.estimate import estimate
+
+    c = cluster()
+    n = LLAMA13.n_params
+    z2 = M.host_offload_bytes(LLAMA13, TRAIN, Layout(dp=32, sharding="zero2", offload="cpu"), c)
+    z3 = M.host_offload_bytes(LLAMA13, TRAIN, Layout(dp=32, sharding="zero3", offload="cpu"), c)
+    assert z2 == pytest.approx(12 * n / 32, rel=1e-9) and z3 == pytest.approx(16 * n / 32, rel=1e-9)
+    assert M.host_offload_bytes(LLAMA13, TRAIN, Layout(dp=32, sharding="zero3"), c) == 0
+    tab = LayoutTable.from_layouts([Layout(dp=32, sharding="zero2", offload="cpu"), Layout(dp=32, sharding="zero3")])
+    np.testing.assert_allclose(M.host_offload_bytes(LLAMA13, TRAIN, tab, c), [z2, 0.0])
+    big, one_node = resolve_model("llama3.1-405b"), ClusterSpec(nodes=1, gpus_per_node=8, gpu="h100-sxm-80gb")
+    lay = Layout(dp=1, tp=8, sharding="zero3", offload="cpu")
+    est = estimate(big, one_node, TrainingSpec(seq_len=1024, global_batch=8), lay)
+    assert not est.feasible and "host RAM: CPU offload holds 6,494 GB per node (8 ranks) > 90% of 2,000 GB" in est.reason
+    small = replace(c, host_mem_bytes=int(8 * z3 / 0.9) - 1)  # 90% of it one byte short of the 13B ZeRO-3 node share
+    assert "host RAM" in estimate(LLAMA13, small, TRAIN, Layout(dp=32, sharding="zero3", offload="cpu")).reason
+    assert estimate(LLAMA13, replace(small, host_mem_bytes=small.host_mem_bytes + 2),
+                    TRAIN, Layout(dp=32, sharding="zero3", offload="cpu")).reason == ""
+
+
 # ------------------------------------------------------------------------------- activations
 def _korthikanti_table2(s: float, b: float, h: float, a: float, t: float, row: str) -> float:
     """Korthikanti 2022 Table 2, per-layer activation bytes (closed forms, as printed)."""

@@ -129,3 +129,20 @@ def test_verdicts_name_the_part_of_compute_that_grows(df):
     assert max(g, key=g.get) == "recompute"
     fsdp = family_verdicts(df).set_index("family").loc["FSDP", "line"]
     assert "recompute" not in fsdp or "rc=full" in fsdp
+
+
+def test_offload_layouts_that_overflow_host_ram_are_infeasible_with_the_reason():
+    """The search checks CPU offload against cluster.host_mem_bytes as estimate does: a
+    node of 50 GB cannot hold the 52 GB ZeRO-3 share (45 GB cap) but holds the 39 GB ZeRO-2 one; rows agree
+    with estimate."""
+    from dataclasses import replace
+
+    small = replace(CLUSTER, host_mem_bytes=50 * 10**9)
+    opts = {"tp": [1], "pp": [1], "cp": [1], "sharding": ["zero2", "zero3"], "recompute": ["none"],
+            "offload": ["cpu"], "micro_batch": [1]}
+    df = search(MODEL, small, TRAIN, options=opts)
+    z3, z2 = df[df["sharding"] == "zero3"].iloc[0], df[df["sharding"] == "zero2"].iloc[0]
+    assert not z3["feasible"] and z3["reason"].startswith("host RAM: CPU offload holds 52 GB per node (8 ranks)")
+    assert z2["feasible"], z2["reason"]
+    for _, r in df.iterrows():
+        assert r["reason"] == estimate(MODEL, small, TRAIN, row_layout(r)).reason
