@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     es.add_argument("--vpp", type=int, default=1, help="virtual stages per rank (interleaved)")
     es.add_argument("--cp-kind", default="ring", help="ring | ulysses")
     es.add_argument("--sharding", default="zero3", help="none | zero1 | zero2 | zero3 | hsdp")
-    es.add_argument("--shard-group", type=int, default=None, help="hsdp shard group size (default GPUs per node)")
+    es.add_argument("--shard-group", type=int, default=None, help="hsdp shard group size (default GPUs per node, at most dp·cp)")
     es.add_argument("--recompute", default="none", help="none | selective | full")
     es.add_argument("--offload", default="none", help="none | cpu")
     es.add_argument("--finetune", default="full", help="full | lora | qlora")

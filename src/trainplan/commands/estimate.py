@@ -133,8 +133,10 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         raise ConfigError("layout", f"tp·pp·cp = {args.tp}·{args.pp}·{args.cp} = {mp}",
                           f"must divide --gpus={args.gpus} (dp = gpus / (tp·pp·cp))")
     layout = Layout(dp=args.gpus // mp, tp=args.tp, pp=args.pp, cp=args.cp, sp=args.sp, sharding=args.sharding,
-                    # hsdp's default group (GPUs per node) is named, so the layout reads hsdp/8, not hsdp/None
-                    shard_group=gpn if args.sharding == "hsdp" and args.shard_group is None else args.shard_group,
+                    # hsdp's default group (shard_degree's: GPUs per node, at most dp·cp) is named, so the layout
+                    # reads hsdp/8, not hsdp/None
+                    shard_group=(min(gpn, args.gpus // mp * args.cp) if args.sharding == "hsdp" and args.shard_group
+                                 is None else args.shard_group),
                     recompute=args.recompute, offload=args.offload,
                     micro_batch=args.micro_batch, pp_schedule=args.pp_schedule, vpp=args.vpp, cp_kind=args.cp_kind,
                     tp_overlap=args.tp_overlap)

@@ -188,41 +188,56 @@ def grad_accum(training: TrainingSpec, layout: Layout | LayoutTable) -> Any:
 
 def layout_problems(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout) -> list[str]:
     """Why this layout cannot run (empty list = structurally valid). Memory is checked elsewhere."""
-    why: list[str] = []
-    L = layout
+    return [msg for _, _, msg in _problems(model, cluster, training, layout)]
+
+
+def _problems(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+              L: Layout) -> list[tuple[str, Any, str]]:
+    """(config key, its value, why) for each structural problem of layout ``L``: check_layout names the key."""
+    why: list[tuple[str, Any, str]] = []
     if L.world_size != cluster.n_gpus:
-        why.append(f"dp·tp·pp·cp = {L.dp}·{L.tp}·{L.pp}·{L.cp} = {L.world_size}, but the cluster has "
-                   f"{cluster.n_gpus} GPUs")
+        why.append(("layout", L.describe(), f"dp·tp·pp·cp = {L.dp}·{L.tp}·{L.pp}·{L.cp} = {L.world_size}, but the "
+                                            f"cluster has {cluster.n_gpus} GPUs"))
     if model.heads % L.tp:
-        why.append(f"tp={L.tp} does not divide heads={model.heads}")
+        why.append(("layout.tp", L.tp, f"tp={L.tp} does not divide heads={model.heads}"))
     elif model.kv_heads % L.tp and L.tp % model.kv_heads:
-        why.append(f"tp={L.tp} and kv_heads={model.kv_heads}: neither divides the other")
+        why.append(("layout.tp", L.tp, f"tp={L.tp} and kv_heads={model.kv_heads}: neither divides the other"))
     if model.ffn_hidden % L.tp:
-        why.append(f"tp={L.tp} does not divide ffn_hidden={model.ffn_hidden}")
+        why.append(("layout.tp", L.tp, f"tp={L.tp} does not divide ffn_hidden={model.ffn_hidden}"))
     if L.tp > cluster.gpus_per_node:
-        why.append(f"tp={L.tp} spans nodes (gpus_per_node={cluster.gpus_per_node}); TP must stay in NVLink")
+        why.append(("layout.tp", L.tp, f"tp={L.tp} spans nodes (gpus_per_node={cluster.gpus_per_node}); TP must "
+                                       "stay in NVLink"))
     if L.pp * L.vpp > model.layers:  # uneven stages are valid (Llama 3 405B: 126 layers on PP16, Dubey 2024 §3.3.2)
-        why.append(f"pp·v = {L.pp}·{L.vpp} exceeds layers={model.layers}: a virtual stage without a layer")
+        why.append(("layout.vpp" if L.vpp > 1 else "layout.pp", L.vpp if L.vpp > 1 else L.pp,
+                    f"pp·v = {L.pp}·{L.vpp} exceeds layers={model.layers}: a virtual stage without a layer"))
     if training.global_batch % (L.dp * L.micro_batch):
-        why.append(f"global_batch={training.global_batch} is not a multiple of dp·micro_batch = "
-                   f"{L.dp}·{L.micro_batch}")
+        why.append(("layout.micro_batch", L.micro_batch, f"global_batch={training.global_batch} is not a multiple "
+                                                         f"of dp·micro_batch = {L.dp}·{L.micro_batch}"))
     elif L.pp > 1 and grad_accum(training, L) < L.pp:
-        why.append(f"{grad_accum(training, L)} micro-batches per step < pp={L.pp} stages (bubble dominates)")
-    if training.seq_len % (L.cp * (2 if L.cp_kind == "ring" and L.cp > 1 else 1)):
-        why.append(f"seq_len={training.seq_len} not divisible by 2·cp={2 * L.cp} (ring load balancing)")
+        why.append(("layout.micro_batch", L.micro_batch, f"{grad_accum(training, L)} micro-batches per step < "
+                                                         f"pp={L.pp} stages (bubble dominates)"))
+    ring = L.cp_kind == "ring" and L.cp > 1
+    if training.seq_len % (L.cp * (2 if ring else 1)):
+        why.append(("layout.cp", L.cp, f"seq_len={training.seq_len} not divisible by 2·cp={2 * L.cp} (ring load "
+                                       "balancing)" if ring else
+                    f"seq_len={training.seq_len} not divisible by cp={L.cp} (each rank holds seq_len/cp tokens)"))
     if L.cp > 1 and L.cp_kind == "ulysses" and model.heads % (L.cp * L.tp):
-        why.append(f"ulysses cp·tp = {L.cp * L.tp} does not divide heads={model.heads}")
+        why.append(("layout.cp", L.cp, f"ulysses cp·tp = {L.cp * L.tp} does not divide heads={model.heads}"))
     if L.sp and training.seq_len % L.tp:
-        why.append(f"seq_len={training.seq_len} not divisible by tp={L.tp} (sequence parallelism)")
+        why.append(("layout.sp", L.sp, f"seq_len={training.seq_len} not divisible by tp={L.tp} (sequence "
+                                       "parallelism)"))
     if L.tp_overlap and training.kernels == "eager":
-        why.append("TP comm overlap needs kernels=compiled (torchtitan async TP) or fused (Megatron/TE)")
+        why.append(("layout.tp_overlap", L.tp_overlap,
+                    "TP comm overlap needs kernels=compiled (torchtitan async TP) or fused (Megatron/TE)"))
     if L.sharding == "hsdp":
-        g = L.shard_group or cluster.gpus_per_node
-        # g == dp·cp is one shard group and no replica: FSDP itself (a one-node HSDP run), so it is valid
+        # the default group is shard_degree's: one node's GPUs, capped at dp·cp; g == dp·cp is one shard group
+        # and no replica: FSDP itself (a one-node HSDP run), so it is valid
+        g = L.shard_group or min(cluster.gpus_per_node, L.dp * L.cp)
         if (L.dp * L.cp) % g:
-            why.append(f"hsdp shard_group={g} must divide dp·cp={L.dp * L.cp}")
+            why.append(("layout.shard_group", g, f"hsdp shard_group={g}"
+                        + ("" if L.shard_group else " (default: gpus_per_node)") + f" must divide dp·cp={L.dp * L.cp}"))
     if L.offload == "cpu" and L.sharding in ("none",):
-        why.append("optimizer offload needs a ZeRO/FSDP sharding")
+        why.append(("layout.offload", L.offload, "optimizer offload needs a ZeRO/FSDP sharding"))
     return why
 
 
@@ -244,10 +259,7 @@ def check_precision(cluster: ClusterSpec, training: TrainingSpec) -> None:
 def check_layout(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout) -> None:
     """Raise ConfigError naming the offending key if the layout is structurally impossible."""
     check_precision(cluster, training)
-    why = layout_problems(model, cluster, training, layout)
+    why = _problems(model, cluster, training, layout)
     if why:
-        first = why[0]
-        key = "layout." + first.split("=")[0].split(" ")[0].replace("·", "").strip()
-        if first.startswith("dp·tp·pp·cp"):
-            key = "layout"
-        raise ConfigError(key, layout.describe(), "; ".join(why))
+        key, value, _ = why[0]
+        raise ConfigError(key, value, "; ".join(msg for _, _, msg in why))

@@ -165,7 +165,7 @@ def structural_reasons(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     """specs.layout_problems, vectorised: one reason string per row ('' = structurally valid)."""
     s, n = training.seq_len, len(L)
     dpcp = L.dp * L.cp
-    g = np.where(L.shard_group == 0, cluster.gpus_per_node, L.shard_group)
+    g = np.where(L.shard_group == 0, np.minimum(cluster.gpus_per_node, dpcp), L.shard_group)  # shard_degree's default
     checks = [
         (L.world_size != cluster.n_gpus, f"dp·tp·pp·cp != {cluster.n_gpus} GPUs"),
         (model.heads % L.tp != 0, "tp={tp} does not divide heads=" + str(model.heads)),
@@ -177,8 +177,9 @@ def structural_reasons(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         (training.global_batch % (L.dp * L.micro_batch) != 0,
          "global_batch=" + str(training.global_batch) + " is not a multiple of dp·micro_batch = {dp}·{micro_batch}"),
         ((L.pp > 1) & (grad_accum(training, L) < L.pp), "fewer micro-batches per step than pp={pp} stages"),
-        (s % (L.cp * np.where((L.cp_kind == "ring") & (L.cp > 1), 2, 1)) != 0,
+        ((L.cp_kind == "ring") & (L.cp > 1) & (s % (2 * L.cp) != 0),
          "seq_len=" + str(s) + " not divisible by 2·cp (ring load balancing)"),
+        (s % L.cp != 0, "seq_len=" + str(s) + " not divisible by cp"),
         ((L.cp > 1) & (L.cp_kind == "ulysses") & (model.heads % (L.cp * L.tp) != 0),
          "ulysses cp·tp does not divide heads=" + str(model.heads)),
         (L.sp & (s % L.tp != 0), "seq_len not divisible by tp={tp}"),

@@ -119,11 +119,26 @@ def test_estimate_arch_overrides(capsys):
     (["--model", "/nonexistent/config.json"], "model"),
     (["--arch", "layers=x"], "arch.layers"),
     (["--arch", "depth=3"], "arch.depth"),
+    # a layout problem names its own key and value (it parsed the key from the message: layout.1, layout.TP, ...)
+    (["--gpus", "8", "--pp", "4", "--global-batch", "8", "--micro-batch", "4"], "layout.micro_batch=4"),
+    (["--tp", "2", "--tp-overlap"], "layout.tp_overlap=True"),
+    (["--offload", "cpu", "--sharding", "none"], "layout.offload=cpu"),
+    (["--gpus", "8", "--cp", "4", "--cp-kind", "ulysses", "--seq-len", "4094"], "layout.cp=4: seq_len=4094 not "
+                                                                                 "divisible by cp=4 (each rank"),
+    (["--gpus", "8", "--pp", "8", "--vpp", "8", "--pp-schedule", "interleaved"], "layout.vpp=8"),
+    (["--gpus", "32", "--sharding", "hsdp", "--shard-group", "6"], "layout.shard_group=6"),
 ])
 def test_bad_input_one_line_exit_2(capsys, argv, key):
     assert main(["estimate", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"trainplan: error: {key}="), err
+    assert len(err) == 1 and err[0].startswith(f"trainplan: error: {key}" + ("" if "=" in key else "=")), err
+
+
+def test_hsdp_default_group_is_the_one_the_model_shards_over(capsys):
+    """--sharding hsdp without --shard-group takes shard_degree's default (GPUs per node, at most dp·cp): with TP2
+    on 8 GPUs that is 4 (dp·cp), which it refused as 'shard_group=8 must divide dp·cp=4'."""
+    assert main(["estimate", "--model", "llama2-13b", "--gpus", "8", "--tp", "2", "--sharding", "hsdp"]) == 0
+    assert "dp4·tp2·pp1·cp1 hsdp/4 " in capsys.readouterr().out
 
 
 def test_unreadable_config_json(tmp_path, capsys):
