@@ -11,7 +11,7 @@ from trainplan.config import default_config_path, load_config
 from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
 from trainplan.published.intervals import error_pool, family_class, heldout_errors_by_family, interval_bounds
-from trainplan.search.layouts import family_verdicts, search, technique_verdicts
+from trainplan.search.layouts import family_verdicts, pinned_options, search, technique_verdicts
 
 
 def run(args: argparse.Namespace) -> int:
@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
     check_out_path("csv", args.csv)
     cfg = load_config(args.config if args.config is not None else default_config_path())
     eff = cfg.efficiency  # the generation's fitted Efficiency with the config's overrides (config.build_efficiency)
-    df = search(cfg.model, cfg.cluster, cfg.training, eff, cfg.search)
+    df = search(cfg.model, cfg.cluster, cfg.training, eff, pinned_options(cfg.search, cfg.layout))
     con = console()
     feas = df[df["feasible"]]
     t = Table(title=f"{cfg.model.name} on {cfg.cluster.n_gpus}× {cfg.cluster.gpu.name}, seq {cfg.training.seq_len}, "

@@ -33,7 +33,7 @@ from trainplan.model.layout import (
 )
 from trainplan.model.training import TrainingSpec
 
-__all__ = ["row_layout", "search", "enumerate_layouts", "family_verdicts", "technique_verdicts", "structural_reasons", "OPTION_KEYS"]
+__all__ = ["row_layout", "pinned_options", "search", "enumerate_layouts", "family_verdicts", "technique_verdicts", "structural_reasons", "OPTION_KEYS"]
 
 OPTION_KEYS = ("tp", "pp", "cp", "vpp", "micro_batch", "sp", "pp_schedule", "cp_kind", "sharding", "recompute",
                "offload", "shard_group", "max_mem_frac", "tp_overlap")
@@ -259,6 +259,16 @@ def _pareto(tput: np.ndarray, head: np.ndarray) -> np.ndarray:
         if head[i] > best_head:
             out[i] = True
             best_head = head[i]
+    return out
+
+
+def pinned_options(options: dict[str, Any] | None, layout: Layout | None) -> dict[str, Any]:
+    """Search options with a pinned layout's fields (config ``layout:``) as single values: the search then ranks
+    that layout alone (dp follows from the GPU count). What the study, ``trainplan plan`` and the sensitivity
+    search all use, so they agree."""
+    out = dict(options or {})
+    if layout is not None:
+        out.update({k: v for k, v in layout.to_dict().items() if k != "dp"})
     return out
 
 

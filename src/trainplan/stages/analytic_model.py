@@ -9,7 +9,13 @@ from trainplan.io import write_csv, write_json
 from trainplan.model.estimate import estimate
 from trainplan.model.flops import n_params_dense, train_flops_per_token
 from trainplan.model.layout import Layout
-from trainplan.search.layouts import family_verdicts, fp8_technique_rows, search, technique_verdicts
+from trainplan.search.layouts import (
+    family_verdicts,
+    fp8_technique_rows,
+    pinned_options,
+    search,
+    technique_verdicts,
+)
 from trainplan.stages.common import (
     sidecars,
     specs_from_cfg,
@@ -20,9 +26,7 @@ from trainplan.stages.common import (
 def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     """candidates.csv, families.csv, techniques.csv, summary.json from ``trainplan.search.layouts``."""
     s = specs_from_cfg(cfg)
-    options = dict(cfg["search"])
-    if s["layout"] is not None:  # a pinned layout: its fields become single-valued search options
-        options.update({k: v for k, v in s["layout"].to_dict().items() if k != "dp"})
+    options = pinned_options(cfg["search"], s["layout"])  # a pinned layout: its fields as single values
     df = search(s["model"], s["cluster"], s["training"], s["efficiency"], options)
     fam = family_verdicts(df)
     summary: dict[str, Any] = {"status": "ok", "layout": None}

@@ -8,6 +8,7 @@ from trainplan.cost.budget import stage_cost_and_risk
 from trainplan.cost.sensitivity import stage_sensitivity
 from trainplan.io import read_json, write_csv, write_json
 from trainplan.model.efficiency import Efficiency
+from trainplan.search.layouts import pinned_options
 from trainplan.stages.common import (
     sidecars,
     specs_from_cfg,
@@ -23,9 +24,7 @@ def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     doc, inputs = stage_cost_and_risk(production, n_params=float(m.n_params), n_gpus=c.n_gpus,
                                       total_tokens=float(t.total_tokens), d2h_Bps=c.host_to_device_Bps,
                                       cost_cfg=dict(cfg["cost"]), targets=dict(cfg["targets"]))
-    options = dict(cfg["search"])
-    if s["layout"] is not None:
-        options.update({k: v for k, v in s["layout"].to_dict().items() if k != "dp"})
+    options = pinned_options(cfg["search"], s["layout"])  # a pinned layout: its fields as single values
     eff = Efficiency.from_dict({k: v for k, v in (production.get("efficiency") or {}).items() if v is not None})
     sens = stage_sensitivity(production["chosen"], model=m, cluster=c, training=t, eff=eff, options=options,
                              inputs=inputs, inter_busbw_GBps=float(cfg["cluster"]["inter_busbw_GBps"]))

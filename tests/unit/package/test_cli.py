@@ -309,6 +309,22 @@ def test_h100_peak_must_be_finite(capsys):
         assert capsys.readouterr().err.startswith("trainplan: error: h100-peak-tflops=")
 
 
+def test_plan_ranks_only_a_pinned_layout_as_the_study_does(tmp_path, capsys):
+    """A config's ``layout:`` pins the search (search.pinned_options), in `plan` as in the study's analytic_model
+    and sensitivity stages: `plan` ranked the whole space and put dp32 zero2 first against the pinned TP layout."""
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    cfg["layout"] = {"dp": 16, "tp": 2, "sp": True, "sharding": "zero1", "recompute": "none", "micro_batch": 2}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["plan", str(tmp_path / "c.yaml"), "--csv", str(tmp_path / "c.csv")]) == 0
+    import pandas as pd
+
+    c = pd.read_csv(tmp_path / "c.csv")
+    assert list(c["layout_text"]) == ["dp16·tp2(sp)·pp1·cp1 zero1 rc=none mb=2"], list(c["layout_text"])
+    assert "1 feasible of 1 layouts" in capsys.readouterr().out
+
+
 def test_plan_without_a_feasible_layout_says_why(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("model: llama2-70b\ncluster: {nodes: 1, gpus_per_node: 1, gpu: a100-80gb}\n"
