@@ -125,9 +125,6 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     training = TrainingSpec(seq_len=args.seq_len, global_batch=args.global_batch, finetune=args.finetune,
                             kernels=args.kernels, attn_impl=args.attn_impl, attn_kernel=args.attn_kernel,
                             precision=args.precision, optimizer_impl=args.optimizer_impl)
-    if training.fp8 and training.kernels == "eager":
-        warn(f"--precision {args.precision} with --kernels eager: torchao's FP8 casts run unfused (timing."
-             f"FP8_CAST_BYTES_EAGER), usually slower than bf16; torchao's FP8 expects --kernels compiled")
     mp = args.tp * args.pp * args.cp
     if args.gpus % mp:
         raise ConfigError("layout", f"tp·pp·cp = {args.tp}·{args.pp}·{args.cp} = {mp}",
@@ -141,6 +138,9 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
                     micro_batch=args.micro_batch, pp_schedule=args.pp_schedule, vpp=args.vpp, cp_kind=args.cp_kind,
                     tp_overlap=args.tp_overlap)
     check_layout(model, cluster, training, layout)
+    if training.fp8 and training.kernels == "eager":
+        warn(f"--precision {args.precision} with --kernels eager: torchao's FP8 casts run unfused (timing."
+             f"FP8_CAST_BYTES_EAGER), usually slower than bf16; torchao's FP8 expects --kernels compiled")
     return model, cluster, training, layout
 
 
@@ -178,6 +178,9 @@ def run(args: argparse.Namespace) -> int:
     print("step s: " + ", ".join(terms))
     print(f"step {js['step_time_s']:.2f} s, {js['tokens_per_s']:.0f} tokens/s, "
           f"{js['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, MFU {js['mfu']:.1%}, HFU {js['hfu']:.1%}")
+    if js["hfu"] >= 1.0:
+        print("note: MFU and HFU count causal attention in full (12·L·h·s per token, the PaLM / torchtitan / Megatron "
+              "convention) while the kernels do half of it: above 100% the convention exceeds the peak, not the GPU")
     iv = js["interval"]
     if iv["tokens_per_s_per_gpu_p10"] is not None:
         print(f"p10–p90 {iv['tokens_per_s_per_gpu_p10']:.0f}–{iv['tokens_per_s_per_gpu_p90']:.0f} tokens/s/GPU, "

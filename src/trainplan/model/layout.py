@@ -242,8 +242,14 @@ def _problems(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
 
 def check_precision(cluster: ClusterSpec, training: TrainingSpec) -> None:
-    """FP8 GEMMs need FP8 tensor cores: refuse an fp8-* precision on a GPU without them (A100). cuDNN attention's
+    """A plan is timed at the BF16 (or FP8) tensor-core rate: refuse fp32. FP8 GEMMs need FP8 tensor cores: refuse an
+    fp8-* precision on a GPU without them (A100). cuDNN attention's
     rate was measured on Hopper (H100/H200) only: refuse ``attn_kernel: cudnn`` on another generation."""
+    if training.precision == "fp32":
+        raise ConfigError("training.precision", training.precision,
+                          f"bf16, fp8-tensorwise or fp8-rowwise for a plan on {cluster.gpu.name}: fp32 GEMMs (FP32 or "
+                          "TF32 rates) are not modelled, so an fp32 plan would be timed at the BF16 peak (fp32 is the "
+                          "CPU proxies' dtype: proxies.dtype)")
     if training.attn_kernel != "fa2" and cluster.gpu.generation != "h100":
         raise ConfigError("training.attn_kernel", training.attn_kernel,
                           f"fa2 on {cluster.gpu.name}: the cuDNN attention rate was measured on Hopper (H100/H200) only")

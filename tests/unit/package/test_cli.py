@@ -127,6 +127,9 @@ def test_estimate_arch_overrides(capsys):
                                                                                  "divisible by cp=4 (each rank"),
     (["--gpus", "8", "--pp", "8", "--vpp", "8", "--pp-schedule", "interleaved"], "layout.vpp=8"),
     (["--gpus", "32", "--sharding", "hsdp", "--shard-group", "6"], "layout.shard_group=6"),
+    # fp32 would be timed at the BF16 peak; an FP8 refusal is the only line (no eager-FP8 warning before it)
+    (["--precision", "fp32"], "training.precision=fp32: bf16, fp8-tensorwise or fp8-rowwise"),
+    (["--gpu", "a100-80gb", "--precision", "fp8-tensorwise"], "training.precision=fp8-tensorwise: a100-80gb has no"),
 ])
 def test_bad_input_one_line_exit_2(capsys, argv, key):
     assert main(["estimate", *argv]) == 2
@@ -374,3 +377,17 @@ def test_estimate_step_line_adds_up_to_the_step(capsys):
     assert terms["CPU offload"] > 0
     step = float(re.search(r"^step ([\d.]+) s,", out, re.M).group(1))
     assert sum(terms.values()) == pytest.approx(step, abs=0.03)
+
+
+def test_estimate_says_why_mfu_can_pass_100_percent_at_long_sequences(capsys):
+    """MFU counts causal attention in full (12·L·h·s, as every published table does) while the model times half of it:
+    at 131k tokens on A100 that convention passes 100%. estimate says so, and only then."""
+    argv = ["estimate", "--model", "llama2-13b", "--gpu", "a100-80gb", "--gpus", "2", "--seq-len", "131072",
+            "--global-batch", "4", "--finetune", "lora", "--kernels", "fused", "--json"]
+    assert main(argv) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js["hfu"] > 1.0
+    assert main(argv[:-1]) == 0
+    assert "the convention exceeds the peak, not the GPU" in capsys.readouterr().out
+    assert main(["estimate", "--model", "llama2-13b"]) == 0
+    assert "convention exceeds" not in capsys.readouterr().out
