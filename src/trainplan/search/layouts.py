@@ -44,6 +44,7 @@ _NAMED = {"pp_schedule": PP_SCHEDULES, "cp_kind": CP_KINDS, "sharding": SHARDING
 # torchtitan's async TP runs only under torch.compile (its SymmetricMemory fused ops are Inductor passes);
 # Megatron's --tp-comm-overlap needs Transformer Engine: neither exists for eager PyTorch.
 ASYNC_TP_NEEDS = "TP comm overlap needs kernels=compiled (torchtitan async TP) or fused (Megatron/TE)"
+ASYNC_TP_TECHNIQUE = "TP comm overlap (async TP)"  # its row in the technique table
 
 
 def _divisors(n: int) -> list[int]:
@@ -228,7 +229,7 @@ def _family(df: pd.DataFrame) -> np.ndarray:
 # Techniques that modify a family: each gets a verdict "with vs without" (technique_verdicts).
 TECHNIQUES: dict[str, Any] = {
     "sequence parallelism (SP)": lambda d: d["sp"].astype(bool),
-    "TP comm overlap (async TP)": lambda d: (d["tp_overlap"].astype(bool) if "tp_overlap" in d
+    ASYNC_TP_TECHNIQUE: lambda d: (d["tp_overlap"].astype(bool) if "tp_overlap" in d
                                             else pd.Series(False, index=d.index)),
     "context parallelism (CP)": lambda d: d["cp"] > 1,
     "optimizer offload to CPU": lambda d: d["offload"] != "none",
@@ -457,8 +458,10 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
     Families are coarse (data-parallel sharding × TP × PP); this says what each modifier buys or costs.
     Columns: technique, used_by_best, best_with, tokens_per_s_per_gpu_with, best_without,
     tokens_per_s_per_gpu_without, delta_frac (with ÷ without − 1), verdict (needed / buys x% / ties / costs x% /
-    never fits), note (why, in a few words), line (one sentence), compiled_note (FP8 rows of an eager study: what
-    torch.compile would give), risk (FP8 rows: the risk for a fine-tune and its day-1 check). Techniques no enumerated layout uses are left out.
+    never fits: every layout with it runs out of memory / not possible here: a structural reason), note (why, in
+    a few words), line (one sentence), compiled_note (FP8 rows of an eager study: what torch.compile would give),
+    risk (FP8 rows: the risk for a fine-tune and its day-1 check). Techniques no enumerated layout uses are left
+    out.
     """
     feas = df[df["feasible"]]
     top = feas.loc[[feas["tokens_per_s"].idxmax()]] if len(feas) else feas
@@ -479,8 +482,15 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
                "delta_frac": r["tokens_per_s"] / o["tokens_per_s"] - 1.0 if r is not None and o is not None else np.nan}
         delta = row["delta_frac"]
         if r is None:
-            row["verdict"], row["note"] = "never fits", str(with_t["reason"].value_counts().index[0])
-            row["line"] = "every layout using it is infeasible: " + row["note"]
+            # the commonest reason among the layouts that use it, not counting another technique's prerequisite
+            # (async TP's kernels: half the enumerated TP layouts of an eager study carry it)
+            reasons = with_t["reason"].astype(str)
+            own = reasons[reasons != ASYNC_TP_NEEDS] if name != ASYNC_TP_TECHNIQUE else reasons
+            why = str((own if len(own) else reasons).value_counts().index[0])
+            memory_bound = why.startswith(("OOM", "host RAM"))
+            row["verdict"], row["note"] = ("never fits" if memory_bound else "not possible here"), why
+            row["line"] = ("every layout using it runs out of memory: " if memory_bound else
+                           "no layout of this study can use it: ") + why
         elif o is None:
             row["verdict"], row["note"] = "needed", "no feasible layout without it"
             row["line"] = "needed: no feasible layout without it"

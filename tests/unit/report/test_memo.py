@@ -231,6 +231,30 @@ def test_technique_verdicts_compare_best_with_against_best_without():
     assert tie.loc["context parallelism (CP)", "verdict"] == "ties"
 
 
+def test_a_technique_no_layout_can_use_names_its_own_reason():
+    """Async TP under eager kernels is 'not possible here' (a prerequisite, not memory); interleaving whose layouts
+    are mostly async-TP rows names its own reason (OOM), not async TP's kernels (the commonest reason of its rows)."""
+    import pandas as pd
+
+    from trainplan.search.layouts import ASYNC_TP_NEEDS, technique_verdicts
+
+    def row(text, *, vpp=1, tpo=False, feasible=False, reason=""):
+        return {"layout_text": text, "tokens_per_s": 32e3, "tokens_per_s_per_gpu": 1e3, "feasible": feasible,
+                "reason": reason, "sp": False, "cp": 1, "offload": "none", "recompute": "none", "micro_batch": 1,
+                "pp_schedule": "interleaved" if vpp > 1 else "1f1b", "vpp": vpp, "tp_overlap": tpo, "compute_s": 1.0,
+                "comm_exposed_s": 0.1, "bubble_s": 0.0, "optimizer_s": 0.05, "offload_s": 0.0}
+
+    df = pd.DataFrame([row("plain", feasible=True), row("async", tpo=True, reason=ASYNC_TP_NEEDS),
+                       row("v2-async", vpp=2, tpo=True, reason=ASYNC_TP_NEEDS),
+                       row("v2-async-b", vpp=2, tpo=True, reason=ASYNC_TP_NEEDS),
+                       row("v2", vpp=2, reason="OOM: needs 90.0 GiB")])
+    t = technique_verdicts(df).set_index("technique")
+    tp = t.loc["TP comm overlap (async TP)"]
+    assert tp["verdict"] == "not possible here" and tp["line"] == "no layout of this study can use it: " + ASYNC_TP_NEEDS
+    inter = t.loc["interleaved pipeline"]
+    assert inter["verdict"] == "never fits" and inter["line"] == "every layout using it runs out of memory: OOM: needs 90.0 GiB"
+
+
 def test_resolved_config_and_provenance_are_attached(rendered):
     att = rendered["reader"].attachments
     assert json.loads(att["config.resolved.json"][0]) == CONFIG
