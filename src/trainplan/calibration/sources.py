@@ -9,6 +9,7 @@ FLOPs, communication volume), never H100 time.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -235,6 +236,8 @@ def stage_calibrate(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any],
         "source": source, "requested": requested, "notes": notes, "efficiency": eff.to_dict(),
         "fits": fits, "loo_relative_errors": rel.tolist(), "efficiency_samples": [],
         "memory_relative_errors": _memory_rel_errors(records) + mem_rel.tolist(),
+        "memory_error_sources": {"CPU proxy runs (saved activation bytes)": len(_memory_rel_errors(records)),
+                                 "published memory readings": len(mem_rel)},
         "generation": generation, "heldout_errors_by_family": by_family,
         "heldout_coverage": (generation_fits().get(str(generation)) or {}).get("coverage"),
         "cpu_records": {"n": int(len(cpu_only(records))) if len(records) else 0,
@@ -250,6 +253,14 @@ def stage_calibrate(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any],
     check = gpu_check(cfg.get("gpu_check_dir"), fitted_dirs=[cfg.get("gpu_records_dir")] if gpu is not None else [])
     if check is not None:
         doc["gpu_check"] = check
+        # Not fitted, but what the memory interval must cover: the model's error on our own GPU's peak reserved
+        # memory (allocator fragmentation and kernel workspaces the terms do not count; what the preflight reads)
+        own = [float(r["reserved_err"]) for r in check["records"]
+               if r.get("reserved_err") is not None and math.isfinite(float(r["reserved_err"]))]
+        if own:
+            doc["memory_relative_errors"] = doc["memory_relative_errors"] + own
+            names = check["environment"].get("device_names") or check["devices"]
+            doc["memory_error_sources"][f"own {', '.join(names)} runs (max reserved memory)"] = len(own)
     doc["efficiency_sources"] = _efficiency_sources(eff, eff0, source, doc.get("source_detail"), gpu, baseline,
                                                     fit_params)
     return doc, heldout
@@ -295,6 +306,8 @@ def _apply_gpu(doc: dict[str, Any], heldout: pd.DataFrame, gpu: dict[str, Any], 
             doc["fits"][p] = {"value": float(doc["efficiency"][p]), "r2": mem["fit"]["r2"],
                               "loo_mape": mem["fit"]["loo_mape"], "n": mem["fit"]["n"], "fitted_on": gpu["label"]}
         doc["memory_relative_errors"] = mem["reserved_rel_errors"] + doc["memory_relative_errors"]
+        doc["memory_error_sources"] = {"fitted GPU runs (max reserved memory, leave-one-out)":
+                                       len(mem["reserved_rel_errors"]), **doc["memory_error_sources"]}
     doc["source_detail"] = gpu["label"]
     doc["loo_relative_errors"] = gpu["throughput_rel_errors"]
     doc["efficiency_samples"] = gpu["samples"]

@@ -264,8 +264,10 @@ def deepspeed_config(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     cfg: dict[str, Any] = {
         "_comment": _header("DeepSpeed ZeRO config", study_hash, model, cluster, layout,
-                            ["activation checkpointing is the model's (HF gradient_checkpointing_enable) "
-                             f"recompute={layout.recompute}"]).replace("# ", "").split("\n"),
+                            [("no activation checkpointing (recompute=none)" if layout.recompute == "none" else
+                              f"activation checkpointing (recompute={layout.recompute}) is set on the model: "
+                              "Transformers' gradient_checkpointing_enable(), not in this file")]
+                            ).replace("# ", "").split("\n"),
         "train_batch_size": training.global_batch,
         "train_micro_batch_size_per_gpu": layout.micro_batch,
         "gradient_accumulation_steps": grad_accum(training, layout),
@@ -430,12 +432,12 @@ def all_gpus_busbw(cluster: ClusterSpec) -> dict[str, Any]:
 
 def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "results/analytic/summary.json",
                   config_path: str = "config/config.yaml", min_tokens_per_s_per_gpu: float | None = None,
-                  checkpoint_interval_s: float | None = None) -> list[dict[str, Any]]:
+                  checkpoint_interval_s: float | None = None, study_hash: str | None = None) -> list[dict[str, Any]]:
     """The memo's day-1 go/no-go checks as commands: [{check, command, passes_when}] (manifest.json ``day1``; the
     nccl-tests check also carries its threshold, ``min_busbw_GBps``)."""
     sb = sbatch_name(cluster)
     tps = f"{min_tokens_per_s_per_gpu:,.0f}" if min_tokens_per_s_per_gpu else "the p10 prediction"
-    run = "run-<study hash[:12]>"
+    run = f"run-{study_hash[:12]}" if study_hash else "run-<study hash[:12]>"  # the sbatch's TRAINPLAN_RUN_DIR
     busbw = all_gpus_busbw(cluster)
     out = [
         {"check": "one-node preflight",
@@ -445,7 +447,7 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
                         "tolerance of the plan"},
         {"check": "first 50 steps on all GPUs",
          "command": f"sbatch --export=ALL,TRAINPLAN_MODE=day1-throughput {sb}",
-         "passes_when": f"the job exits 0: it ends with `trainplan ingest <{run}>/day1-throughput-<job>/steps.jsonl "
+         "passes_when": f"the job exits 0: it ends with `trainplan ingest {run}/day1-throughput-<job>/steps.jsonl "
                         f"--min-tokens-per-s-per-gpu {round(min_tokens_per_s_per_gpu or 0)}` (median tokens/s/GPU "
                         f">= {tps}, losses finite)" if trainer == "accelerate" else
                         f"torchtitan's log shows tps per GPU >= {tps} after warm-up and finite losses"},
@@ -459,7 +461,7 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
          "passes_when": "the job exits 0: a checkpoint at step 5, a fresh launch restores it and reaches step 10 "
                         "(`trainplan ingest --check-resume` on its step log)"},
         {"check": "measurements flow back",
-         "command": f"trainplan ingest <{run}>/day1-throughput-<job>/steps.jsonl --out "
+         "command": f"trainplan ingest {run}/day1-throughput-<job>/steps.jsonl --out "
                     "data/calibration/gpu/day1-production.json",
          "passes_when": "the record is written; rerun the study: calibrate fits the efficiencies to it"},
     ]
@@ -504,7 +506,7 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     if hf_why is None:
         hf = {"_comment": _one_line(f"trainplan launch artifact: transformers LlamaConfig of {model.name}; "
                                     f"study hash: {study_hash}"), **hf_config_dict(model)}
-        texts["model_config.json"] = (json.dumps(hf, indent=2) + "\n",
+        texts["model_config.json"] = (json.dumps(hf, indent=2, ensure_ascii=False) + "\n",
                                       "Hugging Face config.json of the model (random init; or point "
                                       "TRAINPLAN_MODEL_CONFIG at the checkpoint directory)")
     settings: dict[str, Any] | None = None
@@ -517,7 +519,7 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                                             "torchtitan 0.3 job (config_registry module)")
     ds = deepspeed_config(model, cluster, training, layout, study_hash=study_hash)
     if ds is not None:
-        texts["deepspeed_zero.json"] = (json.dumps(ds, indent=2) + "\n", "DeepSpeed ZeRO config (reference only)")
+        texts["deepspeed_zero.json"] = (json.dumps(ds, indent=2, ensure_ascii=False) + "\n", "DeepSpeed ZeRO config (reference only)")
     arts: list[Artifact] = []
     for name, (text, what) in texts.items():
         p = write_text(out / name, text)
@@ -539,7 +541,7 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                       f"{trainer})") if ds is not None else deepspeed_unsupported_reason(layout),
         "day1": day1_commands(cluster, trainer=trainer, summary_path=summary_path, config_path=config_path,
                               min_tokens_per_s_per_gpu=min_tokens_per_s_per_gpu,
-                              checkpoint_interval_s=checkpoint_interval_s),
+                              checkpoint_interval_s=checkpoint_interval_s, study_hash=study_hash),
         "artifacts": [{"filename": a.filename, "short": a.short, "description": a.description} for a in arts]})
     return [(a.filename, a.short) for a in arts]
 

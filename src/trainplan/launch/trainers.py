@@ -92,8 +92,7 @@ def choose_trainer(model: ModelSpec, training: TrainingSpec, layout: Layout) -> 
                               f"({'; '.join(titan_no)}); Accelerate + Transformers runs what it can express "
                               "(see the notes in accelerate_fsdp2.yaml)")
     return "accelerate", ("pure data parallelism (" + L.sharding + ") with eager kernels: Transformers' own model "
-                          "(the one the proxies measure) under Accelerate FSDP2, through trainplan.train_entry "
-                          "(checkpoint on SIGTERM, per-step log)")
+                          "under Accelerate FSDP2, through trainplan.train_entry (checkpoint on SIGTERM, per-step log)")
 
 
 def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, *,
@@ -104,7 +103,7 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
     if L.sharding == "none":
         replicate, shard = L.dp, 1
     elif L.sharding == "hsdp":
-        g = L.shard_group or cluster.gpus_per_node
+        g = L.shard_group or min(cluster.gpus_per_node, L.dp * L.cp)  # shard_degree's default group
         shard = max(1, g // L.cp) if g % L.cp == 0 else 1
         replicate = max(1, L.dp // shard)
     else:

@@ -248,7 +248,7 @@ def plot_tornado(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
         ax.barh(y, d["metric_high"] - base, left=base, color="#e07b39", label="assumption at high end")
         ax.axvline(base, color="black", lw=0.8)
         units = d["unit"].fillna("").astype(str) if "unit" in d else pd.Series("", index=d.index)
-        labels = [f"{r.parameter} ({r.low_value:g}–{r.high_value:g} {u})".replace(" )", ")")
+        labels = [f"{r.parameter} ({short_number(r.low_value)}–{short_number(r.high_value)} {u})".replace(" )", ")")
                   for r, u in zip(d.itertuples(), units, strict=True)]
         ax.set_yticks(y, labels)
         ax.grid(axis="y", visible=False)
@@ -256,6 +256,15 @@ def plot_tornado(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
         ax.set_xlabel(metric)
         ax.legend(loc="lower right")
     return fig
+
+
+def short_number(v: float) -> str:
+    """A tick-label number: three significant digits, thousands as k/M/B/T (5e9 → 5B, 0.942048 → 0.942)."""
+    v = float(v)
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g}{suffix}"
+    return f"{v:.3g}"
 
 
 def plot_pareto(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
@@ -384,11 +393,14 @@ def make_figures(inputs: Mapping[str, str | Path], out_dir: str | Path, *, hbm_g
         if hbm is None:
             s = path("summary")
             hbm = read_json(s).get("hbm_gib") if s else None
+        n_fam, n_ok = cand["family"].nunique(), int(rep["feasible"].astype(bool).sum())
+        shown = (f"the best layout of each of the {n_ok} fastest of {n_fam} families"
+                 + (f" and the leanest layout of {len(rep) - n_ok} where none fits" if len(rep) > n_ok else ""))
         emit("memory", plot_memory(rep, hbm_gib=hbm),
-             "Predicted peak memory per GPU by term, for the best layout of each family, against usable HBM.",
-             [cand_p])
+             f"Predicted peak memory per GPU by term, for {shown}, against usable HBM.", [cand_p])
         emit("time_breakdown", plot_time_breakdown(rep[rep["feasible"].astype(bool)]),
-             "Predicted time per optimizer step by term for the best feasible layout of each family.", [cand_p])
+             f"Predicted time per optimizer step by term, for the best layout of each of the {n_ok} fastest of "
+             f"{n_fam} families (all in Alternatives considered).", [cand_p])
         if cand["feasible"].astype(bool).any():
             emit("pareto", plot_pareto(cand),
                  "Every feasible layout: predicted tokens/s per GPU against memory headroom; Pareto front.",

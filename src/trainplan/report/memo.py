@@ -47,6 +47,13 @@ SOURCE_LABELS = {
                            "torchtitan H100 and async TP, Megatron-Core 2024, Llama 3 405B; A100: Narayanan 2021 "
                            "T1 and T2, Korthikanti 2022 T3/5, torchtitan 64×A100; docs/timing-model.md §7), with "
                            "intervals from their leave-one-table-out errors; not this cluster"),
+    # the same, naming only the study's generation's tables (page 1 has no room for the other's)
+    "published-open-set:h100": ("the Efficiency fitted on the open published H100 runs (torchtitan H100 and async "
+                                "TP, Megatron-Core 2024, Llama 3 405B; docs/timing-model.md §7), with intervals from "
+                                "their leave-one-table-out errors; not this cluster"),
+    "published-open-set:a100": ("the Efficiency fitted on the open published A100 runs (Narayanan 2021 T1 and T2, "
+                                "Korthikanti 2022 T3/5, torchtitan 64×A100; docs/timing-model.md §7), with intervals "
+                                "from their leave-one-table-out errors; not this cluster"),
     "published-h100": "published H100 measurements (bundled data/, cited), not this cluster",
     "defaults": "uncalibrated defaults (no measurements)",
 }
@@ -316,6 +323,19 @@ def runner_up(families: pd.DataFrame | None, chosen: dict[str, Any] | None) -> d
             "inside_interval": tps >= float(chosen["tokens_per_s_per_gpu_p10"])}
 
 
+def heldout_groups(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """heldout.csv rows grouped for page 1, in the order fitted / never fitted / other generation / the rest
+    (label '' for rows without a role), each row with ``loto`` (its left-out-of-fit MAPE or None)."""
+    order = {"fit": "fitted", "never fitted": "never fitted", "other generation": "other generation"}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        role = r.get("role")
+        lo = r.get("loto_mape")
+        loto = float(lo) if role == "fit" and lo is not None and lo == lo else None
+        groups.setdefault(order.get(str(role), "") if role else "", []).append(r | {"loto": loto})
+    return [(g, groups[g]) for g in [*order.values(), ""] if g in groups]
+
+
 def _techniques(tech: pd.DataFrame | None, cost: dict[str, Any] | None) -> list[dict] | None:
     """The "what each technique buys" table (``search.technique_verdicts`` rows), or None if not produced.
     ``fp8_priced``: an FP8 row with a measured change and a cost to price it, told in the memo's "FP8 on this
@@ -415,8 +435,9 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         **_families(families), "runner_up": runner_up(families, (prod or {}).get("chosen")),
         "techniques": _techniques(res.csv("techniques"), cost),
         "calibration": calib, "source": source, "source_label": ((calib or {}).get("source_detail") if source == "gpu-proxies" else None)
-        or SOURCE_LABELS.get(str(source), str(source)),
+        or SOURCE_LABELS.get(f"{source}:{(calib or {}).get('generation')}") or SOURCE_LABELS.get(str(source), str(source)),
         "heldout": _records(res.csv("heldout")) or None, "never_fitted": list(NEVER_FITTED),
+        "heldout_groups": heldout_groups(_records(res.csv("heldout"))),
         "family_bias": family_bias_rows(calib, (prod or {}).get("chosen")),
         "production": prod, "chosen": (prod or {}).get("chosen"),
         "production_rows": _records(res.csv("production_table")) or None,
@@ -464,7 +485,16 @@ def render_html(context: dict[str, Any], template: str | Path | None = None) -> 
                              autoescape=jinja2.select_autoescape(["html", "j2"]), trim_blocks=True,
                              lstrip_blocks=True)
     env.filters["f"] = fmt
+    env.filters["ticks"] = code_spans
     return env.get_template(tpl.name).render(**context)
+
+
+def code_spans(text: Any) -> Any:
+    """Plain text with `backticked` spans (manifest.json's day-1 criteria) as HTML: escaped, the spans as <code>."""
+    from markupsafe import Markup, escape
+
+    parts = str(text or "").split("`")
+    return Markup("".join(f"<code>{escape(p)}</code>" if i % 2 else str(escape(p)) for i, p in enumerate(parts)))
 
 
 def render_memo(inputs: Mapping[str, Any], out_pdf: str | Path, *, config: dict, study_hash: str, git_commit: str,

@@ -128,6 +128,14 @@ def test_stage_calibrate_reports_the_check_unless_it_fitted_the_same_records():
     assert {s["family"] for s in gc["summary"]} == {"all", "depth", "width", "layout", "scaleout"}
     assert gpu_check(str(H200), fitted_dirs=[str(H200)]) is None  # fitted on them: not a check
     assert gpu_check(None) is None and gpu_check(str(ROOT / "no-such-dir")) is None
+    # never fitted, but the memory interval covers them: their max-reserved errors join the memory error pool
+    without, _ = stage_calibrate(cpu, eff, {"source": "auto", "gpu_records_dir": None, "gpu_check_dir": None})
+    own = [r["reserved_err"] for r in gc["records"]]
+    assert doc["memory_relative_errors"] == without["memory_relative_errors"] + own
+    assert doc["memory_error_sources"] == {**without["memory_error_sources"],
+                                           "own NVIDIA H200 runs (max reserved memory)": 12}
+    assert sum(doc["memory_error_sources"].values()) == len(doc["memory_relative_errors"])
+    assert doc["efficiency"] == without["efficiency"]  # and nothing is fitted to them
 
 
 def test_validate_gpu_records_prints_each_run(capsys):

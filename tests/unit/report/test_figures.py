@@ -165,3 +165,14 @@ def test_report_labels_come_from_the_caption_sidecar_with_braces_escaped(tmp_pat
                 calibration_source=None)
     assert report_labels(tmp_path, "x") == {"figure": "x", "config hash": "abc+def", "sources": "a/{{w}}.csv, b.json",
                                             "calibration": "n/a"}
+
+
+def test_tornado_labels_print_assumption_ranges_readably():
+    """Range labels are three significant digits with k/M/B/T, not raw floats (0.942048-1.14678, 5e+09-2e+10)."""
+    assert [F.short_number(v) for v in (0.942048, 1.14678, 5e9, 2e10, 46, 1500, 3.0)] == [
+        "0.942", "1.15", "5B", "20B", "46", "1.5k", "3"]
+    sens = pd.DataFrame([{"parameter": "dataset_tokens", "low_value": 5e9, "base_value": 1e10, "high_value": 2e10,
+                          "unit": "tokens", "metric": "cost ($)", "metric_low": 900.0, "metric_base": 1700.0,
+                          "metric_high": 3400.0}])
+    labels = [t.get_text() for t in F.plot_tornado(sens).axes[0].get_yticklabels()]
+    assert labels == ["dataset_tokens (5B–20B tokens)"], labels

@@ -87,7 +87,7 @@ def test_page_one_names_the_runner_up_with_its_numbers_from_families_csv(rendere
     r = ok.sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
     p1 = _squash(rendered["pages"][0])
     slower = 1 - r["tokens_per_s_per_gpu"] / ch["tokens_per_s_per_gpu_p50"]
-    for w in (f"Runner-up:{r['family']}", r["layout"], f"{100 * slower:.1f}%slower", f"{r['mem_total_gib']:.1f}GiB/GPU"):
+    for w in (f"Runner-upstrategy:{r['family']}", r["layout"], f"{100 * slower:.1f}%slower", f"{r['mem_total_gib']:.1f}GiB/GPU"):
         assert _squash(w) in p1, w
     inside = r["tokens_per_s_per_gpu"] >= ch["tokens_per_s_per_gpu_p10"]
     assert ("cannotrankthetwo" in p1) == inside
@@ -110,7 +110,9 @@ def test_runner_up_skips_the_chosen_and_oom_families():
 
 def test_page_one_says_what_rests_on_published_data_and_never_uses_cpu_timings(rendered):
     p1 = " ".join(rendered["pages"][0].split())
-    assert memo.SOURCE_LABELS[_load("calibration/calibration.json")["source"]] in p1
+    cal = _load("calibration/calibration.json")
+    label = memo.SOURCE_LABELS.get(f"{cal['source']}:{cal.get('generation')}") or memo.SOURCE_LABELS[cal["source"]]
+    assert label in p1
     assert "not H100 timing evidence" in p1
     assert "step_time_s_median" not in rendered["text"]  # CPU timings are never shown
 
@@ -394,8 +396,8 @@ def test_published_data_check_states_the_bias_of_each_family_class(tmp_path):
     text = " ".join(" ".join(p.extract_text() for p in pages).split())
     # page 1 says the same: the held-out MAPE next to the in-sample one, and the chosen family's held-out bias
     p1 = " ".join(pages[0].extract_text().split())
-    assert "torchtitan_h100 tokens_per_s_per_gpu MAPE 6.5% (fit; left out of the fit 7.5%)" in p1
-    assert "torchtitan_h100 memory_gib MAPE 6.3% (fit)." in p1  # no held-out figure: none claimed
+    assert "marked): fitted torchtitan_h100 6.5% (left out of the fit 7.5%), torchtitan_h100 memory 6.3%." in p1  # no
+    # held-out figure for memory: none claimed
     assert ("The chosen layout's family class (FSDP/ZeRO), on 2 published H100 rows left out of the fit, is predicted "
             "-3.4% ± 1.6% on average (slower than published)") in p1
     assert "Bias per family class, rows left out of the fit (H100" in text
@@ -562,7 +564,7 @@ def test_nccl_check_holds_the_cluster_to_the_busbw_the_plan_assumes(tmp_path):
     write_sidecar(root / "launch/manifest.json", rule="launch_artifacts", config_slice={})
     ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
     text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
-    assert f"reaches the bus bandwidth the plan assumes for it: {planned:,.0f} GB/s, what the plan assumes" in text
+    assert f"reaches the busbw the plan assumes, {planned:,.0f} GB/s (rail model" in text
 
 
 def test_flops_formula_names_the_parameters_it_counts(tmp_path):
@@ -592,3 +594,17 @@ def test_flops_formula_names_the_parameters_it_counts(tmp_path):
     flops = 6 * n_params_dense(m) + 12 * m.layers * m.hidden * 4096
     assert f"This study: {flops:.2e} model FLOPs per token" in text
     assert f"{6 * m.n_params_nonembedding + 12 * m.layers * m.hidden * 4096:.2e}" not in text
+
+
+def test_day1_criteria_render_backticked_commands_as_code():
+    """manifest.json's criteria mark commands with backticks; the memo prints them as <code>, escaped (they printed
+    as literal backticks around a nested "<run-<study hash>>" placeholder)."""
+    from trainplan.launch.artifacts import day1_commands
+    from trainplan.model.hardware import ClusterSpec, resolve_gpu
+
+    day1 = day1_commands(ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb")), trainer="accelerate",
+                         min_tokens_per_s_per_gpu=4741.6, study_hash="1d4b04148965" + "0" * 52)
+    html = str(memo.code_spans(day1[1]["passes_when"]))
+    assert "<code>trainplan ingest run-1d4b04148965/day1-throughput-&lt;job&gt;/steps.jsonl " in html
+    assert "`" not in html and "<run-" not in day1[1]["passes_when"]
+    assert str(memo.code_spans("a <b> `c & d`")) == "a &lt;b&gt; <code>c &amp; d</code>"
