@@ -69,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     es.add_argument("--gpu", default="h100-sxm-80gb", help="GPU name (default h100-sxm-80gb)")
     es.add_argument("--gpus", type=int, default=32, help="total GPUs (default 32)")
     es.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8, at most 128)")
+    es.add_argument("--intra-busbw", type=float, default=None, metavar="GBPS",
+                    help="NCCL busbw inside a node, GB/s per GPU (= cluster.intra_busbw_GBps; default 360: 8×H100 "
+                         "NVLink4, nccl-tests; set your cluster's for other GPUs)")
+    es.add_argument("--inter-busbw", type=float, default=None, metavar="GBPS",
+                    help="NCCL busbw across nodes, GB/s per GPU rail (= cluster.inter_busbw_GBps; default 46: 400G "
+                         "InfiniBand)")
     es.add_argument("--seq-len", type=int, default=4096,
                     help="tokens per sequence (above the model's max_seq_len: a warning, as with RoPE scaling)")
     es.add_argument("--micro-batch", default="auto",

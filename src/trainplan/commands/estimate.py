@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -121,7 +122,14 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     gpn = min(args.gpus_per_node, args.gpus)
     if args.gpus % gpn:
         raise ConfigError("gpus", args.gpus, f"must be a multiple of --gpus-per-node={args.gpus_per_node}")
-    cluster = ClusterSpec(nodes=args.gpus // gpn, gpus_per_node=gpn, gpu=gpu)
+    links = {}
+    for flag, field in (("intra_busbw", "intra_busbw_Bps"), ("inter_busbw", "inter_busbw_Bps")):
+        v = getattr(args, flag, None)
+        if v is not None:
+            if not (math.isfinite(v) and 0 < v <= 100_000):
+                raise ConfigError(flag.replace("_", "-"), v, "must be a bandwidth in GB/s, in (0, 100000]")
+            links[field] = v * 1e9
+    cluster = ClusterSpec(nodes=args.gpus // gpn, gpus_per_node=gpn, gpu=gpu, **links)
     training = TrainingSpec(seq_len=args.seq_len, global_batch=args.global_batch, finetune=args.finetune,
                             kernels=args.kernels, attn_impl=args.attn_impl, attn_kernel=args.attn_kernel,
                             precision=args.precision, optimizer_impl=args.optimizer_impl)

@@ -86,6 +86,8 @@ class ModelSpec:
         one_of(self, "pos_embedding", POS_KINDS)
         one_of(self, "bias", BIAS_KINDS)
         one_of(self, "qk_norm_scope", QK_NORM_SCOPES)
+        if self.qk_norm_scope != "head" and self.qk_norm is False:  # a setting that would be silently ignored
+            raise ConfigError("qk_norm_scope", self.qk_norm_scope, "only applies with qk_norm=true")
         for k in ("tied_embeddings", "qk_norm", "norm_bias", "head_bias", "embed_norm"):
             if not isinstance(getattr(self, k), bool):
                 raise ConfigError(k, getattr(self, k), "must be true or false")

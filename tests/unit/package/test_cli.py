@@ -129,6 +129,8 @@ def test_estimate_arch_overrides(capsys):
     (["--gpus", "32", "--sharding", "hsdp", "--shard-group", "6"], "layout.shard_group=6"),
     # fp32 would be timed at the BF16 peak; an FP8 refusal is the only line (no eager-FP8 warning before it)
     (["--precision", "fp32"], "training.precision=fp32: bf16, fp8-tensorwise or fp8-rowwise"),
+    (["--inter-busbw", "-3"], "inter-busbw=-3.0: must be a bandwidth"),
+    (["--intra-busbw", "nan"], "intra-busbw=nan"),
     (["--gpu", "a100-80gb", "--precision", "fp8-tensorwise"], "training.precision=fp8-tensorwise: a100-80gb has no"),
 ])
 def test_bad_input_one_line_exit_2(capsys, argv, key):
@@ -391,3 +393,15 @@ def test_estimate_says_why_mfu_can_pass_100_percent_at_long_sequences(capsys):
     assert "the convention exceeds the peak, not the GPU" in capsys.readouterr().out
     assert main(["estimate", "--model", "llama2-13b"]) == 0
     assert "convention exceeds" not in capsys.readouterr().out
+
+
+def test_estimate_takes_the_clusters_link_bandwidths(capsys):
+    """--intra-busbw / --inter-busbw set the cluster's NCCL busbw as the config keys do (they were fixed at the DGX
+    H100 defaults for every GPU): half the NVLink busbw doubles TP8's exposed communication time."""
+    base = ["estimate", "--tp", "8", "--sp", "--gpus", "32", "--global-batch", "32", "--json"]
+    runs = {}
+    for extra in ([], ["--intra-busbw", "180"], ["--intra-busbw", "360", "--inter-busbw", "46"]):
+        assert main(base + extra) == 0
+        runs[" ".join(extra)] = json.loads(capsys.readouterr().out)["breakdown"]["tp_comm_s"]
+    assert runs["--intra-busbw 360 --inter-busbw 46"] == runs[""]  # the defaults, spelled out
+    assert runs["--intra-busbw 180"] == pytest.approx(2 * runs[""], rel=0.05)
