@@ -186,9 +186,10 @@ def plot_extrapolation(df: pd.DataFrame, *, ax: Axes | Sequence[Axes] | None = N
     fits = list(dict.fromkeys(df["fit"]))
     with _style():
         if ax is None:
-            ncols = min(3, len(fits))
+            # two columns at the printed width (~6.8 in): the labels print at their own size, not scaled to 64%
+            ncols = min(2, len(fits))
             nrows = -(-len(fits) // ncols)
-            fig, axs = plt.subplots(nrows, ncols, figsize=(3.5 * ncols, 3.0 * nrows), squeeze=False)
+            fig, axs = plt.subplots(nrows, ncols, figsize=(3.4 * ncols, 2.5 * nrows), squeeze=False)
             axes = list(axs.ravel())
             for extra in axes[len(fits):]:
                 extra.set_visible(False)
@@ -207,7 +208,7 @@ def plot_extrapolation(df: pd.DataFrame, *, ax: Axes | Sequence[Axes] | None = N
                 a.set_xlabel(str(g["x_label"].dropna().iloc[0]))
             if "y_label" in g and g["y_label"].notna().any():
                 a.set_ylabel(str(g["y_label"].dropna().iloc[0]))
-            a.legend(loc="upper left")
+            a.legend(loc="best")  # "upper left" covered the scale-out panel's world-size-1 point
     return fig
 
 
@@ -416,7 +417,8 @@ def make_figures(inputs: Mapping[str, str | Path], out_dir: str | Path, *, hbm_g
         ext = read_json(prod_p).get("extrapolation") or []
         if ext:
             emit("extrapolation", plot_extrapolation(pd.DataFrame(ext)),
-                 "Scaling fits from the proxies to the production model, with prediction intervals.", [prod_p])
+                 "Scaling fits of the proxies' device-independent quantities, each along one axis (depth, width, "
+                 "world size) out to the production model's value on that axis, with prediction intervals.", [prod_p])
     cost_p = path("cost")
     if cost_p:
         targets = pd.DataFrame(read_json(cost_p).get("targets") or [])
