@@ -608,3 +608,22 @@ def test_day1_criteria_render_backticked_commands_as_code():
     assert "<code>trainplan ingest run-1d4b04148965/day1-throughput-&lt;job&gt;/steps.jsonl " in html
     assert "`" not in html and "<run-" not in day1[1]["passes_when"]
     assert str(memo.code_spans("a <b> `c & d`")) == "a &lt;b&gt; <code>c &amp; d</code>"
+
+
+def test_comparable_runs_say_when_none_is_of_the_layouts_family():
+    """The runner-up's closest open runs may all be of other family classes (nearest size wins): the memo says so
+    rather than let FSDP runs stand as evidence for a PP layout; a block with a same-class run says nothing."""
+    import html as html_mod
+
+    ctx = memo.build_context(memo.memo_inputs(FIXTURE), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    run = {"table": "t", "row": "r", "model": "m", "params_b": 8.0, "n_gpus": 8, "seq_len": 8192, "kernels": "eager",
+           "layout": "dp8", "precision": "bf16", "published_mfu": 0.4, "predicted_mfu": 0.38, "err_pct": -5.0}
+    ctx["production"] = dict(ctx["production"] or {}, comparable_runs=[
+        {"role": "chosen", "layout": "dp32 zero2", "family": "FSDP/ZeRO", "predicted_mfu": 0.44,
+         "runs": [run | {"family": "FSDP/ZeRO"}, run | {"family": "TP"}]},
+        {"role": "runner-up family", "layout": "dp16 pp2", "family": "PP", "predicted_mfu": 0.42,
+         "runs": [run | {"family": "FSDP/ZeRO"}, run | {"family": "TP"}]}])
+    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    assert text.count("no open run of the") == 1
+    assert ("predicted MFU 42.0%: no open run of the PP class is this close in size, so these speak for the model, "
+            "not for this family") in text
