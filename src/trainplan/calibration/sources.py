@@ -227,6 +227,7 @@ def stage_calibrate(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any],
         source = "defaults"
         notes.append("Efficiency from the config (overrides of fitted fields) or the uncalibrated defaults")
     fits, heldout, rel, mem_rel = open_set_report(eff, generation)
+    proxy_mem_rel = _memory_rel_errors(records)
     by_family = heldout_errors_by_family(generation)
     if by_family and gpu is None and not extra:
         # The interval rests on leave-one-table-out errors of this GPU generation (per family class where a
@@ -235,8 +236,8 @@ def stage_calibrate(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any],
     doc: dict[str, Any] = {
         "source": source, "requested": requested, "notes": notes, "efficiency": eff.to_dict(),
         "fits": fits, "loo_relative_errors": rel.tolist(), "efficiency_samples": [],
-        "memory_relative_errors": _memory_rel_errors(records) + mem_rel.tolist(),
-        "memory_error_sources": {"CPU proxy runs (saved activation bytes)": len(_memory_rel_errors(records)),
+        "memory_relative_errors": proxy_mem_rel + mem_rel.tolist(),
+        "memory_error_sources": {"CPU proxy runs (saved activation bytes)": len(proxy_mem_rel),
                                  "published memory readings": len(mem_rel)},
         "generation": generation, "heldout_errors_by_family": by_family,
         "heldout_coverage": (generation_fits().get(str(generation)) or {}).get("coverage"),

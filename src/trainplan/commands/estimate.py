@@ -17,8 +17,8 @@ from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.estimate import MAX_MICRO_BATCH, estimate, fastest_micro_batch
 from trainplan.model.hardware import ClusterSpec, resolve_gpu
-from trainplan.model.layout import Layout, check_layout
-from trainplan.model.memory import host_offload_bytes
+from trainplan.model.layout import Layout, check_layout, shard_degree
+from trainplan.model.memory import host_ram_per_node
 from trainplan.model.timing import COMPUTE_PARTS, STEP_PARTS
 from trainplan.model.training import TrainingSpec
 from trainplan.published.intervals import family_class, throughput_interval
@@ -138,13 +138,12 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         raise ConfigError("layout", f"tp·pp·cp = {args.tp}·{args.pp}·{args.cp} = {mp}",
                           f"must divide --gpus={args.gpus} (dp = gpus / (tp·pp·cp))")
     layout = Layout(dp=args.gpus // mp, tp=args.tp, pp=args.pp, cp=args.cp, sp=args.sp, sharding=args.sharding,
-                    # hsdp's default group (shard_degree's: GPUs per node, at most dp·cp) is named, so the layout
-                    # reads hsdp/8, not hsdp/None
-                    shard_group=(min(gpn, args.gpus // mp * args.cp) if args.sharding == "hsdp" and args.shard_group
-                                 is None else args.shard_group),
+                    shard_group=args.shard_group,
                     recompute=args.recompute, offload=args.offload,
                     micro_batch=args.micro_batch, pp_schedule=args.pp_schedule, vpp=args.vpp, cp_kind=args.cp_kind,
                     tp_overlap=args.tp_overlap)
+    if layout.sharding == "hsdp" and layout.shard_group is None:  # the default group named: hsdp/8, not hsdp/None
+        layout = replace(layout, shard_group=shard_degree(layout, cluster))
     check_layout(model, cluster, training, layout)
     if training.fp8 and training.kernels == "eager":
         warn(f"--precision {args.precision} with --kernels eager: torchao's FP8 casts run unfused (timing."
@@ -177,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     print("memory/GPU GiB: " + ", ".join(f"{k} {v:.1f}" for k, v in mem.items())
           + f"  (HBM {js['hbm_gib']:.1f}, headroom {round(js['headroom'], 2) + 0.0:.0%})")
     if layout.offload != "none":
-        host = float(host_offload_bytes(model, training, layout, cluster)) * min(cluster.gpus_per_node, cluster.n_gpus)
+        host = float(host_ram_per_node(model, training, layout, cluster))
         print(f"host RAM/node (CPU offload): {host / 1e9:,.0f} GB of {cluster.host_mem_bytes / 1e9:,.0f} GB")
     b, parts = js["breakdown"], js["compute_parts"]
     inside = ", ".join(f"{COMPUTE_PARTS[k]} {v:.2f}" for k, v in parts.items() if v > 0)

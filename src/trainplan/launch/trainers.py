@@ -28,7 +28,7 @@ from typing import Any
 
 from trainplan.model.arch import ModelSpec, llama_block_problems
 from trainplan.model.hardware import ClusterSpec
-from trainplan.model.layout import Layout, grad_accum
+from trainplan.model.layout import Layout, grad_accum, shard_degree
 from trainplan.model.training import TrainingSpec
 from trainplan.train_entry import checkpoint_interval_s_from_cost
 
@@ -103,7 +103,7 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
     if L.sharding == "none":
         replicate, shard = L.dp, 1
     elif L.sharding == "hsdp":
-        g = L.shard_group or min(cluster.gpus_per_node, L.dp * L.cp)  # shard_degree's default group
+        g = L.shard_group or shard_degree(L, cluster)
         shard = max(1, g // L.cp) if g % L.cp == 0 else 1
         replicate = max(1, L.dp // shard)
     else:

@@ -82,8 +82,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, lay
     if mem["total"] > max_mem_frac * hbm:
         reason = (f"OOM: needs {mem['total'] / GiB:.1f} GiB > {max_mem_frac:.0%} of "
                   f"{hbm / GiB:.1f} GiB usable HBM")
-    host = memory.host_ram_problem(model, cluster, training, layout, max_mem_frac)
-    reason = "; ".join(r for r in (reason, host) if r)
+    if layout.offload != "none":  # the host holds what offload takes off HBM
+        reason = "; ".join(r for r in (reason, memory.host_ram_problem(model, cluster, training, layout,
+                                                                      max_mem_frac)) if r)
     return Estimate(model=model, layout=layout, feasible=not reason, reason=reason, memory_bytes=mem, timing=tim,
                     hbm_bytes=hbm, efficiency_source=eff.source, flops_per_token=f_tok)
 

@@ -232,7 +232,7 @@ def _problems(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     if L.sharding == "hsdp":
         # the default group is shard_degree's: one node's GPUs, capped at dp·cp; g == dp·cp is one shard group
         # and no replica: FSDP itself (a one-node HSDP run), so it is valid
-        g = L.shard_group or min(cluster.gpus_per_node, L.dp * L.cp)
+        g = L.shard_group or shard_degree(L, cluster)
         if (L.dp * L.cp) % g:
             why.append(("layout.shard_group", g, f"hsdp shard_group={g}"
                         + ("" if L.shard_group else " (default: gpus_per_node)") + f" must divide dp·cp={L.dp * L.cp}"))

@@ -218,12 +218,18 @@ def host_offload_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, cl
     return _out(np.maximum(out[0], out[1]))
 
 
+def host_ram_per_node(model: ModelSpec, training: TrainingSpec, layout: Any, cluster: Any) -> Any:
+    """Host RAM a node's CPU offload holds: host_offload_bytes × the node's ranks."""
+    return _out(np.asarray(host_offload_bytes(model, training, layout, cluster), dtype=float)
+                * min(cluster.gpus_per_node, cluster.n_gpus))
+
+
 def host_ram_problem(model: ModelSpec, cluster: Any, training: TrainingSpec, layout: Any,
                      max_frac: float) -> Any:
     """'' where the offloaded states of a node's ranks fit in ``max_frac`` of its host RAM, else the reason
     (an array of them for a table of layouts)."""
     ranks = min(cluster.gpus_per_node, cluster.n_gpus)
-    per_node = np.asarray(host_offload_bytes(model, training, layout, cluster), dtype=float) * ranks
+    per_node = np.asarray(host_ram_per_node(model, training, layout, cluster), dtype=float)
     cap = max_frac * cluster.host_mem_bytes
     msg = np.array([f"host RAM: CPU offload holds {x / 1e9:,.0f} GB per node ({ranks} ranks) > {max_frac:.0%} of "
                     f"{cluster.host_mem_bytes / 1e9:,.0f} GB (cluster.host_mem_GB)" if x > cap else ""

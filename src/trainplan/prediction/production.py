@@ -49,7 +49,6 @@ def predict_production(candidates: pd.DataFrame, model: ModelSpec, cluster: Clus
     rows = []
     for _, r in feas.head(top).iterrows():
         layout = Layout.from_row(r)
-        st = [step_time_fn(model, cluster, training, layout, e) for e in samples]
         # Held-out errors of this layout's family class on the same GPU generation when calibration has them
         # (validate.error_pool); GPU-proxy calibration and the A100 set give one pool for every layout.
         rel = error_pool(by_family, family_class(layout)) if by_family and not calibration.get("gpu") else rel_all

@@ -404,6 +404,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
     calib = res.json("calibration")
     prod = res.json("production")
     cost = res.json("cost")
+    heldout, manifest = _records(res.csv("heldout")), res.json("launch")
     rec = res.csv("records")
     families = res.csv("families")
     chosen_row = None
@@ -436,18 +437,17 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         "techniques": _techniques(res.csv("techniques"), cost),
         "calibration": calib, "source": source, "source_label": ((calib or {}).get("source_detail") if source == "gpu-proxies" else None)
         or SOURCE_LABELS.get(f"{source}:{(calib or {}).get('generation')}") or SOURCE_LABELS.get(str(source), str(source)),
-        "heldout": _records(res.csv("heldout")) or None, "never_fitted": list(NEVER_FITTED),
-        "heldout_groups": heldout_groups(_records(res.csv("heldout"))),
+        "heldout": heldout or None, "never_fitted": list(NEVER_FITTED), "heldout_groups": heldout_groups(heldout),
         "family_bias": family_bias_rows(calib, (prod or {}).get("chosen")),
         "production": prod, "chosen": (prod or {}).get("chosen"),
         "production_rows": _records(res.csv("production_table")) or None,
         "cost": cost, "targets": (cost or {}).get("targets") or None,
         "sensitivity": _records(res.csv("sensitivity")) or None,
         "validation": _validation(rec), "launch": _launch(res.path("launch")), "figures": _figures(fig_dir, res),
-        "manifest": res.json("launch"),
+        "manifest": manifest,
         "config_rows": _flatten(config),
         # the nccl-tests day-1 check and its threshold (launch.artifacts.all_gpus_busbw), as the manifest states it
-        "nccl_check": next((d for d in (res.json("launch") or {}).get("day1") or [] if "min_busbw_GBps" in d), None),
+        "nccl_check": next((d for d in (manifest or {}).get("day1") or [] if "min_busbw_GBps" in d), None),
         "training_attn_kernel": (config.get("training") or {}).get("attn_kernel", "fa2") if config else None,
         "cudnn_attention_rel": attention_kernel_rel("cudnn"),
         "proxy_family_labels": PROXY_FAMILY_LABELS,

@@ -30,6 +30,7 @@ from trainplan.model.layout import (
     Layout,
     LayoutTable,
     grad_accum,
+    shard_degree,
 )
 from trainplan.model.training import TrainingSpec
 
@@ -166,7 +167,7 @@ def structural_reasons(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     """specs.layout_problems, vectorised: one reason string per row ('' = structurally valid)."""
     s, n = training.seq_len, len(L)
     dpcp = L.dp * L.cp
-    g = np.where(L.shard_group == 0, np.minimum(cluster.gpus_per_node, dpcp), L.shard_group)  # shard_degree's default
+    g = np.where(L.shard_group == 0, shard_degree(L, cluster), L.shard_group)
     checks = [
         (L.world_size != cluster.n_gpus, f"dp·tp·pp·cp != {cluster.n_gpus} GPUs"),
         (model.heads % L.tp != 0, "tp={tp} does not divide heads=" + str(model.heads)),
