@@ -54,9 +54,12 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     raw = argparse.RawDescriptionHelpFormatter
     pl = sub.add_parser("plan", help="rank every layout for a study config", formatter_class=raw,
-                        epilog="example:\n  trainplan plan config/config.yaml --top 10 --csv candidates.csv")
-    pl.add_argument("config", nargs="?", default=None,
-                    help="study config YAML (default: the embedded default study, config/config.yaml of the repository)")
+                        epilog="example:\n  trainplan plan config/config.yaml --top 10 --csv candidates.csv\n"
+                               "  trainplan plan config/config.yaml config/lora.yaml   # a variant: the overlay last")
+    pl.add_argument("config", nargs="*", default=None,
+                    help="study config YAML (default: the embedded default study, config/config.yaml of the "
+                         "repository); several files are deep-merged in order, later over earlier, as Snakemake "
+                         "layers --configfile over config/config.yaml")
     pl.add_argument("--top", type=int, default=10, help="how many layouts to show (default 10)")
     pl.add_argument("--csv", help="also write every candidate to this CSV")
     es = sub.add_parser("estimate", help="memory and throughput of one layout", formatter_class=raw,
@@ -96,6 +99,11 @@ def _parser() -> argparse.ArgumentParser:
     es.add_argument("--recompute", default="none", help="none | selective | full")
     es.add_argument("--offload", default="none", help="none | cpu")
     es.add_argument("--finetune", default="full", help="full | lora | qlora")
+    es.add_argument("--lora-rank", type=int, default=None,
+                    help="LoRA rank, as training.lora_rank (default 16; lora/qlora only)")
+    es.add_argument("--lora-targets", default=None, metavar="LIST",
+                    help="comma-separated projections with adapters, as training.lora_targets (default q,k,v,o; of "
+                         "q, k, v, o, gate, up, down; lora/qlora only)")
     es.add_argument("--precision", default="bf16", choices=("bf16", "fp8-tensorwise", "fp8-rowwise", "fp32"),
                     help="as training.precision: bf16 mixed precision (default), the block linears' GEMMs in FP8 "
                          "(torchao tensorwise / rowwise recipes; H100/H200 only), or fp32")

@@ -16,11 +16,12 @@ from trainplan.model.arch import ModelSpec, resolve_model
 from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.estimate import MAX_MICRO_BATCH, estimate, fastest_micro_batch
+from trainplan.model.flops import adapter_params
 from trainplan.model.hardware import ClusterSpec, resolve_gpu
 from trainplan.model.layout import Layout, check_layout, shard_degree
 from trainplan.model.memory import host_ram_per_node
 from trainplan.model.timing import COMPUTE_PARTS, STEP_PARTS
-from trainplan.model.training import TrainingSpec
+from trainplan.model.training import LORA_TARGETS, TrainingSpec
 from trainplan.published.intervals import family_class, throughput_interval
 
 # --arch key → ModelSpec field. Integers, then the kinds, then booleans.
@@ -35,6 +36,7 @@ _ARCH_STR = ("mlp", "norm", "pos", "bias", "qk_norm_scope")
 # Upper bounds of the integer flags (the config schema's): beyond them a float or int64 would overflow.
 INT_FLAGS = {"gpus": 2**23, "gpus_per_node": 128, "seq_len": 2**21, "micro_batch": MAX_MICRO_BATCH, "global_batch": 2**24,
              "tp": 128, "pp": 4096, "cp": 65536, "vpp": 4096}
+LORA_RANK_MAX = 65536  # the config schema's training.lora_rank maximum
 
 
 
@@ -78,6 +80,26 @@ def _arch_model(make: Any) -> Any:
     except ConfigError as e:
         back = {f: k for k, f in ARCH_KEYS.items()}
         raise ConfigError("arch." + back.get(e.key, e.key), e.value, e.valid) from None
+
+
+def _lora_args(args: argparse.Namespace) -> dict[str, Any]:
+    """--lora-rank / --lora-targets → TrainingSpec fields (checked here, so an error names the flag)."""
+    out: dict[str, Any] = {}
+    rank, targets = getattr(args, "lora_rank", None), getattr(args, "lora_targets", None)
+    for flag, v in (("lora-rank", rank), ("lora-targets", targets)):
+        if v is not None and args.finetune not in ("lora", "qlora"):
+            raise ConfigError(flag, v, f"only applies with --finetune lora or qlora (not {args.finetune})")
+    if rank is not None:
+        if not 1 <= rank <= LORA_RANK_MAX:
+            raise ConfigError("lora-rank", rank, f"must be an integer in 1..{LORA_RANK_MAX}")
+        out["lora_rank"] = rank
+    if targets is not None:
+        names = [t.strip() for t in targets.split(",")]
+        bad = [t for t in names if t not in LORA_TARGETS]
+        if bad or len(set(names)) < len(names):
+            raise ConfigError("lora-targets", targets, "comma-separated, each at most once, of " + ", ".join(LORA_TARGETS))
+        out["lora_targets"] = tuple(names)
+    return out
 
 
 def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
@@ -132,7 +154,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     cluster = ClusterSpec(nodes=args.gpus // gpn, gpus_per_node=gpn, gpu=gpu, **links)
     training = TrainingSpec(seq_len=args.seq_len, global_batch=args.global_batch, finetune=args.finetune,
                             kernels=args.kernels, attn_impl=args.attn_impl, attn_kernel=args.attn_kernel,
-                            precision=args.precision, optimizer_impl=args.optimizer_impl)
+                            precision=args.precision, optimizer_impl=args.optimizer_impl, **_lora_args(args))
     mp = args.tp * args.pp * args.cp
     if args.gpus % mp:
         raise ConfigError("layout", f"tp·pp·cp = {args.tp}·{args.pp}·{args.cp} = {mp}",
@@ -163,11 +185,19 @@ def run(args: argparse.Namespace) -> int:
     js = est.to_json()
     js["micro_batch_choice"] = {"auto": args.auto_micro_batch, "chosen": layout.micro_batch, "tried": tried}
     js["interval"] = throughput_interval(js, cluster.gpu.generation, family_class(layout))
+    js["finetune"] = {"kind": training.finetune}
+    if training.finetune != "full":  # the adapters this estimate sized (as training.lora_rank / lora_targets)
+        js["finetune"].update(lora_rank=training.lora_rank, lora_targets=list(training.lora_targets),
+                              adapter_params=adapter_params(model, training.lora_rank, training.lora_targets))
     if args.json:
         print(json.dumps(to_jsonable(js), indent=2, sort_keys=True))
         return 0
     print(f"{model.name} ({model.n_params / 1e9:.2f}B params) on {cluster.n_gpus}× {cluster.gpu.name}: "
           f"{layout.describe()}")
+    ft = js["finetune"]
+    if ft["kind"] != "full":
+        print(f"{ft['kind']}: rank {ft['lora_rank']} on {','.join(ft['lora_targets'])}, "
+              f"{ft['adapter_params'] / 1e6:,.1f}M trainable adapter params ({ft['adapter_params'] / model.n_params:.2%})")
     if args.auto_micro_batch:
         print(f"micro-batch auto: {layout.micro_batch} ("
               + ("the fastest that fits" if est.feasible else "none fits; the smallest")

@@ -18,7 +18,14 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.top <= 100_000:
         raise ConfigError("top", args.top, "must be an integer in 1..100000")
     check_out_path("csv", args.csv)
-    cfg = load_config(args.config if args.config is not None else default_config_path())
+    paths = args.config or [default_config_path()]
+    try:
+        cfg = load_config(paths)
+    except ConfigError as e:
+        if e.value is None and e.key in ("model", "cluster") and len(paths) == 1:  # a variant overlay given alone
+            raise ConfigError(e.key, e.value, "required; if this file is a variant overlay (as config/lora.yaml), give "
+                              f"its base first: trainplan plan config/config.yaml {paths[0]}") from None
+        raise
     eff = cfg.efficiency  # the generation's fitted Efficiency with the config's overrides (config.build_efficiency)
     df = search(cfg.model, cfg.cluster, cfg.training, eff, pinned_options(cfg.search, cfg.layout))
     con = console()

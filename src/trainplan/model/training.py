@@ -97,8 +97,9 @@ class TrainingSpec:
         one_of(self, "finetune", FINETUNE_KINDS)
         object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
         bad = [t for t in self.lora_targets if t not in LORA_TARGETS]
-        if bad or not self.lora_targets:
-            raise ConfigError("lora_targets", list(self.lora_targets), "a non-empty subset of " + ", ".join(LORA_TARGETS))
+        if bad or not self.lora_targets or len(set(self.lora_targets)) < len(self.lora_targets):
+            raise ConfigError("lora_targets", list(self.lora_targets),
+                              "a non-empty subset of " + ", ".join(LORA_TARGETS) + ", each at most once")
 
     @property
     def fp8(self) -> str | None:

@@ -9,6 +9,7 @@ import pytest
 from trainplan.model import flops
 from trainplan.model.arch import MODEL_PRESETS, ModelSpec
 from trainplan.model.base import ConfigError
+from trainplan.model.training import TrainingSpec
 
 A100_PEAK_BF16 = 312e12  # NVIDIA A100 datasheet; the peak both Megatron papers and torchtitan divide by
 
@@ -209,3 +210,11 @@ def test_frozen_base_model_flops_drop_the_weight_gradient(finetune):
     full = TrainingSpec(seq_len=4096, global_batch=256)
     assert train_flops_per_token(m, full) == model_flops_per_token(m, 4096)
     assert per_token < 0.75 * train_flops_per_token(m, full)
+
+
+def test_lora_targets_named_twice_are_an_error_not_double_counted() -> None:
+    """adapter_params and lora_params_per_layer sum over the targets while the memory model takes their set: a
+    repeated target would have been counted twice in FLOPs and once elsewhere. It is refused (config schema:
+    uniqueItems), naming the key."""
+    with pytest.raises(ConfigError, match=r"lora_targets=\['q', 'q'\]: .*each at most once"):
+        TrainingSpec(seq_len=4096, global_batch=256, finetune="lora", lora_targets=("q", "q"))

@@ -405,3 +405,51 @@ def test_estimate_takes_the_clusters_link_bandwidths(capsys):
         runs[" ".join(extra)] = json.loads(capsys.readouterr().out)["breakdown"]["tp_comm_s"]
     assert runs["--intra-busbw 360 --inter-busbw 46"] == runs[""]  # the defaults, spelled out
     assert runs["--intra-busbw 180"] == pytest.approx(2 * runs[""], rel=0.05)
+
+
+def test_plan_layers_a_variant_overlay_over_its_base(tmp_path, capsys):
+    """`trainplan plan base.yaml variant.yaml` deep-merges the files in order, as Snakemake layers --configfile over
+    config/config.yaml: the same ranking as one merged file, not the base's; the overlay alone says to give its base."""
+    import pandas as pd
+    import yaml
+
+    from trainplan.config import deep_merge
+
+    base, lora = ROOT / "config" / "config.yaml", ROOT / "config" / "lora.yaml"
+    merged = tmp_path / "merged.yaml"
+    merged.write_text(yaml.safe_dump(deep_merge(yaml.safe_load(base.read_text()), yaml.safe_load(lora.read_text()))))
+    for name, files in (("two", [base, lora]), ("one", [merged]), ("base", [base])):
+        assert main(["plan", *map(str, files), "--top", "1", "--csv", str(tmp_path / f"{name}.csv")]) == 0
+    capsys.readouterr()
+    two, one, alone = (pd.read_csv(tmp_path / f"{n}.csv", low_memory=False) for n in ("two", "one", "base"))
+    pd.testing.assert_frame_equal(two, one)
+    assert (two["tokens_per_s_per_gpu"] != alone["tokens_per_s_per_gpu"]).any()  # LoRA is planned, not full FT
+    assert main(["plan", str(lora)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "give its base first: trainplan plan config/config.yaml" in err
+
+
+def test_estimate_takes_the_lora_rank_and_targets(capsys):
+    """--lora-rank / --lora-targets size the adapters as training.lora_rank / lora_targets do (they were fixed at 16 on
+    q,k,v,o): Llama 2 13B, rank 64 on every projection = 40 layers · 64 · (4·(5120+5120) + 3·(5120+13824)) params,
+    6 FLOPs per adapter parameter more per token; misuse is a one-line error naming the flag."""
+    base = ["estimate", "--model", "llama2-13b", "--finetune", "lora", "--micro-batch", "1", "--json"]
+    assert main(base) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert main([*base, "--lora-rank", "64", "--lora-targets", "q,k,v,o,gate,up,down"]) == 0
+    big = json.loads(capsys.readouterr().out)
+    n = 40 * 64 * (4 * (5120 + 5120) + 3 * (5120 + 13824))
+    assert default["finetune"] == {"kind": "lora", "lora_rank": 16, "lora_targets": ["q", "k", "v", "o"],
+                                   "adapter_params": 40 * 16 * 4 * (5120 + 5120)}
+    assert big["finetune"]["adapter_params"] == n
+    assert big["flops_per_token"] - default["flops_per_token"] == pytest.approx(6 * (n - 40 * 16 * 4 * 10240))
+    assert big["memory_gib"]["optimizer"] > default["memory_gib"]["optimizer"]
+    assert main(base[:-1] + ["--lora-rank", "8"]) == 0
+    assert "lora: rank 8 on q,k,v,o, 13.1M trainable adapter params" in capsys.readouterr().out
+    for argv, key in ((["--finetune", "full", "--lora-rank", "8"], "lora-rank=8: only applies with --finetune lora"),
+                      (["--finetune", "qlora", "--lora-targets", "q,q"], "lora-targets=q,q: comma-separated, each"),
+                      (["--finetune", "qlora", "--lora-targets", "qkv"], "lora-targets=qkv: comma-separated"),
+                      (["--finetune", "lora", "--lora-rank", "0"], "lora-rank=0: must be an integer in 1..65536")):
+        assert main(["estimate", "--model", "llama2-13b", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert key in err and err.count("\n") == 1, err
