@@ -83,7 +83,7 @@ class Layout:
         s += f"·cp{self.cp}" + (f"({self.cp_kind})" if self.cp > 1 else "")
         s += " async-tp" * bool(self.tp_overlap)
         s += f" {self.sharding}"
-        if self.sharding == "hsdp":
+        if self.sharding == "hsdp" and self.shard_group is not None:  # None: the default group, not yet resolved
             s += f"/{self.shard_group}"
         return s + f" rc={self.recompute} mb={self.micro_batch}" + (" offload" if self.offload != "none" else "")
 
@@ -252,10 +252,10 @@ def check_precision(cluster: ClusterSpec, training: TrainingSpec) -> None:
                           "CPU proxies' dtype: proxies.dtype)")
     if training.attn_kernel != "fa2" and cluster.gpu.generation != "h100":
         raise ConfigError("training.attn_kernel", training.attn_kernel,
-                          f"fa2 on {cluster.gpu.name}: the cuDNN attention rate was measured on Hopper (H100/H200) only")
+                          f"use fa2 on {cluster.gpu.name}: the cuDNN attention rate was measured on Hopper (H100/H200) only")
     if training.attn_kernel != "fa2" and training.attn_impl != "flash":
         raise ConfigError("training.attn_kernel", training.attn_kernel,
-                          f"fa2 with attn_impl {training.attn_impl} (a flash kernel needs attn_impl: flash)")
+                          f"use fa2 (the default) with attn_impl {training.attn_impl}: a flash kernel needs attn_impl: flash")
     if training.fp8 and not cluster.gpu.fp8:
         fp8_gpus = ", ".join(n for n, g in GPUS.items() if g.fp8)
         raise ConfigError("training.precision", training.precision,

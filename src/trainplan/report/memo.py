@@ -260,6 +260,29 @@ def _flatten(d: Any, prefix: str = "") -> list[tuple[str, str]]:
     return [(prefix, json.dumps(d) if isinstance(d, list | tuple) else str(d))]
 
 
+LORA_KEYS = ("training.lora_rank", "training.lora_targets")  # read only by lora/qlora fine-tunes
+
+
+def _assumptions(config: dict) -> list[tuple[str, str]]:
+    """The study assumptions table: the resolved model, cluster, training, cost and target keys; the LoRA keys only
+    when the fine-tune uses adapters; whole-number floats with thousands separators (10,000,000,000, not 1e10's
+    "10000000000.0")."""
+    full = (config.get("training") or {}).get("finetune", "full") == "full"
+    rows = []
+    for s in ("model", "cluster", "training", "cost", "targets"):
+        for k, v in _flatten(config.get(s), s):
+            if full and k in LORA_KEYS:
+                continue
+            try:
+                x = float(v)
+            except ValueError:
+                x = None
+            if x is not None and x.is_integer() and abs(x) >= 1e4 and v not in ("True", "False"):
+                v = f"{int(x):,}"
+            rows.append((k, v))
+    return rows
+
+
 # ----------------------------------------------------------------------------------- the sections
 def _validation(rec: pd.DataFrame | None) -> dict | None:
     """Per metric: how many proxy runs, median and worst relative error of prediction vs measurement."""
@@ -451,8 +474,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         "training_attn_kernel": (config.get("training") or {}).get("attn_kernel", "fa2") if config else None,
         "cudnn_attention_rel": attention_kernel_rel("cudnn"),
         "proxy_family_labels": PROXY_FAMILY_LABELS,
-        "assumptions": [(k, v) for s in ("model", "cluster", "training", "cost", "targets")
-                        for k, v in _flatten(config.get(s), s)] if config else [],
+        "assumptions": _assumptions(config) if config else [],
         "provenance": [{"file": f, **sc} for f, sc in res.sidecars()],
     }
 

@@ -368,7 +368,7 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
             continue
         r = gf.sort_values(["tokens_per_s", "headroom_frac"], ascending=False).iloc[0]
         if best is not None and r.name == best.name:
-            verdict, line = "chosen", f"best overall: {r['tokens_per_s_per_gpu']:.0f} tokens/s/GPU"
+            verdict, line = "chosen", f"best overall: {r['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU"
         else:
             slower = 1.0 - r["tokens_per_s"] / best["tokens_per_s"]
             extra = step_time_growth(r, best, comm="comm-bound")
@@ -377,7 +377,7 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
                 cause = "a tie on time; ranked lower on headroom or simplicity"
                 extra[cause] = 0.0
             verdict = "bubble" if cause == "bubble" else f"slower by {slower:.0%}"
-            line = (f"slower by {slower:.1%} ({r['tokens_per_s_per_gpu']:.0f} vs {best['tokens_per_s_per_gpu']:.0f} "
+            line = (f"slower by {slower:.1%} ({r['tokens_per_s_per_gpu']:,.0f} vs {best['tokens_per_s_per_gpu']:,.0f} "
                     f"tokens/s/GPU), mostly {cause}: +{extra[cause]:.2f} s/step")
         rows.append({"family": fam, "best_layout": r["layout_text"], "tokens_per_s_per_gpu": r["tokens_per_s_per_gpu"],
                      "mem_total_gib": r["mem_total_gib"], "verdict": verdict, "line": line})
@@ -440,7 +440,7 @@ def fp8_technique_rows(model: ModelSpec, cluster: ClusterSpec, training: Trainin
             fc = timing.step_time(model, cluster, _replace(compiled, precision=recipe), layout,
                                   eff)["tokens_per_s_per_gpu"]
             compiled_note = (f"eager: torchao's casts run unfused; under torch.compile (training.kernels: compiled) "
-                             f"{fc:.0f} vs {b_compiled:.0f} tokens/s/GPU for compiled bf16 "
+                             f"{fc:,.0f} vs {b_compiled:,.0f} tokens/s/GPU for compiled bf16 "
                              f"({fc / b_compiled - 1.0:+.1%})")
             note = compiled_note + "; " + note
         stack = "Transformer Engine" if timing.te_fp8(t) else "torchao Float8"
@@ -448,7 +448,7 @@ def fp8_technique_rows(model: ModelSpec, cluster: ClusterSpec, training: Trainin
                      "best_with": layout.describe() + f" {recipe}", "tokens_per_s_per_gpu_with": f,
                      "best_without": layout.describe() + " bf16", "tokens_per_s_per_gpu_without": b,
                      "delta_frac": delta, "verdict": verdict, "note": note,
-                     "line": f"{verdict} ({f:.0f} vs {b:.0f} tokens/s/GPU, memory {mem:.1f} GiB either way); {note}",
+                     "line": f"{verdict} ({f:,.0f} vs {b:,.0f} tokens/s/GPU, memory {mem:.1f} GiB either way); {note}",
                      "mem_total_gib": mem, "fp8": True, "compiled_note": compiled_note, "risk": FP8_RISK})
     return rows
 
@@ -498,16 +498,16 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
         elif delta > TIE_FRAC:
             row["verdict"] = f"buys {delta:+.1%}"
             row["note"] = f"cuts {_extra_cause(o, r)}" + ("; the chosen layout uses it" if used else "")
-            row["line"] = (f"buys {delta:+.1%} ({r['tokens_per_s_per_gpu']:.0f} vs {o['tokens_per_s_per_gpu']:.0f} "
+            row["line"] = (f"buys {delta:+.1%} ({r['tokens_per_s_per_gpu']:,.0f} vs {o['tokens_per_s_per_gpu']:,.0f} "
                            f"tokens/s/GPU): {row['note']}")
         elif delta >= -TIE_FRAC:
             row["verdict"] = "ties"
             row["note"] = "the chosen layout uses it" if used else "not worth the extra complexity"
-            row["line"] = f"ties ({delta:+.1%}): best with it {r['tokens_per_s_per_gpu']:.0f} tokens/s/GPU; {row['note']}"
+            row["line"] = f"ties ({delta:+.1%}): best with it {r['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU; {row['note']}"
         else:
             row["verdict"], row["note"] = f"costs {-delta:.1%}", f"mostly {_extra_cause(r, o)}"
-            row["line"] = (f"costs {-delta:.1%} at best ({r['tokens_per_s_per_gpu']:.0f} vs "
-                           f"{o['tokens_per_s_per_gpu']:.0f} tokens/s/GPU), {row['note']}")
+            row["line"] = (f"costs {-delta:.1%} at best ({r['tokens_per_s_per_gpu']:,.0f} vs "
+                           f"{o['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU), {row['note']}")
         rows.append(row)
     return pd.DataFrame(rows + list(extra or []),
                         columns=["technique", "used_by_best", "best_with", "tokens_per_s_per_gpu_with",

@@ -129,3 +129,11 @@ def test_layout_from_row_is_the_one_row_mapping():
     assert Layout.from_row({**want.to_dict(), "sp": "True", "dp": np.int64(4), "micro_batch": 2.0}) == want
     assert Layout.from_row({"dp": 8, "shard_group": float("nan")}).shard_group is None
     assert Layout.from_row({"dp": 8, "shard_group": 0}) == Layout(dp=8)
+
+
+def test_an_hsdp_layout_without_its_group_is_described_without_none():
+    """A config's ``layout: {sharding: hsdp}`` leaves shard_group to its default: an error about the layout printed
+    "hsdp/None" (the group is named once resolved, e.g. hsdp/8)."""
+    lay = Layout(dp=1, tp=1, pp=1, cp=1, sharding="hsdp", micro_batch=2)
+    assert lay.describe() == "dp1·tp1·pp1·cp1 hsdp rc=none mb=2"
+    assert Layout(dp=16, sharding="hsdp", shard_group=8).describe().split()[1] == "hsdp/8"

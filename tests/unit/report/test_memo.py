@@ -627,3 +627,16 @@ def test_comparable_runs_say_when_none_is_of_the_layouts_family():
     assert text.count("no open run of the") == 1
     assert ("predicted MFU 42.0%: no open run of the PP class is this close in size, so these speak for the model, "
             "not for this family") in text
+
+
+def test_study_assumptions_show_the_lora_keys_only_for_adapters_and_big_numbers_with_separators():
+    """A full fine-tune's assumptions listed training.lora_rank and lora_targets (read by nothing) and the dataset as
+    "10000000000.0"; a LoRA study lists its adapters."""
+    full = {**CONFIG, "training": {**CONFIG["training"], "finetune": "full", "lora_rank": 16,
+                                   "lora_targets": ["q", "v"], "dataset_tokens": 10.0e9, "epochs": 1}}
+    rows = dict(memo._assumptions(full))
+    assert "training.lora_rank" not in rows and "training.lora_targets" not in rows
+    assert rows["training.dataset_tokens"] == "10,000,000,000" and rows["training.epochs"] == "1"
+    assert rows["training.seq_len"] == "4096" and rows["cluster.gpu"] == "h100-sxm-80gb"  # below 10⁴: as written
+    lora = dict(memo._assumptions({**full, "training": {**full["training"], "finetune": "lora"}}))
+    assert lora["training.lora_rank"] == "16" and lora["training.lora_targets"] == '["q", "v"]'
