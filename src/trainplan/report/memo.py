@@ -28,7 +28,7 @@ from trainplan.model.timing import STEP_PARTS, attention_kernel_rel
 from trainplan.provenance import sidecar_path
 from trainplan.published.fit import HELDOUT_TARGETS, bias_se
 from trainplan.published.tables import NEVER_FITTED
-from trainplan.report.figures import parity_table, representative_layouts
+from trainplan.report.figures import parity_table, representative_layouts, short_number
 from trainplan.report.labels import memo_labels as report_labels  # noqa: F401 (re-exported)
 
 # The template and stylesheet (package data; in a checkout symlinks to report/templates/, which the memo rule
@@ -65,7 +65,7 @@ PROXY_FAMILY_LABELS = {"all": "all runs", "depth": "depth slice (1–4 layers, s
 # ------------------------------------------------------------------------------------- formatting
 def fmt(value: Any, kind: str = "num") -> str:
     """The one number formatter of the memo. kinds: int, num, gib, pct, spct (signed), usd, rate (a price: cents
-    unless whole dollars), h, dur (hours with the unit: minutes below one hour), frac3, sci, s."""
+    unless whole dollars), h, dur (hours with the unit: minutes below one hour), frac3, sci, s, short (k/M/B/T)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
     if isinstance(value, bool):
@@ -93,6 +93,8 @@ def fmt(value: Any, kind: str = "num") -> str:
         return f"{v:.3g}"
     if kind == "s":
         return f"{v:.3g}"
+    if kind == "short":  # as the tornado's tick labels: 5B, 20B, 0.942
+        return short_number(v)
     return f"{v:,.4g}" if abs(v) < 1e5 else f"{v:.3g}"
 
 

@@ -298,6 +298,7 @@ def test_fmt_is_the_one_formatter():
     assert memo.fmt(0.3384, "dur") == "20 min" and memo.fmt(2.25, "dur") == "2.2 h"  # the checkpoint interval
     assert memo.fmt(float("nan")) == "n/a" and memo.fmt(None, "int") == "n/a"
     assert memo.fmt(True) == "yes"
+    assert memo.fmt(5e9, "short") == "5B" and memo.fmt(2e10, "short") == "20B" and memo.fmt(0.942048, "short") == "0.942"
 
 
 def test_template_fails_loudly_on_a_missing_key(rendered):
@@ -504,6 +505,9 @@ def test_sensitivity_base_is_explained_against_the_cost_tables_p50(rendered):
     assert f"differ by {100 * (p50 / 1600.0 - 1):.1f}%" in text
     s = ctx["sensitivity"][0]
     assert f"${s['metric_low']:,.0f} / ${s['metric_base']:,.0f} / ${s['metric_high']:,.0f}" in text
+    ctx["sensitivity"] = [dict(s, parameter="dataset_tokens", unit="tokens", low_value=5e9, base_value=1e10,
+                               high_value=2e10)]  # as the tornado's ticks, not 5e+09 / 1e+10 / 2e+10
+    assert "dataset_tokens (tokens) 5B / 10B / 20B" in " ".join(re.sub(r"<[^>]+>", " ", memo.render_html(ctx)).split())
     del ctx["cost"]["detail"]
     assert "one point" not in " ".join(re.sub(r"<[^>]+>", " ", memo.render_html(ctx)).split())
 
