@@ -241,6 +241,30 @@ TECHNIQUES: dict[str, Any] = {
 }
 
 
+# How a technique is named inside another technique's verdict ("… (that layout also uses TP, CP)").
+TECHNIQUE_SHORT = {"sequence parallelism (SP)": "SP", ASYNC_TP_TECHNIQUE: "async TP", "context parallelism (CP)": "CP",
+                   "optimizer offload to CPU": "CPU offload", "selective recompute": "selective recompute",
+                   "full recompute": "full recompute", "interleaved pipeline": "interleaved PP",
+                   "micro-batch > 1": "micro-batch > 1"}
+
+
+TECHNIQUE_NEEDS = {"sequence parallelism (SP)": ("TP",), ASYNC_TP_TECHNIQUE: ("TP",), "interleaved pipeline": ("PP",)}
+
+
+def _also_uses(df: pd.DataFrame, with_idx: Any, without_idx: Any, technique: str) -> list[str]:
+    """What the best layout with ``technique`` uses that the best without it does not, besides the technique and
+    what it needs (TECHNIQUE_NEEDS: SP needs TP): TP, PP and the other techniques. A verdict's cause ("mostly exposed comm") may be theirs, not the technique's (the
+    best micro-batch-2 layout that fits may need CP to fit)."""
+    pair = df.loc[[with_idx, without_idx]]
+    out = [name for name, col in (("TP", "tp"), ("PP", "pp")) if col in pair
+           and pair[col].iloc[0] > 1 and not pair[col].iloc[1] > 1 and name not in TECHNIQUE_NEEDS.get(technique, ())]
+    for name, sel in TECHNIQUES.items():
+        on = sel(pair)
+        if name != technique and bool(on.iloc[0]) and not bool(on.iloc[1]):
+            out.append(TECHNIQUE_SHORT.get(name, name))
+    return out
+
+
 def _complexity(df: pd.DataFrame) -> pd.Series:
     """Simplicity tie-break: count of non-default techniques in use (fewer is simpler)."""
     return ((df["tp"] > 1).astype(int) + (df["pp"] > 1) + (df["cp"] > 1) + df["sp"].astype(int)
@@ -482,6 +506,11 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
                "tokens_per_s_per_gpu_without": o["tokens_per_s_per_gpu"] if o is not None else np.nan,
                "delta_frac": r["tokens_per_s"] / o["tokens_per_s"] - 1.0 if r is not None and o is not None else np.nan}
         delta = row["delta_frac"]
+        also, instead = ((_also_uses(df, r.name, o.name, name), _also_uses(df, o.name, r.name, name))
+                         if r is not None and o is not None else ([], []))
+        also_text = "; ".join(([f"that layout also uses {', '.join(also)}"] if also else [])
+                              + ([f"the best without it uses {', '.join(instead)}"] if instead else []))
+        also_text = f" ({also_text})" if also_text else ""
         if r is None:
             # the commonest reason among the layouts that use it, not counting another technique's prerequisite
             # (async TP's kernels: half the enumerated TP layouts of an eager study carry it)
@@ -497,7 +526,7 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
             row["line"] = "needed: no feasible layout without it"
         elif delta > TIE_FRAC:
             row["verdict"] = f"buys {delta:+.1%}"
-            row["note"] = f"cuts {_extra_cause(o, r)}" + ("; the chosen layout uses it" if used else "")
+            row["note"] = f"cuts {_extra_cause(o, r)}{also_text}" + ("; the chosen layout uses it" if used else "")
             row["line"] = (f"buys {delta:+.1%} ({r['tokens_per_s_per_gpu']:,.0f} vs {o['tokens_per_s_per_gpu']:,.0f} "
                            f"tokens/s/GPU): {row['note']}")
         elif delta >= -TIE_FRAC:
@@ -505,7 +534,7 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
             row["note"] = "the chosen layout uses it" if used else "not worth the extra complexity"
             row["line"] = f"ties ({delta:+.1%}): best with it {r['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU; {row['note']}"
         else:
-            row["verdict"], row["note"] = f"costs {-delta:.1%}", f"mostly {_extra_cause(r, o)}"
+            row["verdict"], row["note"] = f"costs {-delta:.1%}", f"mostly {_extra_cause(r, o)}{also_text}"
             row["line"] = (f"costs {-delta:.1%} at best ({r['tokens_per_s_per_gpu']:,.0f} vs "
                            f"{o['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU), {row['note']}")
         rows.append(row)

@@ -453,3 +453,24 @@ def test_estimate_takes_the_lora_rank_and_targets(capsys):
         assert main(["estimate", "--model", "llama2-13b", *argv]) == 2, argv
         err = capsys.readouterr().err
         assert key in err and err.count("\n") == 1, err
+
+
+def test_estimate_reproduces_the_qlora_studys_top_row(tmp_path, capsys):
+    """The QLoRA variant (rank 64 on every projection) plans its best layout; estimate with the same flags gives the
+    same tokens/s and memory (without --lora-rank/--lora-targets it sized rank 16 on q,k,v,o)."""
+    import pandas as pd
+
+    assert main(["plan", str(ROOT / "config" / "config.yaml"), str(ROOT / "config" / "qlora.yaml"), "--top", "1",
+                 "--csv", str(tmp_path / "c.csv")]) == 0
+    c = pd.read_csv(tmp_path / "c.csv", low_memory=False)
+    top = c[c["feasible"].astype(bool)].sort_values("rank").iloc[0]
+    assert top["layout_text"] == "dp32·tp1·pp1·cp1 zero3 rc=none mb=2", top["layout_text"]  # the argv below
+    capsys.readouterr()
+    argv = ["estimate", "--model", "llama2-13b", "--finetune", "qlora", "--sharding", "zero3", "--micro-batch", "2",
+            "--json"]
+    assert main([*argv, "--lora-rank", "64", "--lora-targets", "q,k,v,o,gate,up,down"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js["tokens_per_s_per_gpu"] == pytest.approx(top["tokens_per_s_per_gpu"], rel=1e-9)
+    assert js["memory_gib"]["total"] == pytest.approx(top["mem_total_gib"], rel=1e-9)
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["memory_gib"]["total"] != pytest.approx(top["mem_total_gib"], rel=1e-6)

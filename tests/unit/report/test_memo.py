@@ -231,6 +231,13 @@ def test_technique_verdicts_compare_best_with_against_best_without():
     assert "optimizer offload to CPU" not in t.index  # no enumerated layout uses it
     tie = technique_verdicts(df[df["layout_text"].isin(["plain", "cp"])]).set_index("technique")
     assert tie.loc["context parallelism (CP)", "verdict"] == "ties"
+    # the cause may be another technique's: the best micro-batch-2 layout needs CP to fit, the best without uses TP
+    both = pd.DataFrame([dict(row("tp2", 1000.0), tp=2), dict(row("mb2-cp2", 950.0, mb=2, cp=2), tp=1)])
+    mb = technique_verdicts(both).set_index("technique").loc["micro-batch > 1"]
+    assert mb["verdict"] == "costs 5.0%"
+    assert mb["note"].endswith("(that layout also uses CP; the best without it uses TP)"), mb["note"]
+    sp = technique_verdicts(pd.DataFrame([dict(row("tp2-sp", 950.0, sp=True), tp=2), dict(row("dp", 1000.0), tp=1)]))
+    assert "uses" not in sp.set_index("technique").loc["sequence parallelism (SP)", "note"]  # TP: SP's prerequisite
 
 
 def test_a_technique_no_layout_can_use_names_its_own_reason():
