@@ -29,7 +29,7 @@ from trainplan.io import InputFileError, check_depth, read_text_checked
 from trainplan.model.arch import ModelSpec, resolve_model
 from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
-from trainplan.model.hardware import ClusterSpec, resolve_gpu
+from trainplan.model.hardware import ClusterSpec, link_default_notes, resolve_gpu
 from trainplan.model.layout import Layout, check_layout, check_precision
 from trainplan.model.training import TrainingSpec
 
@@ -457,7 +457,9 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any] | Iterable[str | Pa
     model = _section("model", resolve_model, _model_ref(raw["model"], tr["seq_len"]))
     cluster = _section("cluster", build_cluster, raw["cluster"])
     training = _section("training", TrainingSpec, **{**tr, "lora_targets": tuple(tr["lora_targets"])})
-    notes = seq_len_notes(model, training.seq_len)
+    used = {"intra_busbw_GBps": cluster.gpus_per_node > 1, "inter_busbw_GBps": cluster.nodes > 1}  # links in use
+    notes = seq_len_notes(model, training.seq_len) + link_default_notes(
+        cluster.gpu, {f"cluster.{k}": raw["cluster"][k] for k, on in used.items() if on})
     layout = None
     if raw.get("layout") is not None:
         _check_layout_flags(raw["layout"])

@@ -17,7 +17,7 @@ from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.estimate import MAX_MICRO_BATCH, estimate, fastest_micro_batch
 from trainplan.model.flops import adapter_params
-from trainplan.model.hardware import ClusterSpec, resolve_gpu
+from trainplan.model.hardware import ClusterSpec, link_default_notes, resolve_gpu
 from trainplan.model.layout import Layout, check_layout, shard_degree
 from trainplan.model.memory import host_ram_per_node
 from trainplan.model.timing import COMPUTE_PARTS, STEP_PARTS
@@ -167,6 +167,10 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     if layout.sharding == "hsdp" and layout.shard_group is None:  # the default group named: hsdp/8, not hsdp/None
         layout = replace(layout, shard_group=shard_degree(layout, cluster))
     check_layout(model, cluster, training, layout)
+    links = {"--intra-busbw": (cluster.gpus_per_node > 1, cluster.intra_busbw_Bps),
+             "--inter-busbw": (cluster.nodes > 1, cluster.inter_busbw_Bps)}
+    for line in link_default_notes(gpu, {k: bw / 1e9 for k, (on, bw) in links.items() if on}):  # after the checks:
+        warn(line)  # an error stays one line
     if training.fp8 and training.kernels == "eager":
         warn(f"--precision {args.precision} with --kernels eager: torchao's FP8 casts run unfused (timing."
              f"FP8_CAST_BYTES_EAGER), usually slower than bf16; torchao's FP8 expects --kernels compiled")

@@ -22,6 +22,9 @@ class GPUSpec:
     generation: str = "h100"
     # FP8 tensor cores (Hopper: dense FP8 = 2 × dense BF16, NVIDIA H100 datasheet 1,979 vs 989 TFLOP/s).
     fp8: bool = True
+    # NVLink bandwidth per GPU, GB/s both directions (datasheet). The cluster's busbw defaults were measured on
+    # NVLink4 nodes (DGX_LINKS_NVLINK_GBps); on another fabric they overstate its links (link_default_notes).
+    nvlink_GBps: float = 900.0
 
     def __post_init__(self) -> None:
         positive_num(self, "peak_bf16_flops", "hbm_bytes", "hbm_bw_Bps")
@@ -35,12 +38,13 @@ GPUS: dict[str, GPUSpec] = {
         GPUSpec(name="h100-sxm-80gb", peak_bf16_flops=989e12, hbm_bytes=81559 * 1024**2, hbm_bw_Bps=3.35e12,
                 source="NVIDIA H100 datasheet (dense BF16 989 TFLOP/s); 81,559 MiB usable (MLPerf v4.0 eos)"),
         GPUSpec(name="h100-pcie-80gb", peak_bf16_flops=756e12, hbm_bytes=81559 * 1024**2, hbm_bw_Bps=2.0e12,
-                source="NVIDIA H100 datasheet (PCIe: dense BF16 756 TFLOP/s, 2.0 TB/s)"),
+                source="NVIDIA H100 datasheet (PCIe: dense BF16 756 TFLOP/s, 2.0 TB/s; NVLink bridge 600 GB/s, "
+                       "pairs of GPUs only)", nvlink_GBps=600.0),
         GPUSpec(name="h200-141gb", peak_bf16_flops=989e12, hbm_bytes=143771 * 1024**2, hbm_bw_Bps=4.8e12,
                 source="NVIDIA H200 datasheet (H100 compute; 141 GB HBM3e, 4.8 TB/s)"),
         GPUSpec(name="a100-80gb", peak_bf16_flops=312e12, hbm_bytes=81251 * 1024**2, hbm_bw_Bps=2.039e12,
-                source="NVIDIA A100 datasheet (312 TFLOP/s BF16, 2.0 TB/s; no FP8 tensor cores)", generation="a100",
-                fp8=False),
+                source="NVIDIA A100 datasheet (312 TFLOP/s BF16, 2.0 TB/s; NVLink3 600 GB/s; no FP8 tensor cores)",
+                generation="a100", fp8=False, nvlink_GBps=600.0),
     ]
 }
 
@@ -57,6 +61,24 @@ def resolve_gpu(name: str | GPUSpec) -> GPUSpec:
 
 
 # ------------------------------------------------------------------------------------------- cluster
+# The fabric ClusterSpec's link defaults were measured on: DGX H100 (NVLink4, 900 GB/s per GPU; 8 × 400G NICs).
+DGX_LINKS_NVLINK_GBps = 900.0
+DGX_INTRA_BUSBW_GBps, DGX_INTER_BUSBW_GBps = 360.0, 46.0  # ClusterSpec's defaults (nccl-tests #212, #290, #309)
+
+
+def link_default_notes(gpu: GPUSpec, links_GBps: dict[str, float]) -> list[str]:
+    """A warning when link bandwidths (config key or flag → GB/s; pass only the links the cluster uses) are DGX
+    H100's measured busbw (the defaults, and the default study's values) on a GPU with another NVLink fabric (A100
+    NVLink3, H100 PCIe bridges): they then likely overstate its links. H200 shares NVLink4."""
+    dgx = {"intra": DGX_INTRA_BUSBW_GBps, "inter": DGX_INTER_BUSBW_GBps}
+    same = [f"{k}={v:g}" for k, v in links_GBps.items() if any(t in k and v == dgx[t] for t in dgx)]
+    if not same or gpu.nvlink_GBps == DGX_LINKS_NVLINK_GBps:
+        return []
+    return [f"{' and '.join(same)} GB/s: the busbw nccl-tests measures on DGX H100 (NVLink4, "
+            f"{DGX_LINKS_NVLINK_GBps:.0f} GB/s per GPU; 400G NICs); {gpu.name} has {gpu.nvlink_GBps:.0f} GB/s of "
+            "NVLink per GPU, so this likely overstates its links: set your nodes' nccl-tests busbw"]
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClusterSpec:
     """Nodes of identical GPUs. Bandwidths are NCCL *bus* bandwidths per GPU (nccl-tests convention)."""
@@ -64,8 +86,8 @@ class ClusterSpec:
     nodes: int
     gpus_per_node: int
     gpu: GPUSpec
-    intra_busbw_Bps: float = 360e9  # NVLink4 ring all-gather/reduce-scatter, 8×H100 (nccl-tests #212, #290)
-    inter_busbw_Bps: float = 46e9  # per GPU rail, 400G IB (nccl-tests #290, #309)
+    intra_busbw_Bps: float = DGX_INTRA_BUSBW_GBps * 1e9  # NVLink4 ring all-gather/reduce-scatter, 8×H100 (nccl-tests #212, #290)
+    inter_busbw_Bps: float = DGX_INTER_BUSBW_GBps * 1e9  # per GPU rail, 400G IB (nccl-tests #290, #309)
     intra_latency_s: float = 30e-6  # NCCL tuning.cc / nccl-tests #232
     inter_latency_s: float = 50e-6
     nics_per_node: int = 8

@@ -137,3 +137,18 @@ def test_an_hsdp_layout_without_its_group_is_described_without_none():
     lay = Layout(dp=1, tp=1, pp=1, cp=1, sharding="hsdp", micro_batch=2)
     assert lay.describe() == "dp1·tp1·pp1·cp1 hsdp rc=none mb=2"
     assert Layout(dp=16, sharding="hsdp", shard_group=8).describe().split()[1] == "hsdp/8"
+
+
+def test_dgx_h100_link_figures_on_another_nvlink_fabric_are_a_warning():
+    """The busbw defaults (and the default study's values) are DGX H100's nccl-tests figures: on an A100 (NVLink3,
+    600 GB/s per GPU) or a PCIe H100 they overstate the links, and the planner says so; H200 (NVLink4) and a
+    cluster's own figures pass silently."""
+    from trainplan.model.hardware import link_default_notes
+
+    dgx = {"cluster.intra_busbw_GBps": 360.0, "cluster.inter_busbw_GBps": 46.0}
+    (a100,) = link_default_notes(resolve_gpu("a100-80gb"), dgx)
+    assert a100.startswith("cluster.intra_busbw_GBps=360 and cluster.inter_busbw_GBps=46 GB/s: ")
+    assert "a100-80gb has 600 GB/s of NVLink per GPU" in a100
+    assert link_default_notes(resolve_gpu("h100-pcie-80gb"), {"--intra-busbw": 360.0, "--inter-busbw": 25.0})
+    assert not link_default_notes(resolve_gpu("a100-80gb"), {"--intra-busbw": 230.0, "--inter-busbw": 23.0})
+    assert not link_default_notes(resolve_gpu("h200-141gb"), dgx) and not link_default_notes(resolve_gpu("h100-sxm-80gb"), dgx)

@@ -474,3 +474,20 @@ def test_estimate_reproduces_the_qlora_studys_top_row(tmp_path, capsys):
     assert js["memory_gib"]["total"] == pytest.approx(top["mem_total_gib"], rel=1e-9)
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["memory_gib"]["total"] != pytest.approx(top["mem_total_gib"], rel=1e-6)
+
+
+def test_plan_and_estimate_warn_when_an_a100_keeps_dgx_h100_links(tmp_path, capsys):
+    """config.yaml's links are DGX H100's; switching only cluster.gpu to a100-80gb plans with them: a warning on
+    stderr names the key (estimate: the flag), and is gone once the cluster's own busbw is set."""
+    over = tmp_path / "a100.yaml"
+    over.write_text("cluster: {gpu: a100-80gb}\n")
+    base = str(ROOT / "config" / "config.yaml")
+    assert main(["plan", base, str(over), "--top", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: cluster.intra_busbw_GBps=360 and cluster.inter_busbw_GBps=46 GB/s: " in err
+    over.write_text("cluster: {gpu: a100-80gb, intra_busbw_GBps: 230, inter_busbw_GBps: 23}\n")
+    assert main(["plan", base, str(over), "--top", "1"]) == 0
+    assert "busbw" not in capsys.readouterr().err
+    assert main(["estimate", "--gpu", "a100-80gb", "--gpus", "8", "--inter-busbw", "23"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: --intra-busbw=360 GB/s: " in err and "inter-busbw" not in err
