@@ -227,7 +227,7 @@ def test_read_table_parses_a_late_text_column_without_a_mixed_type_warning(tmp_p
     ``read_table`` parses whole: no warning, and the column is text."""
     import warnings
 
-    n, first_text = 54_288, 24_092  # the default study's candidates.csv: 54,288 rows × 46 columns, text from 24,092
+    n, first_text = 54_288, 24_092  # the shape that warned: the default study's candidates.csv with eager async-TP rows
     p = tmp_path / "candidates.csv"
     cols = {f"c{i}": [0.123456] * n for i in range(45)}
     pd.DataFrame({**cols, "reason": [""] * first_text + ["OOM: needs 90 GiB"] * (n - first_text)}).to_csv(p, index=False)

@@ -11,7 +11,13 @@ from trainplan.config import default_config_path, load_config
 from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
 from trainplan.published.intervals import error_pool, family_class, heldout_errors_by_family, interval_bounds
-from trainplan.search.layouts import family_verdicts, pinned_options, search, technique_verdicts
+from trainplan.search.layouts import (
+    family_verdicts,
+    impossible_techniques,
+    pinned_options,
+    search,
+    technique_verdicts,
+)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
                               f"its base first: trainplan plan config/config.yaml {paths[0]}") from None
         raise
     eff = cfg.efficiency  # the generation's fitted Efficiency with the config's overrides (config.build_efficiency)
-    df = search(cfg.model, cfg.cluster, cfg.training, eff, pinned_options(cfg.search, cfg.layout))
+    options = pinned_options(cfg.search, cfg.layout)
+    df = search(cfg.model, cfg.cluster, cfg.training, eff, options)
     con = console()
     feas = df[df["feasible"]]
     t = Table(title=f"{cfg.model.name} on {cfg.cluster.n_gpus}× {cfg.cluster.gpu.name}, seq {cfg.training.seq_len}, "
@@ -64,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     for _, v in family_verdicts(df).iterrows():
         con.print(f"  [bold]{v['family']}[/bold] ({v['verdict']}): {v['line']}", highlight=False)
     con.print("[bold]What each technique buys[/bold] (best layout with it vs without it):")
-    for _, v in technique_verdicts(df).iterrows():
+    for _, v in technique_verdicts(df, impossible=impossible_techniques(cfg.cluster, cfg.training, options)).iterrows():
         con.print(f"  [bold]{v['technique']}[/bold]: {v['line']}", highlight=False)
     if not len(feas):  # say why in one line: the commonest kinds of first reason (numbers aside), an example each
         first = df["reason"].astype(str).str.split(";").str[0].str.strip()

@@ -304,6 +304,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: 
     eff = eff or Efficiency.for_gpu(cluster.gpu)
     o = _opts(cluster, options)
     L = enumerate_layouts(cluster, options)
+    if impossible_techniques(cluster, training, options):  # async TP under eager: none of those rows could run
+        keep = ~L.tp_overlap.astype(bool)
+        if keep.any():  # (all of them would leave nothing to say why: keep them then)
+            L = LayoutTable(**{k: getattr(L, k)[keep] for k in LayoutTable.FIELDS})
     df = pd.DataFrame({k: getattr(L, k) for k in LayoutTable.FIELDS})
     reason = structural_reasons(model, cluster, training, L)
     ok = reason == ""
@@ -477,7 +481,19 @@ def fp8_technique_rows(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     return rows
 
 
-def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = None) -> pd.DataFrame:
+def impossible_techniques(cluster: ClusterSpec, training: TrainingSpec,
+                          options: dict[str, Any] | None = None) -> dict[str, str]:
+    """Techniques the search's options allow that no layout of this study can use, with why (structural): async TP
+    under eager kernels. ``search`` leaves their layouts out (22,680 of the default study's 54,288 candidates were
+    such rows, every one infeasible); ``technique_verdicts(impossible=...)`` still gives the technique its row."""
+    o = _opts(cluster, options)
+    if training.kernels == "eager" and True in o["tp_overlap"] and any(t > 1 for t in o["tp"]):
+        return {ASYNC_TP_TECHNIQUE: ASYNC_TP_NEEDS}
+    return {}
+
+
+def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = None,
+                       impossible: dict[str, str] | None = None) -> pd.DataFrame:
     """One row per technique (SP, CP, offload, recompute, ...): best feasible layout with it vs without it.
 
     Families are coarse (data-parallel sharding × TP × PP); this says what each modifier buys or costs.
@@ -485,14 +501,23 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
     tokens_per_s_per_gpu_without, delta_frac (with ÷ without − 1), verdict (needed / buys x% / ties / costs x% /
     never fits: every layout with it runs out of memory / not possible here: a structural reason), note (why, in
     a few words), line (one sentence), compiled_note (FP8 rows of an eager study: what torch.compile would give),
-    risk (FP8 rows: the risk for a fine-tune and its day-1 check). Techniques no enumerated layout uses are left
-    out.
+    risk (FP8 rows: the risk for a fine-tune and its day-1 check). ``impossible`` (impossible_techniques): techniques
+    the search did not enumerate, and why no layout can use them ("not possible here"). Other techniques no
+    enumerated layout uses are left out.
     """
     feas = df[df["feasible"]]
     top = feas.loc[[feas["tokens_per_s"].idxmax()]] if len(feas) else feas
     rows = []
     for name, sel in TECHNIQUES.items():
         with_t = df[sel(df)]
+        if len(with_t) == 0 and name in (impossible or {}) and len(feas):
+            o = feas.loc[feas["tokens_per_s"].idxmax()]
+            rows.append({"technique": name, "used_by_best": False, "best_with": "",
+                         "tokens_per_s_per_gpu_with": np.nan, "best_without": o["layout_text"],
+                         "tokens_per_s_per_gpu_without": o["tokens_per_s_per_gpu"], "delta_frac": np.nan,
+                         "verdict": "not possible here", "note": impossible[name],
+                         "line": "no layout of this study can use it: " + impossible[name]})
+            continue
         if len(with_t) == 0:
             continue
         wf, without = with_t[with_t["feasible"]], feas[~sel(feas)]

@@ -12,6 +12,7 @@ from trainplan.model.layout import Layout
 from trainplan.search.layouts import (
     family_verdicts,
     fp8_technique_rows,
+    impossible_techniques,
     pinned_options,
     search,
     technique_verdicts,
@@ -48,7 +49,8 @@ def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     write_csv(fam, out["families"])
     if "techniques" in out:
         extra = fp8_technique_rows(s["model"], s["cluster"], s["training"], layout, s["efficiency"]) if len(best) else []
-        write_csv(technique_verdicts(df, extra), out["techniques"])
+        write_csv(technique_verdicts(df, extra, impossible_techniques(s["cluster"], s["training"], options)),
+                  out["techniques"])
     write_json(out["summary"], summary)
     sidecars("analytic_model", out, cfg, inp)
 

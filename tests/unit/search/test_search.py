@@ -146,3 +146,33 @@ def test_offload_layouts_that_overflow_host_ram_are_infeasible_with_the_reason()
     assert z2["feasible"], z2["reason"]
     for _, r in df.iterrows():
         assert r["reason"] == estimate(MODEL, small, TRAIN, row_layout(r)).reason
+
+
+def test_eager_search_leaves_out_async_tp_layouts_and_still_says_why():
+    """Under eager kernels every async-TP layout is infeasible ("needs kernels=compiled or fused"): the search leaves
+    them out (42% of the default study's candidates were such rows) and the technique table still gets its row from
+    impossible_techniques; compiled kernels enumerate and evaluate them."""
+    from dataclasses import replace
+
+    from trainplan.search.layouts import (
+        ASYNC_TP_NEEDS,
+        ASYNC_TP_TECHNIQUE,
+        impossible_techniques,
+        technique_verdicts,
+    )
+
+    eager = search(MODEL, CLUSTER, TRAIN, options=OPTS)
+    every = enumerate_layouts(CLUSTER, OPTS)
+    assert not eager["tp_overlap"].any() and (every.tp_overlap.sum() > 0)
+    assert len(eager) == int((~every.tp_overlap).sum())
+    imp = impossible_techniques(CLUSTER, TRAIN, OPTS)
+    assert imp == {ASYNC_TP_TECHNIQUE: ASYNC_TP_NEEDS}
+    t = technique_verdicts(eager, impossible=imp).set_index("technique")
+    assert t.loc[ASYNC_TP_TECHNIQUE, "verdict"] == "not possible here"
+    assert t.loc[ASYNC_TP_TECHNIQUE, "line"] == "no layout of this study can use it: " + ASYNC_TP_NEEDS
+    assert ASYNC_TP_TECHNIQUE not in set(technique_verdicts(eager)["technique"])  # without it: no row at all
+    compiled = replace(TRAIN, kernels="compiled")
+    assert impossible_techniques(CLUSTER, compiled, OPTS) == {}
+    c = search(MODEL, CLUSTER, compiled, options=OPTS)
+    assert len(c) == len(every) and c[c["tp_overlap"]]["feasible"].any()
+    assert impossible_techniques(CLUSTER, TRAIN, {**OPTS, "tp": [1]}) == {}  # no TP layout: nothing to overlap
