@@ -30,7 +30,7 @@ from trainplan.model.arch import ModelSpec, resolve_model
 from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.hardware import ClusterSpec, link_default_notes, resolve_gpu
-from trainplan.model.layout import Layout, check_layout, check_precision
+from trainplan.model.layout import Layout, check_layout, check_lora_targets, check_precision
 from trainplan.model.training import TrainingSpec
 
 
@@ -402,6 +402,7 @@ def _check_layout_flags(lay: Mapping[str, Any] | None) -> None:
 def _check_semantics(raw: Mapping[str, Any], model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> None:
     check_relative_dir("study.results_dir", raw["study"]["results_dir"])
     check_precision(cluster, training)  # FP8 only on GPUs with FP8 tensor cores
+    check_lora_targets(model, training)
     _check_proxies(raw["proxies"], cluster)
     lo, hi = raw["cost"]["price_range_usd"]
     p = raw["cost"]["price_per_gpu_hour_usd"]

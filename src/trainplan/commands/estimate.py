@@ -18,7 +18,7 @@ from trainplan.model.efficiency import Efficiency
 from trainplan.model.estimate import MAX_MICRO_BATCH, estimate, fastest_micro_batch
 from trainplan.model.flops import adapter_params
 from trainplan.model.hardware import ClusterSpec, link_default_notes, resolve_gpu
-from trainplan.model.layout import Layout, check_layout, shard_degree
+from trainplan.model.layout import Layout, check_layout, check_lora_targets, shard_degree
 from trainplan.model.memory import host_ram_per_node
 from trainplan.model.timing import COMPUTE_PARTS, STEP_PARTS
 from trainplan.model.training import LORA_TARGETS, TrainingSpec
@@ -166,6 +166,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
                     tp_overlap=args.tp_overlap)
     if layout.sharding == "hsdp" and layout.shard_group is None:  # the default group named: hsdp/8, not hsdp/None
         layout = replace(layout, shard_group=shard_degree(layout, cluster))
+    check_lora_targets(model, training, key="lora-targets")
     check_layout(model, cluster, training, layout)
     links = {"--intra-busbw": (cluster.gpus_per_node > 1, cluster.intra_busbw_Bps),
              "--inter-busbw": (cluster.nodes > 1, cluster.inter_busbw_Bps)}

@@ -262,6 +262,17 @@ def check_precision(cluster: ClusterSpec, training: TrainingSpec) -> None:
                           f"{cluster.gpu.name} has no FP8 tensor cores; use bf16, or a GPU with them ({fp8_gpus})")
 
 
+def check_lora_targets(model: ModelSpec, training: TrainingSpec, key: str = "training.lora_targets") -> None:
+    """LoRA/QLoRA must train something: ``gate`` alone on a GELU MLP (no gate projection; flops.adapter_params skips
+    it) would plan a fine-tune of zero adapter parameters."""
+    if training.finetune == "full" or model.mlp == "swiglu":
+        return
+    if not [t for t in training.lora_targets if t != "gate"]:
+        raise ConfigError(key, ",".join(training.lora_targets),
+                          f"{model.name}'s {model.mlp} MLP has no gate projection, so no adapter would train; "
+                          "target q, k, v, o, up (fc1) or down (fc2)")
+
+
 def check_layout(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout) -> None:
     """Raise ConfigError naming the offending key if the layout is structurally impossible."""
     check_precision(cluster, training)

@@ -491,3 +491,26 @@ def test_plan_and_estimate_warn_when_an_a100_keeps_dgx_h100_links(tmp_path, caps
     assert main(["estimate", "--gpu", "a100-80gb", "--gpus", "8", "--inter-busbw", "23"]) == 0
     err = capsys.readouterr().err
     assert "warning: --intra-busbw=360 GB/s: " in err and "inter-busbw" not in err
+
+
+def test_lora_on_only_the_gate_of_a_gelu_mlp_is_an_error(tmp_path, capsys):
+    """A GELU MLP has no gate projection (adapter_params skips ``gate``): LoRA on ``gate`` alone planned a fine-tune
+    of zero trainable parameters. Refused in estimate (the flag) and in a config (the key); gate among others is
+    fine (it is skipped, the rest train)."""
+    gpt2 = ["--arch", "layers=12,hidden=768,heads=12,vocab=50257,mlp=gelu,norm=layernorm,pos=learned,bias=all,"
+                      "tied=true,max_seq=1024", "--gpus", "8", "--seq-len", "1024", "--global-batch", "64",
+            "--finetune", "lora", "--json"]
+    assert main(["estimate", *gpt2, "--lora-targets", "gate"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trainplan: error: lora-targets=gate: custom's gelu MLP has no gate projection") and \
+        err.count("\n") == 1
+    assert main(["estimate", *gpt2, "--lora-targets", "gate,up"]) == 0
+    assert json.loads(capsys.readouterr().out)["finetune"]["adapter_params"] == 12 * 16 * (768 + 3072)
+    cfg = tmp_path / "gelu.yaml"
+    cfg.write_text("model: {layers: 12, hidden: 768, heads: 12, vocab: 50257, mlp: gelu, norm: layernorm, "
+                   "pos_embedding: learned, bias: all, tied_embeddings: true, max_seq_len: 1024}\n"
+                   "cluster: {nodes: 1, gpus_per_node: 8, gpu: h100-sxm-80gb}\n"
+                   "training: {seq_len: 1024, global_batch: 64, finetune: qlora, lora_targets: [gate]}\n"
+                   "cost: {price_per_gpu_hour_usd: 3}\n")
+    assert main(["plan", str(cfg)]) == 2
+    assert "training.lora_targets=gate: custom's gelu MLP has no gate projection" in capsys.readouterr().err
