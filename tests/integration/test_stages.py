@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,10 +16,12 @@ from trainplan.config import config_slice, load_config
 from trainplan.cost.budget import CostInputs, stage_cost_and_risk
 from trainplan.cost.sensitivity import stage_sensitivity
 from trainplan.io import read_json, write_json
+from trainplan.launch.artifacts import load_inputs
 from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.hardware import resolve_gpu
 from trainplan.model.timing import attention_kernel_rel
+from trainplan.provenance import study_hash
 from trainplan.proxy.aggregate import METRICS, aggregate, rel_err
 from trainplan.proxy.record import assemble_record
 from trainplan.proxy.schema import normalize_run_spec
@@ -200,6 +203,13 @@ def test_analytic_then_launch_stages_write_real_outputs(tmp_path):
     assert doc["layout"] == summary["layout"]
     assert all((man.parent / a["filename"]).exists() for a in doc["artifacts"])
     assert (man.parent / "manifest.json.provenance.json").exists()
+    # the day-1 preflight reads this study's summary and its resolved config (it named results/analytic/summary.json
+    # and config/config.yaml whatever the study: a variant's memo told the user to preflight the default's layout)
+    cmd = shlex.split(next(d["command"] for d in doc["day1"] if d["check"] == "one-node preflight"))
+    summary_arg, config_arg = cmd[cmd.index("--summary") + 1], cmd[cmd.index("--config") + 1]
+    assert summary_arg == str(out["summary"]) and config_arg == str(man.parent / "study_config.yaml")
+    cfg, model, cluster, training, layout = load_inputs(summary_arg, config_arg)
+    assert layout.to_dict() == summary["layout"] and study_hash(cfg.raw) == study_hash(c.raw) and cfg.raw == c.raw
 
 
 def test_sensitivity_shows_the_other_attention_kernel_on_hopper():

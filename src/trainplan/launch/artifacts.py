@@ -430,8 +430,15 @@ def all_gpus_busbw(cluster: ClusterSpec) -> dict[str, Any]:
     return {"busbw_GBps": round(bw, 1), "why": why}
 
 
+def _config_args(config_path: str | Sequence[str]) -> str:
+    """``--config`` arguments: one path, or several deep-merged in order (a variant overlay after its base)."""
+    paths = [config_path] if isinstance(config_path, str | Path) else list(config_path)
+    return " ".join(shlex.quote(str(p)) for p in paths)
+
+
 def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "results/analytic/summary.json",
-                  config_path: str = "config/config.yaml", min_tokens_per_s_per_gpu: float | None = None,
+                  config_path: str | Sequence[str] = "config/config.yaml",
+                  min_tokens_per_s_per_gpu: float | None = None,
                   checkpoint_interval_s: float | None = None, study_hash: str | None = None) -> list[dict[str, Any]]:
     """The memo's day-1 go/no-go checks as commands: [{check, command, passes_when}] (manifest.json ``day1``; the
     nccl-tests check also carries its threshold, ``min_busbw_GBps``)."""
@@ -441,7 +448,7 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
     busbw = all_gpus_busbw(cluster)
     out = [
         {"check": "one-node preflight",
-         "command": f"trainplan preflight --summary {shlex.quote(summary_path)} --config {shlex.quote(config_path)} "
+         "command": f"trainplan preflight --summary {shlex.quote(summary_path)} --config {_config_args(config_path)} "
                     "--device cuda",
          "passes_when": "exit 0 (PASS): state and activation bytes, peak reserved memory and step time within "
                         "tolerance of the plan"},
@@ -470,13 +477,21 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
     return out
 
 
+STUDY_CONFIG_NAME = "study_config.yaml"  # the resolved config the workflow writes beside the launch files
+
+
 def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,
                     out_dir: str | Path, *, study_hash: str, train_script: str | None = DEFAULT_TRAIN_SCRIPT,
                     train_args: Sequence[str] = (), options: Mapping[str, Any] | None = None,
                     checkpoint_interval_s: float | None = None, step_time_s: float | None = None,
                     min_tokens_per_s_per_gpu: float | None = None, summary_path: str = "results/analytic/summary.json",
-                    config_path: str = "config/config.yaml") -> list[tuple[str, bool]]:
+                    config_path: str | Sequence[str] = "config/config.yaml",
+                    study_config: Mapping[str, Any] | None = None) -> list[tuple[str, bool]]:
     """Write every artifact (atomically) plus manifest.json; return [(filename, short?), ...].
+
+    ``summary_path`` and ``config_path`` are what the day-1 preflight command names. ``study_config`` (the study's
+    resolved config, the workflow's): written as ``study_config.yaml`` beside the scripts, and the preflight command
+    reads it, so a variant study (results/lora) preflights its own layout, not the default study's.
 
     ``options`` is the config's ``launch`` section: job_name, partition, account, time_limit_h, master_port.
     ``checkpoint_interval_s`` (cost.json's Young/Daly ``checkpoint_interval_h`` × 3600) and ``step_time_s`` (the
@@ -517,6 +532,13 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         texts[f"{TORCHTITAN_MODULE}.py"] = (torchtitan_job_module(model, cluster, training, layout, header=head,
                                                                   ckpt_interval_steps=ckpt_steps),
                                             "torchtitan 0.3 job (config_registry module)")
+    if study_config is not None:
+        texts[STUDY_CONFIG_NAME] = (
+            f"# trainplan launch artifact: the study's resolved config (defaults filled)\n# study hash: {study_hash}\n"
+            "# what `trainplan preflight` / `trainplan launch --config` read for this study\n"
+            + yaml.safe_dump(dict(study_config), sort_keys=False, allow_unicode=True),
+            "the study's resolved config (trainplan preflight --config)")
+        config_path = str(out / STUDY_CONFIG_NAME)
     ds = deepspeed_config(model, cluster, training, layout, study_hash=study_hash)
     if ds is not None:
         texts["deepspeed_zero.json"] = (json.dumps(ds, indent=2, ensure_ascii=False) + "\n", "DeepSpeed ZeRO config (reference only)")
@@ -547,11 +569,11 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
 
 
 # -------------------------------------------------------------------------------------------- CLI
-def load_inputs(summary: str, config: str) -> tuple[Any, ModelSpec, ClusterSpec, TrainingSpec, Layout]:
-    """(StudyConfig, model, cluster, training, chosen layout) from a config and an analytic summary.json; the
-    launch and preflight CLIs share it."""
+def load_inputs(summary: str, config: str | Sequence[str]) -> tuple[Any, ModelSpec, ClusterSpec, TrainingSpec, Layout]:
+    """(StudyConfig, model, cluster, training, chosen layout) from a config (or configs deep-merged in order) and an
+    analytic summary.json; the launch and preflight CLIs share it."""
 
-    cfg = load_config(config)
+    cfg = load_config(config if isinstance(config, str | Path) else list(config))
     try:
         layout_d = read_json_checked(summary)["layout"]
         if not isinstance(layout_d, dict):
@@ -600,7 +622,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="example: trainplan launch --summary results/analytic/summary.json --config config/config.yaml "
                "--out results/launch", formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--summary", required=True, help="analytic summary.json (its 'layout' is used)")
-    ap.add_argument("--config", required=True, help="the study config (model, cluster, training)")
+    ap.add_argument("--config", required=True, nargs="+",
+                    help="the study config (model, cluster, training); several files are deep-merged in order (a "
+                         "variant overlay after config/config.yaml), or the study's launch/study_config.yaml")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--study-hash", help="hash for the headers (default: config_hash of the config)")
     ap.add_argument("--train-script", default=DEFAULT_TRAIN_SCRIPT,

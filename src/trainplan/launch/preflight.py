@@ -350,7 +350,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="example: trainplan preflight --summary results/analytic/summary.json --config config/config.yaml "
                "--out results/preflight --device cpu")
     ap.add_argument("--summary", required=True, help="analytic summary.json (its 'layout' is used)")
-    ap.add_argument("--config", required=True, help="the study config")
+    ap.add_argument("--config", required=True, nargs="+",
+                    help="the study config; several files are deep-merged in order (a variant overlay after "
+                         "config/config.yaml), or the study's launch/study_config.yaml")
     ap.add_argument("--out", help="output directory (spec, record, preflight.json); default: preflight/ "
                     "beside the summary's analytic/ directory (results/preflight)")
     ap.add_argument("--candidates", help="candidates.csv for the fallback named on FAIL (default: beside --summary)")

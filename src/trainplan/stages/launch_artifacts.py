@@ -33,7 +33,8 @@ def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
                     study_hash=study_hash(cfg), options=cfg["launch"],
                     checkpoint_interval_s=float(ckpt_h) * 3600.0 if ckpt_h else None,
                     step_time_s=s["training"].tokens_per_step / (float(tps) * s["cluster"].n_gpus) if tps else None,
-                    min_tokens_per_s_per_gpu=chosen.get("tokens_per_s_per_gpu_p10"))
+                    min_tokens_per_s_per_gpu=chosen.get("tokens_per_s_per_gpu_p10"),
+                    summary_path=str(inp["summary"]), study_config=cfg)  # the preflight reads this study's files
     for f in sorted(outdir.iterdir()):
         if f.is_file() and not f.name.endswith(".provenance.json") and not f.name.startswith("."):
             write_sidecar(f, rule="launch_artifacts", config_slice=cfg, inputs=files_of(inp))

@@ -353,3 +353,22 @@ def test_main_writes_artifacts_from_the_study_config(tmp_path, capsys):
     assert f"study hash: {config_hash(cfg.raw)}" in text
     assert f"--job-name={cfg.launch['job_name']}-" in text
     assert "accelerate_fsdp2.yaml" in capsys.readouterr().out
+
+
+def test_main_takes_a_variant_overlay_after_its_base(tmp_path, capsys):
+    """`trainplan launch --config config/config.yaml config/lora.yaml` merges them in order, as the study does
+    (config/lora.yaml alone has no model); the day-1 preflight command names both, in that order."""
+    from trainplan.config import load_config
+    from trainplan.provenance import config_hash
+
+    lora = load_config(["config/config.yaml", "config/lora.yaml"])
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"layout": FSDP.to_dict()}))
+    argv = ["--summary", str(summary), "--config", "config/config.yaml", "config/lora.yaml", "--out", str(tmp_path / "o")]
+    assert launch.main(argv) == 0, capsys.readouterr().err
+    assert f"study hash: {config_hash(lora.raw)}" in (tmp_path / "o" / launch.sbatch_name(lora.cluster)).read_text()
+    man = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert "--config config/config.yaml config/lora.yaml --device cuda" in man["day1"][0]["command"]
+    capsys.readouterr()
+    assert launch.main(["--summary", str(summary), "--config", "config/lora.yaml", "--out", str(tmp_path / "p")]) == 2
+    assert "model=None" in capsys.readouterr().err
