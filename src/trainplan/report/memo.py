@@ -30,6 +30,7 @@ from trainplan.published.fit import HELDOUT_TARGETS, bias_se
 from trainplan.published.tables import NEVER_FITTED
 from trainplan.report.figures import parity_table, representative_layouts, short_number
 from trainplan.report.labels import memo_labels as report_labels  # noqa: F401 (re-exported)
+from trainplan.search.layouts import TIE_FRAC
 
 # The template and stylesheet (package data; in a checkout symlinks to report/templates/, which the memo rule
 # declares as inputs and passes in): render_memo reads the paths it is given, these by default.
@@ -330,9 +331,22 @@ def _families(fam: pd.DataFrame | None, top: int = FAMILIES_SHOWN) -> dict[str, 
     return {"families": rows, "families_total": len(fam)}
 
 
+SHARDING_TOKENS = ("none", "zero1", "zero2", "zero3", "hsdp")  # Layout.describe()'s sharding word
+
+
+def _unsharded_structure(layout_text: str) -> tuple[str, ...]:
+    """A layout's description without its data-parallel sharding word (``hsdp/8`` included): two layouts with the
+    same structure run the same parallelism, recompute and micro-batch, and differ only in how states are sharded."""
+    return tuple(t for t in layout_text.split() if t.split("/")[0] not in SHARDING_TOKENS)
+
+
 def runner_up(families: pd.DataFrame | None, chosen: dict[str, Any] | None) -> dict[str, Any] | None:
     """The best family after the chosen one that fits: its layout, how much slower, its memory, and whether its
-    throughput lies inside the chosen layout's p10–p90 (then the model alone does not separate the two)."""
+    throughput lies inside the chosen layout's p10–p90 (then the model alone does not separate the two).
+
+    Skipped, and listed as ``equivalents``: families whose best layout ties with the chosen one (within TIE_FRAC)
+    and has its structure but for the sharding (a LoRA study's DDP against its ZeRO-1: the adapters' optimizer
+    states are a few MB). Such a layout is no day-1 fallback: if the chosen one runs slow, so does it."""
     if families is None or not len(families) or not chosen or "verdict" not in families:
         return None
     verdict = families["verdict"].astype(str)
@@ -340,12 +354,21 @@ def runner_up(families: pd.DataFrame | None, chosen: dict[str, Any] | None) -> d
     fam = fam[pd.to_numeric(fam["tokens_per_s_per_gpu"], errors="coerce").notna()]
     if not len(fam):
         return None
-    r = fam.sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
-    tps = float(r["tokens_per_s_per_gpu"])
-    return {"family": str(r["family"]), "layout": str(r.get("best_layout") or r.get("layout") or ""),
+    fam = fam.sort_values("tokens_per_s_per_gpu", ascending=False)
+    p50 = float(chosen["tokens_per_s_per_gpu_p50"])
+    mine = _unsharded_structure(str(chosen.get("layout") or ""))
+    layout_of = [str(r.get("best_layout") or r.get("layout") or "") for _, r in fam.iterrows()]
+    same = [bool(mine) and _unsharded_structure(t) == mine
+            and float(tps) >= (1.0 - TIE_FRAC) * p50 for t, tps in zip(layout_of, fam["tokens_per_s_per_gpu"], strict=True)]
+    pick = next((i for i, s in enumerate(same) if not s), 0)  # every family an equivalent: the best of them
+    r, tps = fam.iloc[pick], float(fam["tokens_per_s_per_gpu"].iloc[pick])
+    equivalents = [{"family": str(fam["family"].iloc[i]), "layout": layout_of[i],
+                    "slower_frac": 1.0 - float(fam["tokens_per_s_per_gpu"].iloc[i]) / p50}
+                   for i in range(pick) if same[i]]
+    return {"family": str(r["family"]), "layout": layout_of[pick],
             "tokens_per_s_per_gpu": tps, "mem_total_gib": float(r["mem_total_gib"]),
-            "slower_frac": 1.0 - tps / float(chosen["tokens_per_s_per_gpu_p50"]),
-            "inside_interval": tps >= float(chosen["tokens_per_s_per_gpu_p10"])}
+            "slower_frac": 1.0 - tps / p50, "inside_interval": tps >= float(chosen["tokens_per_s_per_gpu_p10"]),
+            "equivalents": equivalents}
 
 
 def heldout_groups(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:

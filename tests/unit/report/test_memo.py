@@ -108,6 +108,37 @@ def test_runner_up_skips_the_chosen_and_oom_families():
     assert memo.runner_up(fam.iloc[[0, 1]], ch) is None and memo.runner_up(None, ch) is None
 
 
+def test_runner_up_is_no_tie_that_only_shards_the_states_differently(rendered):
+    """LoRA: DDP ties with the chosen ZeRO-1 (same layout, adapter states unsharded). It was the runner-up and the
+    day-1 throughput fallback, though it runs exactly as fast or as slow; it is named as an equivalent instead and
+    the runner-up is the next strategy. A tie of another structure, or a slower same-structure layout, still counts."""
+    import pandas as pd
+
+    z1 = "dp32·tp1·pp1·cp1 zero1 rc=none mb=1"
+    fam = pd.DataFrame({"family": ["ZeRO-1", "DDP", "HSDP", "FSDP", "ZeRO-1×PP"],
+                        "best_layout": [z1, "dp32·tp1·pp1·cp1 none rc=none mb=1", "dp32·tp1·pp1·cp1 hsdp/8 rc=none mb=1",
+                                        "dp32·tp1·pp1·cp1 zero3 rc=none mb=1", "dp16·tp1·pp2(1f1b)·cp1 zero1 rc=none mb=1"],
+                        "tokens_per_s_per_gpu": [6291.0, 6290.4, 6289.0, 6000.0, 5900.0],
+                        "mem_total_gib": [54.3, 54.6, 50.0, 45.0, 40.0],
+                        "verdict": ["chosen", "slower", "slower", "slower", "slower"]})
+    ch = {"tokens_per_s_per_gpu_p50": 6291.0, "tokens_per_s_per_gpu_p10": 5926.0, "layout": z1}
+    r = memo.runner_up(fam, ch)
+    assert (r["family"], r["layout"]) == ("FSDP", "dp32·tp1·pp1·cp1 zero3 rc=none mb=1")  # 4.6% slower: not a tie
+    assert [e["family"] for e in r["equivalents"]] == ["DDP", "HSDP"]
+    import html as html_mod
+
+    ctx = memo.build_context(memo.memo_inputs(rendered["root"]), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx | {"runner_up": r}))).split())
+    assert ("Not counted as one: DDP ( dp32·tp1·pp1·cp1 none rc=none mb=1 , 0.0% slower), HSDP ( "
+            "dp32·tp1·pp1·cp1 hsdp/8 rc=none mb=1 , 0.0% slower): the chosen layout with its states sharded "
+            "differently") in text, text[:3000]
+    assert "switch to the runner-up, FSDP ( dp32·tp1·pp1·cp1 zero3 rc=none mb=1 )" in text
+    tie_other = fam.assign(best_layout=fam["best_layout"].where(fam["family"] != "DDP", "dp16·tp2(sp)·pp1·cp1 none rc=none mb=1"))
+    assert memo.runner_up(tie_other, ch)["family"] == "DDP"  # a tie of another structure is a real alternative
+    only = fam.iloc[:2]
+    assert memo.runner_up(only, ch)["family"] == "DDP" and memo.runner_up(only, ch)["equivalents"] == []
+
+
 def test_page_one_says_what_rests_on_published_data_and_never_uses_cpu_timings(rendered):
     p1 = " ".join(rendered["pages"][0].split())
     cal = _load("calibration/calibration.json")
