@@ -458,9 +458,8 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any] | Iterable[str | Pa
     model = _section("model", resolve_model, _model_ref(raw["model"], tr["seq_len"]))
     cluster = _section("cluster", build_cluster, raw["cluster"])
     training = _section("training", TrainingSpec, **{**tr, "lora_targets": tuple(tr["lora_targets"])})
-    used = {"intra_busbw_GBps": cluster.gpus_per_node > 1, "inter_busbw_GBps": cluster.nodes > 1}  # links in use
     notes = seq_len_notes(model, training.seq_len) + link_default_notes(
-        cluster.gpu, {f"cluster.{k}": raw["cluster"][k] for k, on in used.items() if on})
+        cluster, "cluster.intra_busbw_GBps", "cluster.inter_busbw_GBps")
     layout = None
     if raw.get("layout") is not None:
         _check_layout_flags(raw["layout"])

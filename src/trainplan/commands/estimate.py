@@ -168,10 +168,8 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         layout = replace(layout, shard_group=shard_degree(layout, cluster))
     check_lora_targets(model, training, key="lora-targets")
     check_layout(model, cluster, training, layout)
-    links = {"--intra-busbw": (cluster.gpus_per_node > 1, cluster.intra_busbw_Bps),
-             "--inter-busbw": (cluster.nodes > 1, cluster.inter_busbw_Bps)}
-    for line in link_default_notes(gpu, {k: bw / 1e9 for k, (on, bw) in links.items() if on}):  # after the checks:
-        warn(line)  # an error stays one line
+    for line in link_default_notes(cluster, "--intra-busbw", "--inter-busbw"):  # after the checks: an error stays
+        warn(line)  # one line
     if training.fp8 and training.kernels == "eager":
         warn(f"--precision {args.precision} with --kernels eager: torchao's FP8 casts run unfused (timing."
              f"FP8_CAST_BYTES_EAGER), usually slower than bf16; torchao's FP8 expects --kernels compiled")

@@ -66,19 +66,6 @@ DGX_LINKS_NVLINK_GBps = 900.0
 DGX_INTRA_BUSBW_GBps, DGX_INTER_BUSBW_GBps = 360.0, 46.0  # ClusterSpec's defaults (nccl-tests #212, #290, #309)
 
 
-def link_default_notes(gpu: GPUSpec, links_GBps: dict[str, float]) -> list[str]:
-    """A warning when link bandwidths (config key or flag → GB/s; pass only the links the cluster uses) are DGX
-    H100's measured busbw (the defaults, and the default study's values) on a GPU with another NVLink fabric (A100
-    NVLink3, H100 PCIe bridges): they then likely overstate its links. H200 shares NVLink4."""
-    dgx = {"intra": DGX_INTRA_BUSBW_GBps, "inter": DGX_INTER_BUSBW_GBps}
-    same = [f"{k}={v:g}" for k, v in links_GBps.items() if any(t in k and v == dgx[t] for t in dgx)]
-    if not same or gpu.nvlink_GBps == DGX_LINKS_NVLINK_GBps:
-        return []
-    return [f"{' and '.join(same)} GB/s: the busbw nccl-tests measures on DGX H100 (NVLink4, "
-            f"{DGX_LINKS_NVLINK_GBps:.0f} GB/s per GPU; 400G NICs); {gpu.name} has {gpu.nvlink_GBps:.0f} GB/s of "
-            "NVLink per GPU, so this likely overstates its links: set your nodes' nccl-tests busbw"]
-
-
 @dataclass(frozen=True, kw_only=True)
 class ClusterSpec:
     """Nodes of identical GPUs. Bandwidths are NCCL *bus* bandwidths per GPU (nccl-tests convention)."""
@@ -104,3 +91,21 @@ class ClusterSpec:
     @property
     def n_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+
+def link_default_notes(cluster: ClusterSpec, intra_name: str, inter_name: str) -> list[str]:
+    """A warning when the links the cluster uses (intra with > 1 GPU per node, inter with > 1 node; named as the
+    caller's key or flag) are at DGX H100's measured busbw (the defaults, and the default study's values) on a GPU
+    with another NVLink fabric (A100 NVLink3, H100 PCIe bridges): they then likely overstate its links. H200 shares
+    NVLink4."""
+    gpu = cluster.gpu
+    if gpu.nvlink_GBps == DGX_LINKS_NVLINK_GBps:
+        return []
+    links = ((intra_name, cluster.gpus_per_node > 1, cluster.intra_busbw_Bps / 1e9, DGX_INTRA_BUSBW_GBps),
+             (inter_name, cluster.nodes > 1, cluster.inter_busbw_Bps / 1e9, DGX_INTER_BUSBW_GBps))
+    same = [f"{name}={v:g}" for name, used, v, dgx in links if used and v == dgx]
+    if not same:
+        return []
+    return [f"{' and '.join(same)} GB/s: the busbw nccl-tests measures on DGX H100 (NVLink4, "
+            f"{DGX_LINKS_NVLINK_GBps:.0f} GB/s per GPU; 400G NICs); {gpu.name} has {gpu.nvlink_GBps:.0f} GB/s of "
+            "NVLink per GPU, so this likely overstates its links: set your nodes' nccl-tests busbw"]

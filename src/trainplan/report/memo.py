@@ -23,7 +23,7 @@ import pandas as pd
 from trainplan import pkgdata
 from trainplan.cost.budget import duration_text
 from trainplan.io import read_json, write_bytes
-from trainplan.model.layout import Layout
+from trainplan.model.layout import SHARDINGS, Layout
 from trainplan.model.timing import STEP_PARTS, attention_kernel_rel
 from trainplan.provenance import sidecar_path
 from trainplan.published.fit import HELDOUT_TARGETS, bias_se
@@ -277,12 +277,10 @@ def _assumptions(config: dict) -> list[tuple[str, str]]:
             if full and k in LORA_KEYS:
                 continue
             try:
-                x = float(v)
+                x = float(v)  # str(True) is not a number: booleans stay as written
             except ValueError:
-                x = None
-            if x is not None and x.is_integer() and abs(x) >= 1e4 and v not in ("True", "False"):
-                v = f"{int(x):,}"
-            rows.append((k, v))
+                x = 0.0
+            rows.append((k, f"{int(x):,}" if x.is_integer() and abs(x) >= 1e4 else v))
     return rows
 
 
@@ -331,13 +329,10 @@ def _families(fam: pd.DataFrame | None, top: int = FAMILIES_SHOWN) -> dict[str, 
     return {"families": rows, "families_total": len(fam)}
 
 
-SHARDING_TOKENS = ("none", "zero1", "zero2", "zero3", "hsdp")  # Layout.describe()'s sharding word
-
-
 def _unsharded_structure(layout_text: str) -> tuple[str, ...]:
     """A layout's description without its data-parallel sharding word (``hsdp/8`` included): two layouts with the
     same structure run the same parallelism, recompute and micro-batch, and differ only in how states are sharded."""
-    return tuple(t for t in layout_text.split() if t.split("/")[0] not in SHARDING_TOKENS)
+    return tuple(t for t in layout_text.split() if t.split("/")[0] not in SHARDINGS)
 
 
 def runner_up(families: pd.DataFrame | None, chosen: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -145,10 +145,12 @@ def test_dgx_h100_link_figures_on_another_nvlink_fabric_are_a_warning():
     cluster's own figures pass silently."""
     from trainplan.model.hardware import link_default_notes
 
-    dgx = {"cluster.intra_busbw_GBps": 360.0, "cluster.inter_busbw_GBps": 46.0}
-    (a100,) = link_default_notes(resolve_gpu("a100-80gb"), dgx)
+    def notes(gpu, keys=("cluster.intra_busbw_GBps", "cluster.inter_busbw_GBps"), **links):
+        return link_default_notes(ClusterSpec(nodes=2, gpus_per_node=8, gpu=resolve_gpu(gpu), **links), *keys)
+
+    (a100,) = notes("a100-80gb")
     assert a100.startswith("cluster.intra_busbw_GBps=360 and cluster.inter_busbw_GBps=46 GB/s: ")
     assert "a100-80gb has 600 GB/s of NVLink per GPU" in a100
-    assert link_default_notes(resolve_gpu("h100-pcie-80gb"), {"--intra-busbw": 360.0, "--inter-busbw": 25.0})
-    assert not link_default_notes(resolve_gpu("a100-80gb"), {"--intra-busbw": 230.0, "--inter-busbw": 23.0})
-    assert not link_default_notes(resolve_gpu("h200-141gb"), dgx) and not link_default_notes(resolve_gpu("h100-sxm-80gb"), dgx)
+    assert notes("h100-pcie-80gb", ("--intra-busbw", "--inter-busbw"), inter_busbw_Bps=25e9)
+    assert not notes("a100-80gb", ("--intra-busbw", "--inter-busbw"), intra_busbw_Bps=230e9, inter_busbw_Bps=23e9)
+    assert not notes("h200-141gb") and not notes("h100-sxm-80gb")
