@@ -17,11 +17,13 @@
 # Output (default data/calibration/gpu/): <id>.json (RECORD), <id>.spec.json, <id>.log, <id>.nvsmi.csv
 # (nvidia-smi memory.used samples during the run), environment.json (nvidia-smi, torch/CUDA/NCCL versions,
 # what ran and what was skipped). Exit 0 when every started run produced a record.
-# First, unless --no-microbench, the microbenchmarks (docs/timing-model.md §7.11–7.12, §7.14), into <out>/microbench/
-# with their logs, each capped at a third of the budget, which their time then leaves: benchmarks/bench_hbm_stream.py
-# (HBM stream rates) and benchmarks/bench_bf16_step.py (the production precision regime), which the GPU check reads,
-# benchmarks/bench_optimizer_step.py (AdamW for-loop / foreach / fused on FSDP2 shards, one rank) and
-# benchmarks/bench_ring_attention.py (one rank of torch's ring attention on a fake CP group vs its flash kernels, §7.4).
+# First, unless --no-microbench, the microbenchmarks (docs/timing-model.md §7.4, §7.11–7.12, §7.14), into
+# <out>/microbench/ with their logs, each capped at a third of the budget, which their time then leaves, in this
+# order: benchmarks/bench_ring_attention.py (one rank of torch's ring attention on a fake CP group vs its flash
+# kernels, §7.4: the one measurement the held-out CP bias still waits on, so it runs first),
+# benchmarks/bench_hbm_stream.py (HBM stream rates) and benchmarks/bench_bf16_step.py (the production precision
+# regime), which the GPU check reads, and benchmarks/bench_optimizer_step.py (AdamW for-loop / foreach / fused on
+# FSDP2 shards, one rank). `--microbench ring_attention` runs only the named ones (comma list), in that order.
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
@@ -31,6 +33,7 @@ OUT="data/calibration/gpu"
 BUDGET_S=480
 DRY=0
 MICRO=1
+BENCHES="ring_attention,hbm_stream,bf16_step,optimizer_step"
 CONFIGS=("config/config.yaml" "config/gpu_proxies.yaml")
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -38,9 +41,10 @@ while [[ $# -gt 0 ]]; do
     --budget-s) BUDGET_S="$2"; shift 2 ;;
     --dry-run) DRY=1; shift ;;
     --no-microbench) MICRO=0; shift ;;
+    --microbench) BENCHES="$2"; shift 2 ;;
     --config) CONFIGS=("config/config.yaml" "$2"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
-    *) echo "device_proxies.sh: unknown argument '$1' (valid: --out DIR, --budget-s N, --dry-run, --no-microbench, --config YAML)" >&2
+    *) echo "device_proxies.sh: unknown argument '$1' (valid: --out DIR, --budget-s N, --dry-run, --no-microbench, --microbench LIST, --config YAML)" >&2
        exit 2 ;;
   esac
 done
@@ -48,6 +52,14 @@ if ! [[ "$BUDGET_S" =~ ^[0-9]+$ ]] || (( BUDGET_S < 1 )); then
   echo "device_proxies.sh: --budget-s=$BUDGET_S: must be a positive integer (seconds)" >&2
   exit 2
 fi
+IFS=',' read -r -a BENCH_LIST <<< "$BENCHES"
+for bench in "${BENCH_LIST[@]}"; do
+  case "$bench" in
+    ring_attention|hbm_stream|bf16_step|optimizer_step) ;;
+    *) echo "device_proxies.sh: --microbench=$BENCHES: unknown benchmark '$bench' (valid: comma list of ring_attention, hbm_stream, bf16_step, optimizer_step)" >&2
+       exit 2 ;;
+  esac
+done
 
 cd "$ROOT"
 PY="${PYTHON:-}"
@@ -60,7 +72,7 @@ if (( MICRO )) && (( ! DRY )) && ! "$PY" -c "import torch, sys; sys.exit(0 if to
   MICRO=0  # no CUDA: the proxy plan below says so and stops; nothing is written
 fi
 if (( MICRO )); then
-  for bench in hbm_stream bf16_step optimizer_step ring_attention; do
+  for bench in "${BENCH_LIST[@]}"; do
     cmd=("$PY" "benchmarks/bench_$bench.py" --out "$OUT/microbench/$bench.json")
     if (( DRY )); then
       echo "microbench: ${cmd[*]} [dry run: not run]"

@@ -19,7 +19,8 @@ output directory:
 * ``torchrun.sh`` -- the per-node ``torchrun`` command of the entry point with a c10d rendezvous;
 * ``deepspeed_zero.json`` -- reference only, when the layout is DeepSpeed-expressible (pure DP + ZeRO 0-3);
 * ``manifest.json`` -- the artifacts with a ``short`` flag (short ones are inlined in the memo), ``trainer``
-  (chosen, why, the launch lines, checkpoint interval) and ``day1`` (the day-1 checks as commands).
+  (chosen, why, ``deviations``: how what it runs differs from the planned layout, the launch lines, checkpoint
+  interval) and ``day1`` (the day-1 checks as commands).
 
 Every file's header carries the study hash. Config values reach shell text only through ``shlex.quote``;
 comment text is stripped of line breaks so a value cannot escape its comment.
@@ -46,8 +47,10 @@ from trainplan.io import InputFileError, read_json, read_json_checked, write_jso
 from trainplan.launch.trainers import (
     TORCHTITAN_CONFIG_FN,
     TORCHTITAN_MODULE,
+    Deviation,
     checkpoint_interval_steps,
     choose_trainer,
+    deviations,
     torchtitan_job_module,
     torchtitan_model_problems,
     torchtitan_settings,
@@ -62,7 +65,7 @@ from trainplan.model.training import TrainingSpec
 from trainplan.provenance import study_hash
 
 __all__ = ["Artifact", "DEEPSPEED_DOCUMENTED_KEYS", "accelerate_config", "bash_syntax_check",
-           "deepspeed_config", "deepspeed_unsupported_reason", "main", "sbatch_name", "sbatch_script",
+           "deepspeed_config", "deepspeed_unsupported_reason", "main", "plan_deviations", "sbatch_name", "sbatch_script",
            "sbatch_test_only", "torchrun_command", "torchrun_script", "write_artifacts"]
 
 DECODER_LAYER_CLS = "LlamaDecoderLayer"  # transformers' Llama block; FSDP2 wraps one unit per layer
@@ -150,33 +153,34 @@ def _accelerate_parts(cluster: ClusterSpec, training: TrainingSpec, layout: Layo
         "fsdp_sync_module_states": True,
     }
     if L.sharding == "zero1":
-        notes.append("FSDP2 has no optimizer-only sharding (ZeRO-1); reshard_after_forward=false (ZeRO-2 "
-                     "equivalent) is used, which holds no more memory than ZeRO-1")
+        notes.append(Deviation("FSDP2 has no optimizer-only sharding (ZeRO-1); reshard_after_forward=false (ZeRO-2 "
+                               "equivalent) is used, which holds no more memory than ZeRO-1"))
     if L.sharding == "none":
-        notes.append("the layout is unsharded DDP; FSDP2 is emitted with reshard_after_forward=false "
-                     "(gradients and optimizer sharded), which holds less memory than DDP")
+        notes.append(Deviation("the layout is unsharded DDP; FSDP2 is emitted with reshard_after_forward=false "
+                               "(gradients and optimizer sharded), which holds less memory than DDP"))
     if L.recompute == "selective":
-        notes.append("Accelerate's FSDP activation checkpointing recomputes whole decoder layers (full); "
-                     "the planned selective recompute needs the model's own checkpoint wrapper")
+        notes.append(Deviation("Accelerate's FSDP activation checkpointing recomputes whole decoder layers (full); "
+                               "the planned selective recompute needs the model's own checkpoint wrapper"))
     if L.offload == "cpu":
-        notes.append("FSDP2 CPUOffloadPolicy offloads parameters and gradients as well as the optimizer step "
-                     "(more PCIe traffic than the optimizer-only offload the planner costed)")
+        notes.append(Deviation("FSDP2 CPUOffloadPolicy offloads parameters and gradients as well as the optimizer step "
+                               "(more PCIe traffic than the optimizer-only offload the planner costed)"))
     if training.precision == "fp32":
         notes.append(f"training.precision={training.precision}: mixed_precision is 'no'")
     elif training.fp8 == "tensorwise":
         notes.append("training.precision=fp8-tensorwise: mixed_precision fp8 with fp8_config backend AO (torchao "
                      "Float8Linear, its default recipe is tensorwise dynamic scaling)")
     elif training.fp8 == "rowwise":
-        notes.append("training.precision=fp8-rowwise: Accelerate's config file cannot select torchao's rowwise "
-                     "recipe (AO backend = tensorwise); the torchtitan job carries it (float8 converter, rowwise)")
+        notes.append(Deviation("training.precision=fp8-rowwise: Accelerate's config file cannot select torchao's "
+                               "rowwise recipe (AO backend = tensorwise); the torchtitan job carries it (float8 "
+                               "converter, rowwise)"))
     par: dict[str, Any] = {}
     replicas = L.dp
     shard = L.dp
     if L.sharding == "hsdp":
         g = L.shard_group or cluster.gpus_per_node
         if g % L.cp:
-            notes.append(f"hsdp shard_group={g} is not a multiple of cp={L.cp}; Accelerate shards over "
-                         "dp_shard x cp, so the shard group is rounded to whole cp groups")
+            notes.append(Deviation(f"hsdp shard_group={g} is not a multiple of cp={L.cp}; Accelerate shards over "
+                                   "dp_shard x cp, so the shard group is rounded to whole cp groups"))
         shard = max(1, g // L.cp)
         replicas = max(1, L.dp // shard)
     else:
@@ -189,15 +193,26 @@ def _accelerate_parts(cluster: ClusterSpec, training: TrainingSpec, layout: Layo
         if L.cp > 1:
             par["parallelism_config_cp_comm_strategy"] = "allgather" if L.cp_kind == "ring" else "alltoall"
     if L.tp > 1:
-        notes.append("TP in Accelerate uses the model's transformers tp_plan (needs a transformers model); "
-                     + ("Megatron-style sequence parallelism is not configurable there" if L.sp else ""))
+        note = "TP in Accelerate uses the model's transformers tp_plan (needs a transformers model)"
+        notes.append(Deviation(note + "; Megatron-style sequence parallelism is not configurable there, so TP "
+                               "runs without SP") if L.sp else note)
     if L.cp > 1 and L.cp_kind == "ulysses":
-        notes.append("Ulysses CP exists in Accelerate only with the DeepSpeed backend; torch CP (all-to-all "
-                     "rotation) is emitted instead")
+        notes.append(Deviation("Ulysses CP exists in Accelerate only with the DeepSpeed backend; torch CP "
+                               "(all-to-all rotation) is emitted instead"))
     if L.pp > 1:
-        notes.append(f"pp={L.pp} is not expressible in Accelerate 1.x (no pipeline-parallel training with "
-                     "FSDP2); use torchtitan or Megatron for this layout. The config covers dp/tp/cp only")
+        notes.append(Deviation(f"pp={L.pp} is not expressible in Accelerate 1.x (no pipeline-parallel training "
+                               "with FSDP2); use torchtitan or Megatron for this layout. The config covers dp/tp/cp "
+                               "only"))
     return fsdp, par, notes
+
+
+def plan_deviations(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,
+                    trainer: str) -> list[str]:
+    """How what ``trainer`` (:func:`choose_trainer`'s pick) runs differs from the planned layout: its
+    :class:`~trainplan.launch.trainers.Deviation` notes (empty when it runs the plan as planned)."""
+    if trainer == "torchtitan":
+        return deviations(torchtitan_settings(model, cluster, training, layout)[1])
+    return deviations(_accelerate_parts(cluster, training, layout)[2])
 
 
 def accelerate_config(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, *,
@@ -366,7 +381,8 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     lead = int(min(signal_lead_s, max(30, minutes * 60 // 4)))
     return _template("sbatch.sh.j2").render(
         header=_header(f"Slurm batch script ({cluster.nodes} x {cluster.gpus_per_node} GPUs)", study_hash,
-                       model, cluster, layout),
+                       model, cluster, layout, [f"{trainer} differs from the plan: {d}" for d in
+                                                plan_deviations(model, cluster, training, layout, trainer)]),
         script_name=sbatch_name(cluster), job_name=f"{job_name}-{study_hash[:12]}", short_hash=study_hash[:12],
         partition=partition, account=account, gpus_per_node_directive=bool(gpu_directive),
         nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, signal_lead_s=lead,
@@ -458,11 +474,11 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
                         f"--min-tokens-per-s-per-gpu {round(min_tokens_per_s_per_gpu or 0)}` (median tokens/s/GPU "
                         f">= {tps}, losses finite)" if trainer == "accelerate" else
                         f"torchtitan's log shows tps per GPU >= {tps} after warm-up and finite losses"},
-        {"check": "nccl-tests all-reduce across all nodes",
+        {"check": "nccl-tests all-reduce across all nodes" if cluster.nodes > 1 else "nccl-tests all-reduce on the node",
          "command": f"srun --nodes={cluster.nodes} --ntasks-per-node={cluster.gpus_per_node} "
                     f"--gpus-per-node={cluster.gpus_per_node} all_reduce_perf -b 1G -e 8G -f 2 -g 1",
          "passes_when": f"busbw at 8 GB >= {busbw['busbw_GBps']:g} GB/s: {busbw['why']}",
-         "min_busbw_GBps": busbw["busbw_GBps"], "why": busbw["why"]},
+         "min_busbw_GBps": busbw["busbw_GBps"], "why": busbw["why"], "nodes": cluster.nodes},
         {"check": "save and restore one sharded (DCP) checkpoint",
          "command": f"sbatch --export=ALL,TRAINPLAN_MODE=day1-checkpoint {sb}",
          "passes_when": "the job exits 0: a checkpoint at step 5, a fresh launch restores it and reaches step 10 "
@@ -551,6 +567,7 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     write_json(out / "manifest.json", {
         "study_hash": study_hash, "layout": layout.to_dict(),
         "trainer": {"chosen": trainer, "why": why,
+                    "deviations": plan_deviations(model, cluster, training, layout, trainer),
                     "torchtitan": "written" if not titan_no else "; ".join(titan_no),
                     "torchtitan_parallelism": settings["parallelism"] if settings else None,
                     "hf_model_config": "written" if hf_why is None else hf_why,

@@ -32,8 +32,8 @@ from trainplan.model.layout import Layout, grad_accum, shard_degree
 from trainplan.model.training import TrainingSpec
 from trainplan.train_entry import checkpoint_interval_s_from_cost
 
-__all__ = ["TORCHTITAN_VERSION", "TORCHTITAN_MODULE", "TORCHTITAN_CONFIG_FN", "checkpoint_interval_steps",
-           "choose_trainer", "torchtitan_model_problems", "torchtitan_settings", "torchtitan_job_module",
+__all__ = ["TORCHTITAN_VERSION", "TORCHTITAN_MODULE", "TORCHTITAN_CONFIG_FN", "Deviation", "checkpoint_interval_steps",
+           "choose_trainer", "deviations", "torchtitan_model_problems", "torchtitan_settings", "torchtitan_job_module",
            "total_steps"]
 
 TORCHTITAN_VERSION = "0.3.0"
@@ -41,6 +41,18 @@ TORCHTITAN_MODULE = "trainplan_torchtitan"  # the file written next to the sbatc
 TORCHTITAN_CONFIG_FN = "trainplan_job"
 ROPE_THETA_LLAMA2 = 10000.0
 PP_SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}  # torch.distributed.pipelining names
+
+
+class Deviation(str):
+    """A launch note saying the trainer runs something other than the planned layout (ring CP for Ulysses, FSDP2's
+    whole-model CPU offload for an optimizer-only one, ...): the plan's prediction is not for what it runs. The
+    manifest lists these for the trainer the sbatch runs and the memo prints them; other notes only explain a
+    setting."""
+
+
+def deviations(notes: list[str]) -> list[str]:
+    """The notes that are :class:`Deviation` s, as plain strings."""
+    return [str(n) for n in notes if isinstance(n, Deviation)]
 
 
 def total_steps(training: TrainingSpec) -> int:
@@ -109,8 +121,8 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
     else:
         replicate, shard = 1, L.dp
     if L.sharding in ("zero1", "zero2"):
-        notes.append(f"sharding={L.sharding}: torchtitan has FSDP2 only; fsdp_reshard_after_forward='never' keeps "
-                     "the gathered parameters between forward and backward (ZeRO-2-like memory)")
+        notes.append(Deviation(f"sharding={L.sharding}: torchtitan has FSDP2 only; fsdp_reshard_after_forward='never' keeps "
+                     "the gathered parameters between forward and backward (ZeRO-2-like memory)"))
     par: dict[str, Any] = {
         "data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
         "fsdp_reshard_after_forward": "always" if L.sharding in ("zero3", "hsdp") else "never",
@@ -131,8 +143,8 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
         notes.append("tp without sp: torchtitan's llama3 TP plan always shards the norms' sequence dim when "
                      "enable_sequence_parallel is true; set false here as planned")
     if L.cp > 1 and L.cp_kind == "ulysses":
-        notes.append("cp_kind=ulysses: torchtitan 0.3 CP is ring attention (head-tail load balancing); "
-                     "emitted as ring CP")
+        notes.append(Deviation("cp_kind=ulysses: torchtitan 0.3 CP is ring attention (head-tail load balancing); "
+                               "emitted as ring CP"))
     # batch: without PP a rank processes micro_batch per forward, accumulating ga; with PP the local batch
     # is split into pipeline micro-batches of micro_batch
     local = L.micro_batch * ga if L.pp > 1 else L.micro_batch
@@ -142,14 +154,15 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
                              "mixed_precision_param": "bfloat16" if training.half else "float32",
                              "disable_cuda_graphs": True}
     if L.offload == "cpu":
-        notes.append("offload=cpu: torchtitan enable_cpu_offload is FSDP2's CPUOffloadPolicy (parameters, "
-                     "gradients and optimizer on the host), more PCIe traffic than the optimizer-only offload costed")
+        notes.append(Deviation("offload=cpu: torchtitan enable_cpu_offload is FSDP2's CPUOffloadPolicy (parameters, "
+                               "gradients and optimizer on the host), more PCIe traffic than the optimizer-only "
+                               "offload costed"))
     ac = {"none": None, "full": "full", "selective": "selective"}[L.recompute]
     compile_ = {"enable": training.kernels == "compiled" or L.tp_overlap,
                 "enable_async_tensor_parallel": bool(L.tp_overlap)}
     if training.kernels == "fused":
-        notes.append("kernels=fused (Megatron/Transformer Engine kernels) has no torchtitan equivalent; "
-                     "torch.compile is enabled as the nearest")
+        notes.append(Deviation("kernels=fused (Megatron/Transformer Engine kernels) has no torchtitan equivalent; "
+                               "torch.compile is enabled as the nearest"))
         compile_["enable"] = True
     ckpt = {"enable": True, "interval": int(ckpt_interval_steps), "async_mode": "async",
             "last_save_model_only": False, "folder": "checkpoint"}
@@ -159,8 +172,9 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
     if training.fp8 == "rowwise":
         float8 = {"recipe_name": "rowwise", "filter_fqns": ["lm_head", "output"]}
     elif training.fp8 == "tensorwise":
-        notes.append("precision=fp8-tensorwise: torchtitan 0.3's float8 converter has only rowwise recipes; "
-                     "this job runs bf16 (use the Accelerate launch, fp8_config backend AO = torchao tensorwise)")
+        notes.append(Deviation("precision=fp8-tensorwise: torchtitan 0.3's float8 converter has only rowwise recipes; "
+                               "this job runs bf16 (use the Accelerate launch, fp8_config backend AO = torchao "
+                               "tensorwise)"))
     return {"parallelism": par, "training": train, "activation_checkpoint": ac, "compile": compile_,
             "checkpoint": ckpt, "float8": float8,
             "optimizer": {"implementation": training.optimizer_impl}}, notes

@@ -120,6 +120,43 @@ def test_manifest_names_the_trainer_the_sbatch_runs_and_the_day1_commands(tmp_pa
         assert "reference only" in man["deepspeed"]
 
 
+@pytest.mark.parametrize("name,layout,expect", [
+    # what each trainer runs as planned: no deviation listed
+    ("fsdp", LAYOUTS["fsdp"], []),
+    ("cp ring", LAYOUTS["cp"], []),
+    ("hsdp tp", LAYOUTS["hsdp_tp"], []),
+    # torchtitan runs ring CP and FSDP2's whole-model CPU offload: the plan costed Ulysses and optimizer offload
+    ("ulysses offload", Layout(dp=16, tp=2, sp=True, cp=2, cp_kind="ulysses", sharding="zero3", offload="cpu",
+                               micro_batch=1), ["cp_kind=ulysses", "offload=cpu"]),
+    # Accelerate: selective recompute runs as full, DDP as FSDP2 without resharding
+    ("selective", Layout(dp=32, sharding="zero3", recompute="selective", micro_batch=1), ["selective recompute"]),
+    ("ddp", LAYOUTS["ddp"], ["unsharded DDP"]),
+])
+def test_manifest_and_sbatch_list_how_the_launch_differs_from_the_plan(tmp_path, name, layout, expect):
+    launch.write_artifacts(MODEL, CLUSTER, TRAINING, layout, tmp_path, study_hash=HASH)
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    got = man["trainer"]["deviations"]
+    assert len(got) == len(expect) and all(e in g for e, g in zip(expect, got, strict=True)), got
+    head = [ln for ln in (tmp_path / "sbatch_4x8.sh").read_text().splitlines() if ln.startswith("# NOTE:")]
+    assert head == [f"# NOTE: {man['trainer']['chosen']} differs from the plan: {g}" for g in got]
+    assert got == launch.plan_deviations(MODEL, CLUSTER, TRAINING, layout, man["trainer"]["chosen"])
+
+
+def test_only_deviations_are_listed_not_notes_that_explain_a_setting():
+    # torchtitan's layers-per-stage rounding and TP without SP are notes, not deviations; ZeRO-2 on torchtitan is one
+    lay = Layout(dp=4, tp=2, pp=4, pp_schedule="interleaved", vpp=3, sharding="zero2", micro_batch=1)
+    _, notes = trainers.torchtitan_settings(MODEL, CLUSTER, TRAINING, lay)
+    assert any("not divisible" in n for n in notes)
+    assert trainers.deviations(notes) == [n for n in notes if n.startswith("sharding=zero2")]
+    assert all(type(d) is str for d in trainers.deviations(notes))  # plain strings, JSON-ready
+    # Accelerate: TP alone needs a tp_plan (a note); TP with SP runs without SP (a deviation)
+    no_sp = launch._accelerate_parts(CLUSTER, TRAINING, Layout(dp=16, tp=2, sharding="zero3", micro_batch=1))[2]
+    with_sp = launch._accelerate_parts(CLUSTER, TRAINING, Layout(dp=16, tp=2, sp=True, sharding="zero3",
+                                                                 micro_batch=1))[2]
+    assert trainers.deviations(no_sp) == [] and any("tp_plan" in n for n in no_sp)
+    assert len(trainers.deviations(with_sp)) == 1 and "without SP" in trainers.deviations(with_sp)[0]
+
+
 def test_layouts_torchtitan_cannot_build_say_why(tmp_path):
     from dataclasses import replace
 

@@ -330,6 +330,32 @@ def test_plan_ranks_only_a_pinned_layout_as_the_study_does(tmp_path, capsys):
     assert "1 feasible of 1 layouts" in capsys.readouterr().out
 
 
+def test_search_can_be_narrowed_to_the_cp_kinds_and_pp_schedules_a_trainer_runs(tmp_path, capsys):
+    """search.cp_kinds / search.pp_schedules (absent: both) leave out what the launch cannot run as planned
+    (torchtitan's CP is ring only); a value outside them is a one-line error naming the key."""
+    import pandas as pd
+
+    base = ("model: llama2-13b\ncluster: {nodes: 2, gpus_per_node: 8, gpu: h100-sxm-80gb}\ntraining: {seq_len: 16384, global_batch: 32}\n"
+            "cost: {price_per_gpu_hour_usd: 3}\nproxies: {nproc_per_node: 1, scaleout_world_sizes: [1]}\n"
+            "search: {offloads: [none], recomputes: [full], micro_batches: [1], shardings: [zero3]")
+    rows = {}
+    for name, extra in (("all", ""), ("ring", ", cp_kinds: [ring], pp_schedules: [1f1b]")):
+        (tmp_path / f"{name}.yaml").write_text(base + extra + "}\n")
+        assert main(["plan", str(tmp_path / f"{name}.yaml"), "--csv", str(tmp_path / f"{name}.csv")]) == 0
+        rows[name] = pd.read_csv(tmp_path / f"{name}.csv")
+    capsys.readouterr()
+    cp = rows["all"]["cp"] > 1
+    assert set(rows["all"].loc[cp, "cp_kind"]) == {"ring", "ulysses"}
+    assert set(rows["all"].loc[rows["all"]["pp"] > 1, "pp_schedule"]) == {"1f1b", "interleaved"}
+    assert set(rows["ring"].loc[rows["ring"]["cp"] > 1, "cp_kind"]) == {"ring"}
+    assert set(rows["ring"].loc[rows["ring"]["pp"] > 1, "pp_schedule"]) == {"1f1b"}
+    assert len(rows["ring"]) < len(rows["all"])
+    (tmp_path / "bad.yaml").write_text(base + ", cp_kinds: [ring, zigzag]}\n")
+    assert main(["plan", str(tmp_path / "bad.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "search.cp_kinds" in err[0] and "zigzag" in err[0] and "ulysses" in err[0]
+
+
 def test_plan_without_a_feasible_layout_says_why(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("model: llama2-70b\ncluster: {nodes: 1, gpus_per_node: 1, gpu: a100-80gb}\n"

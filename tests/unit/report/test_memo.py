@@ -605,6 +605,45 @@ def test_nccl_check_holds_the_cluster_to_the_busbw_the_plan_assumes(tmp_path):
     ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
     text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
     assert f"reaches the busbw the plan assumes, {planned:,.0f} GB/s (rail model" in text
+    # one node: the check runs on the node and holds it to the NVLink busbw, with no rail model to mention
+    assert one_node["check"] == "nccl-tests all-reduce on the node" and one_node["nodes"] == 1
+    one = day1_commands(ClusterSpec(nodes=1, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb")), trainer="accelerate")
+    (root / "launch/manifest.json").write_text(json.dumps(man | {"day1": one}))
+    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    assert _squash("nccl-tests all-reduce on the node reaches the busbw the plan assumes, 360 GB/s (intra_busbw_GBps)"
+                   ) in _squash(text)
+    assert "rail model" not in text and "over all nodes" not in text
+
+
+def test_launch_deviations_are_on_page_one_and_listed_in_appendix_a(tmp_path):
+    """A layout the chosen trainer cannot run as planned (torchtitan has ring CP only; its CPU offload moves the
+    whole model) was recommended with no word of it outside a comment in the job file: the day-1 checks then
+    measure another layout than the one predicted. Page 1 counts the differences (and keeps the ask), Appendix A
+    lists them from the manifest and says how to plan only what the launch runs."""
+    from trainplan.launch.artifacts import day1_commands
+    from trainplan.model.hardware import ClusterSpec, resolve_gpu
+    from trainplan.provenance import write_sidecar
+
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    man = json.loads((root / "launch/manifest.json").read_text())
+    assert not man.get("trainer", {}).get("deviations")  # the fixture's layout runs as planned
+    differs = ["cp_kind=ulysses: torchtitan 0.3 CP is ring attention; emitted as ring CP",
+               "offload=cpu: torchtitan enable_cpu_offload is FSDP2's CPUOffloadPolicy"]
+    man["trainer"] = {**man.get("trainer", {}), "chosen": "torchtitan", "deviations": differs}
+    man["day1"] = day1_commands(ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb")),
+                                trainer="torchtitan", min_tokens_per_s_per_gpu=4960.6)
+    (root / "launch/manifest.json").write_text(json.dumps(man))
+    write_sidecar(root / "launch/manifest.json", rule="launch_artifacts", config_slice={})
+    pdf = _render(root, tmp_path / "memo.pdf")
+    pages = [p.extract_text() for p in PdfReader(pdf).pages]
+    one = _squash(pages[0])
+    assert _squash("the sbatch runs torchtitan with 2 differences from the plan (Appendix A)") in one
+    assert "Theask" in one  # the sentence does not push the ask off page 1
+    text = _squash("\n".join(pages))
+    assert _squash("Where the launch differs from the plan") in text
+    assert all(_squash(d) in text for d in differs) and "search" in text and "cp_kinds" in text
 
 
 def test_flops_formula_names_the_parameters_it_counts(tmp_path):
