@@ -51,6 +51,7 @@ from trainplan.launch.trainers import (
     checkpoint_interval_steps,
     choose_trainer,
     deviations,
+    offload_note,
     torchtitan_job_module,
     torchtitan_model_problems,
     torchtitan_settings,
@@ -162,8 +163,7 @@ def _accelerate_parts(cluster: ClusterSpec, training: TrainingSpec, layout: Layo
         notes.append(Deviation("Accelerate's FSDP activation checkpointing recomputes whole decoder layers (full); "
                                "the planned selective recompute needs the model's own checkpoint wrapper"))
     if L.offload == "cpu":
-        notes.append(Deviation("FSDP2 CPUOffloadPolicy offloads parameters and gradients as well as the optimizer step "
-                               "(more PCIe traffic than the optimizer-only offload the planner costed)"))
+        notes.append(offload_note("fsdp_offload_params", L.sharding))
     if training.precision == "fp32":
         notes.append(f"training.precision={training.precision}: mixed_precision is 'no'")
     elif training.fp8 == "tensorwise":

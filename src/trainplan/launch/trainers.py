@@ -33,7 +33,7 @@ from trainplan.model.training import TrainingSpec
 from trainplan.train_entry import checkpoint_interval_s_from_cost
 
 __all__ = ["TORCHTITAN_VERSION", "TORCHTITAN_MODULE", "TORCHTITAN_CONFIG_FN", "Deviation", "checkpoint_interval_steps",
-           "choose_trainer", "deviations", "torchtitan_model_problems", "torchtitan_settings", "torchtitan_job_module",
+           "choose_trainer", "deviations", "offload_note", "torchtitan_model_problems", "torchtitan_settings", "torchtitan_job_module",
            "total_steps"]
 
 TORCHTITAN_VERSION = "0.3.0"
@@ -53,6 +53,18 @@ class Deviation(str):
 def deviations(notes: list[str]) -> list[str]:
     """The notes that are :class:`Deviation` s, as plain strings."""
     return [str(n) for n in notes if isinstance(n, Deviation)]
+
+
+def offload_note(what: str, sharding: str) -> str:
+    """FSDP2's CPUOffloadPolicy holds the sharded parameters, gradients and optimizer on the host: what the plan
+    sizes for ZeRO-3/HSDP offload (memory.model_states), a deviation for ZeRO-1/2/DDP, planned as an optimizer-only
+    offload (ZeRO-Offload) that keeps parameters and gradients on the GPU."""
+    if sharding in ("zero3", "hsdp"):
+        return (f"offload=cpu: {what} is FSDP2's CPUOffloadPolicy (parameters, gradients and optimizer on the host), "
+                "as planned for sharding=" + sharding)
+    return Deviation(f"offload=cpu: {what} is FSDP2's CPUOffloadPolicy (parameters, gradients and optimizer on the "
+                     f"host); the plan costed sharding={sharding} with an optimizer-only offload (less host traffic, "
+                     "more GPU memory)")
 
 
 def total_steps(training: TrainingSpec) -> int:
@@ -154,9 +166,7 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
                              "mixed_precision_param": "bfloat16" if training.half else "float32",
                              "disable_cuda_graphs": True}
     if L.offload == "cpu":
-        notes.append(Deviation("offload=cpu: torchtitan enable_cpu_offload is FSDP2's CPUOffloadPolicy (parameters, "
-                               "gradients and optimizer on the host), more PCIe traffic than the optimizer-only "
-                               "offload costed"))
+        notes.append(offload_note("torchtitan enable_cpu_offload", L.sharding))
     ac = {"none": None, "full": "full", "selective": "selective"}[L.recompute]
     compile_ = {"enable": training.kernels == "compiled" or L.tp_overlap,
                 "enable_async_tensor_parallel": bool(L.tp_overlap)}

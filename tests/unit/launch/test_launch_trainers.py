@@ -125,9 +125,16 @@ def test_manifest_names_the_trainer_the_sbatch_runs_and_the_day1_commands(tmp_pa
     ("fsdp", LAYOUTS["fsdp"], []),
     ("cp ring", LAYOUTS["cp"], []),
     ("hsdp tp", LAYOUTS["hsdp_tp"], []),
-    # torchtitan runs ring CP and FSDP2's whole-model CPU offload: the plan costed Ulysses and optimizer offload
+    # torchtitan runs ring CP; FSDP2's CPUOffloadPolicy is what the plan sizes for ZeRO-3 offload
     ("ulysses offload", Layout(dp=16, tp=2, sp=True, cp=2, cp_kind="ulysses", sharding="zero3", offload="cpu",
-                               micro_batch=1), ["cp_kind=ulysses", "offload=cpu"]),
+                               micro_batch=1), ["cp_kind=ulysses"]),
+    # ZeRO-2 offload was planned optimizer-only (ZeRO-Offload); torchtitan moves parameters and gradients too
+    ("zero2 offload", Layout(dp=16, tp=2, sp=True, sharding="zero2", offload="cpu", micro_batch=1),
+     ["sharding=zero2", "offload=cpu"]),
+    # Accelerate: the same for a pure data-parallel ZeRO-3 offload (as planned) and ZeRO-1 (not)
+    ("fsdp offload", Layout(dp=32, sharding="zero3", offload="cpu", micro_batch=1), []),
+    ("zero1 offload", Layout(dp=32, sharding="zero1", offload="cpu", micro_batch=1),
+     ["no optimizer-only sharding", "offload=cpu"]),
     # Accelerate: selective recompute runs as full, DDP as FSDP2 without resharding
     ("selective", Layout(dp=32, sharding="zero3", recompute="selective", micro_batch=1), ["selective recompute"]),
     ("ddp", LAYOUTS["ddp"], ["unsharded DDP"]),
