@@ -87,7 +87,8 @@ def stage_fit_scaling(records: pd.DataFrame, model: Any, n_gpus: int, cfg: dict[
             first = rec[rec["family"] == fam].iloc[0]
             hidden = int(d["x_target"]) if xc == "hidden" else int(first["hidden"])
             layers = int(d["x_target"]) if xc == "layers" else int(first["layers"])
-            d["analytic_target"] = float(cpu_model(model, hidden, layers, 128).n_params)
+            tp = int(first["tp"]) if "tp" in first and pd.notna(first["tp"]) else 1  # the slice's KV heads fit it
+            d["analytic_target"] = float(cpu_model(model, hidden, layers, 128, tp).n_params)
             d["rel_err_vs_analytic"] = d["y_target"] / d["analytic_target"] - 1.0
         fits[name] = {**d, "family": fam, "quantity": yc}
         curves += [{**r, "x_label": xl, "y_label": yl} for r in c]

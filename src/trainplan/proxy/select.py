@@ -31,11 +31,16 @@ CPU_VOCAB = 256
 CPU_HEAD_DIM = 16
 
 
-def cpu_model(model: ModelSpec, hidden: int, layers: int, seq_len: int) -> ModelSpec:
-    """A debug-size model keeping the production model's kind (MLP, norm, positions, GQA group if possible)."""
+def cpu_model(model: ModelSpec, hidden: int, layers: int, seq_len: int, tp: int = 1) -> ModelSpec:
+    """A debug-size model keeping the production model's kind (MLP, norm, positions, GQA group if possible).
+
+    ``tp``: the proxy's TP degree, which must divide the KV heads too: the GQA group shrinks to the largest one
+    that leaves a multiple of ``tp`` KV heads (Llama 3's group of 4 at 4 heads would leave one KV head, which
+    no TP proxy can split)."""
     heads = max(1, hidden // CPU_HEAD_DIM)
     group = max(1, model.heads // model.kv_heads)
-    kv = heads // group if heads % group == 0 and heads >= group else heads
+    fits = [g for g in range(min(group, heads), 0, -1) if heads % g == 0 and (heads // g) % max(1, tp) == 0]
+    kv = heads // fits[0] if fits else heads
     return ModelSpec(name=f"{model.name}-cpu-h{hidden}-L{layers}", layers=layers, hidden=hidden, heads=heads,
                      kv_heads=kv, vocab=CPU_VOCAB, mlp=model.mlp, norm=model.norm, norm_bias=model.norm_bias,
                      pos_offset=model.pos_offset, head_bias=model.head_bias, embed_norm=model.embed_norm,
@@ -101,9 +106,9 @@ def select_proxies(candidates: pd.DataFrame, model: ModelSpec, training: Trainin
         best = Layout(dp=world, sharding="zero3", recompute=best.recompute)
     out: list[dict[str, Any]] = []
 
-    def sized(layers: int, hidden: int | None = None) -> ModelSpec:
+    def sized(layers: int, hidden: int | None = None, tp: int = 1) -> ModelSpec:
         if device == "cpu":
-            return cpu_model(model, hidden or widths[0], layers, seq)
+            return cpu_model(model, hidden or widths[0], layers, seq, tp)
         return model.with_layers(layers) if hidden is None else replace(model, hidden=hidden, layers=layers,
                                                                           name=f"{model.name}-h{hidden}-L{layers}")
 
@@ -117,10 +122,10 @@ def select_proxies(candidates: pd.DataFrame, model: ModelSpec, training: Trainin
 
     if "depth" in families:
         for L in cfg.get("depth_layers", [1, 2, 4]):
-            add(f"depth-L{L}", "depth", sized(int(L)), best, world)
+            add(f"depth-L{L}", "depth", sized(int(L), tp=best.tp), best, world)
     if "width" in families:
         for h in widths:
-            add(f"width-h{h}", "width", sized(2, int(h)), best, world)
+            add(f"width-h{h}", "width", sized(2, int(h), tp=best.tp), best, world)
     if "scaleout" in families:
         for n in cfg.get("scaleout_world_sizes", [1, 2]):
             add(f"scaleout-n{n}", "scaleout", sized(2), Layout(dp=int(n), sharding="zero3"), int(n))
@@ -133,11 +138,11 @@ def select_proxies(candidates: pd.DataFrame, model: ModelSpec, training: Trainin
             if lay is None or _kind(lay) in seen:
                 continue
             seen.add(_kind(lay))
-            add(f"layout-{_slug(_kind(lay))}", "layout", sized(2), lay, world)
+            add(f"layout-{_slug(_kind(lay))}", "layout", sized(2, tp=lay.tp), lay, world)
         for lay in _always(world):  # every family the harness supports, even if the planner dropped it
             if _kind(lay) not in seen:
                 seen.add(_kind(lay))
-                add(f"layout-{_slug(_kind(lay))}", "layout", sized(2), lay, world)
+                add(f"layout-{_slug(_kind(lay))}", "layout", sized(2, tp=lay.tp), lay, world)
         if training.finetune in ("lora", "qlora") or cfg.get("include_lora", True):
             add("layout-lora", "layout", sized(2), Layout(dp=world, sharding="zero3"), world, finetune="lora",
                 lora_rank=min(training.lora_rank, 8), lora_targets=list(training.lora_targets))

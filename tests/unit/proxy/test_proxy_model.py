@@ -96,6 +96,26 @@ def test_select_proxies_covers_every_family_with_valid_specs():
     assert len(capped) == 4 and len({s["family"] for s in capped}) == 4
 
 
+@pytest.mark.parametrize("preset", [k for k in MODEL_PRESETS if not k.startswith("debug")])
+def test_select_proxies_gives_every_preset_runnable_specs_tp_included(preset):
+    """A 64k-context Llama-3.1-8B study stopped at its first TP proxy: CPU width 64 gives 4 heads, and Llama 3's
+    GQA group of 4 left one KV head, which TP 2 cannot split ("layout.tp=2: must divide heads, kv_heads"). The
+    CPU model now shrinks the group to what the proxy's TP degree divides, and keeps GQA where it can."""
+    model = MODEL_PRESETS[preset]
+    df = pd.DataFrame([{**Layout(dp=4, tp=8, sp=True).to_dict(), "family": "FSDP×TP", "feasible": True, "rank": 1},
+                       {**Layout(dp=32).to_dict(), "family": "FSDP", "feasible": True, "rank": 2}])
+    cfg = {"device": "cpu", "nproc_per_node": 2, "seq_len": 64, "global_batch": 4,
+           "depth_layers": [1, 2], "width_hidden": [64, 128], "scaleout_world_sizes": [1, 2]}
+    specs = select_proxies(df, model, TrainingSpec(seq_len=4096, global_batch=256), cfg)
+    assert any(s["layout"]["tp"] == 2 for s in specs)  # the depth/width slices run the best layout, TP 2
+    for s in specs:
+        n = normalize_run_spec(s)  # raised ConfigError('layout.tp') for the GQA presets
+        m, tp = n["model"], n["layout"]["tp"]
+        assert m["heads"] % tp == 0 and m["kv_heads"] % tp == 0
+        if model.kv_heads < model.heads:
+            assert m["kv_heads"] < m["heads"]  # still grouped-query attention, as the production model
+
+
 def test_select_proxies_keeps_production_widths_on_cuda():
     df = pd.DataFrame([{**Layout(dp=32).to_dict(), "family": "FSDP", "feasible": True, "rank": 1}])
     specs = select_proxies(df, MODEL_PRESETS["llama2-13b"], TrainingSpec(seq_len=4096, global_batch=256),
