@@ -349,7 +349,8 @@ def runner_up(families: pd.DataFrame | None, chosen: dict[str, Any] | None) -> d
     fam = fam[pd.to_numeric(fam["tokens_per_s_per_gpu"], errors="coerce").notna()]
     if not len(fam):
         return None
-    fam = fam.sort_values("tokens_per_s_per_gpu", ascending=False)
+    ranked = "rank" in fam and pd.to_numeric(fam["rank"], errors="coerce").notna().all()
+    fam = fam.sort_values("rank", kind="stable") if ranked else fam.sort_values("tokens_per_s_per_gpu", ascending=False)
     p50 = float(chosen["tokens_per_s_per_gpu_p50"])
     mine = _unsharded_structure(str(chosen.get("layout") or ""))
     layout_of = [str(r.get("best_layout") or r.get("layout") or "") for _, r in fam.iterrows()]
@@ -452,12 +453,13 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
     families = res.csv("families")
     chosen_row = None
     rep = None
-    fallback = None
+    fallback = tie_won = None
     if cand is not None and len(cand):
         ok = cand[cand["feasible"].astype(bool)]
         chosen_row = _records(ok.sort_values("rank").head(1))[0] if len(ok) else None
         rep = _records(representative_layouts(cand))
         fallback = memory_fallback(ok, chosen_row) if chosen_row else None
+        tie_won = tie_winner(ok, chosen_row) if chosen_row else None
     layout_str = None
     if summary and "layout" in summary:
 
@@ -475,7 +477,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         # the step's terms for the chosen layout's row (CPU offload only when it offloads): they add up to its step
         "step_parts": [(k, v) for k, v in STEP_PARTS.items()
                        if k != "offload_s" or float((chosen_row or {}).get("offload_s") or 0.0) > 0],
-        "fallback": fallback,
+        "fallback": fallback, "tie_won": tie_won,
         **_families(families), "runner_up": runner_up(families, (prod or {}).get("chosen")),
         "techniques": _techniques(res.csv("techniques"), cost),
         "calibration": calib, "source": source, "source_label": ((calib or {}).get("source_detail") if source == "gpu-proxies" else None)
@@ -499,6 +501,19 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
     }
 
 
+def tie_winner(feasible: pd.DataFrame, chosen: dict[str, Any]) -> dict[str, Any] | None:
+    """When the chosen layout (rank 1) is not the fastest that fits: the fastest, how much faster (under TIE_FRAC,
+    a tie the search broke on memory headroom, then simplicity) and how much more memory it needs; else None."""
+    if not len(feasible) or "tokens_per_s" not in feasible:
+        return None
+    fast = feasible.loc[feasible["tokens_per_s"].idxmax()]
+    if float(fast["tokens_per_s"]) <= float(chosen["tokens_per_s"]):
+        return None
+    return {"layout": str(fast.get("layout_text", "")),
+            "faster_frac": float(fast["tokens_per_s"]) / float(chosen["tokens_per_s"]) - 1.0,
+            "more_gib": float(fast["mem_total_gib"]) - float(chosen["mem_total_gib"])}
+
+
 FALLBACK_EXTRA_HEADROOM = 0.15  # the memory fallback leaves at least this much more HBM free than the choice
 
 
@@ -509,8 +524,11 @@ def memory_fallback(feasible: pd.DataFrame, chosen: dict[str, Any]) -> dict[str,
     c = feasible[feasible["headroom_frac"] >= need]
     if not len(c):
         return None
-    keys = ["tokens_per_s", "headroom_frac"] + (["complexity"] if "complexity" in c else [])
-    r = c.sort_values(keys, ascending=[False, False] + [True] * (len(keys) - 2)).iloc[0]
+    if "rank" in c and (c["rank"] > 0).all():  # the search's tie-aware order
+        r = c.sort_values("rank", kind="stable").iloc[0]
+    else:
+        keys = ["tokens_per_s", "headroom_frac"] + (["complexity"] if "complexity" in c else [])
+        r = c.sort_values(keys, ascending=[False, False] + [True] * (len(keys) - 2)).iloc[0]
     return {"layout": str(r.get("layout_text", "")), "tokens_per_s_per_gpu": float(r["tokens_per_s_per_gpu"]),
             "mem_total_gib": float(r["mem_total_gib"]), "headroom_frac": float(r["headroom_frac"]),
             "slower_frac": 1.0 - float(r["tokens_per_s"]) / float(chosen["tokens_per_s"])}

@@ -12,6 +12,7 @@ import re
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from pypdf import PdfReader
 
@@ -614,6 +615,31 @@ def test_nccl_check_holds_the_cluster_to_the_busbw_the_plan_assumes(tmp_path):
     assert _squash("nccl-tests all-reduce on the node reaches the busbw the plan assumes, 360 GB/s (intra_busbw_GBps)"
                    ) in _squash(text)
     assert "rail model" not in text and "over all nodes" not in text
+
+
+def test_a_chosen_layout_that_won_a_tie_says_so_on_page_one(tmp_path):
+    """The search ranks a layout within TIE_FRAC of the fastest first when it has clearly more headroom: page 1
+    then says it ties with the fastest (named, how much faster) and how much less memory it needs, instead of
+    calling it the fastest; a runner-up 'equivalent' that is that same layout is not named twice."""
+    import html as html_mod
+
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    cand = pd.read_csv(root / "analytic/candidates.csv")
+    ok = cand[cand["feasible"].astype(bool)].sort_values("rank")
+    first, second = ok.index[0], ok.index[1]
+    assert memo.tie_winner(ok, ok.loc[first].to_dict()) is None  # the fixture's choice is the fastest
+    cand.loc[second, "tokens_per_s"] = cand.loc[first, "tokens_per_s"] * 1.002
+    cand.loc[second, "mem_total_gib"] = cand.loc[first, "mem_total_gib"] + 9.0
+    cand.to_csv(root / "analytic/candidates.csv", index=False)
+    won = memo.tie_winner(cand[cand["feasible"].astype(bool)], cand.loc[first].to_dict())
+    assert won["layout"] == cand.loc[second, "layout_text"]
+    assert won["faster_frac"] == pytest.approx(0.002) and won["more_gib"] == pytest.approx(9.0)
+    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    assert _squash(f"it ties with the fastest layout that fits ({won['layout']}, 0.2% faster) and needs 9.0 GiB less "
+                   "memory") in _squash(text)
+    assert "it is the fastest layout that fits" not in text
 
 
 def test_launch_deviations_are_on_page_one_and_listed_in_appendix_a(tmp_path):
