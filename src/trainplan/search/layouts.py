@@ -303,9 +303,9 @@ def tie_order(tput: np.ndarray, headroom: np.ndarray, complexity: np.ndarray, ti
 
     Greedy: of the layouts not yet ranked, those within ``tie`` (TIE_FRAC) of the fastest are a tie, and the next
     rank goes to the one with the most memory headroom (within HEADROOM_TIE of HBM: a tie too), then the fewest
-    techniques, then the fastest. A 0.01%
-    faster ZeRO-1 no longer beats ZeRO-2 with 12 GiB more headroom. Throughput is a model prediction with
-    intervals of several percent, so a difference under TIE_FRAC decides nothing."""
+    techniques, then the fastest. A 0.01% faster ZeRO-1 no longer beats ZeRO-2 with 12 GiB more headroom:
+    throughput is a model prediction with intervals of several percent, so a difference under TIE_FRAC decides
+    nothing."""
     tie = TIE_FRAC if tie is None else tie
     n = len(tput)
     if n == 0:
