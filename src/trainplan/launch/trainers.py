@@ -32,9 +32,9 @@ from trainplan.model.layout import Layout, grad_accum, shard_degree
 from trainplan.model.training import TrainingSpec
 from trainplan.train_entry import checkpoint_interval_s_from_cost
 
-__all__ = ["TORCHTITAN_VERSION", "TORCHTITAN_MODULE", "TORCHTITAN_CONFIG_FN", "Deviation", "checkpoint_interval_steps",
-           "choose_trainer", "deviations", "offload_note", "torchtitan_model_problems", "torchtitan_settings", "torchtitan_job_module",
-           "total_steps"]
+__all__ = ["TORCHTITAN_VERSION", "TORCHTITAN_MODULE", "TORCHTITAN_CONFIG_FN", "Deviation",
+           "checkpoint_interval_steps", "choose_trainer", "deviations", "offload_note", "torchtitan_model_problems",
+           "torchtitan_settings", "torchtitan_job_module", "total_steps"]
 
 TORCHTITAN_VERSION = "0.3.0"
 TORCHTITAN_MODULE = "trainplan_torchtitan"  # the file written next to the sbatch script (on PYTHONPATH there)
@@ -133,8 +133,9 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
     else:
         replicate, shard = 1, L.dp
     if L.sharding in ("zero1", "zero2"):
-        notes.append(Deviation(f"sharding={L.sharding}: torchtitan has FSDP2 only; fsdp_reshard_after_forward='never' keeps "
-                     "the gathered parameters between forward and backward (ZeRO-2-like memory)"))
+        notes.append(Deviation(f"sharding={L.sharding}: torchtitan has FSDP2 only; fsdp_reshard_after_forward="
+                               "'never' keeps the gathered parameters between forward and backward (ZeRO-2-like "
+                               "memory)"))
     par: dict[str, Any] = {
         "data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
         "fsdp_reshard_after_forward": "always" if L.sharding in ("zero3", "hsdp") else "never",
