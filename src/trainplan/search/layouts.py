@@ -441,7 +441,8 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
             if slower < TIE_FRAC:
                 cause = "a tie on time; ranked lower on headroom or simplicity"
                 extra[cause] = 0.0
-            verdict = "bubble" if cause == "bubble" else f"slower by {max(slower, 0.0):.0%}"
+            verdict = ("bubble" if cause == "bubble" else "ties" if slower < TIE_FRAC
+                       else f"slower by {slower:.0%}")
             head = (f"slower by {slower:.1%}" if slower >= 0 else f"faster by {-slower:.1%}")
             line = (f"{head} ({r['tokens_per_s_per_gpu']:,.0f} vs {best['tokens_per_s_per_gpu']:,.0f} "
                     f"tokens/s/GPU), mostly {cause}" + (f": +{extra[cause]:.2f} s/step" if slower >= TIE_FRAC else ""))

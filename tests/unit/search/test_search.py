@@ -74,6 +74,22 @@ def test_a_tie_goes_to_headroom_then_simplicity_not_to_a_hundredth_of_a_percent(
         tie_order(t[::-1], h, c)
 
 
+def test_a_family_that_lost_a_tie_says_so(df):
+    """A family whose best layout is up to TIE_FRAC faster than the chosen one but ranked after it (less headroom
+    or more techniques) is a tie, not "slower by 0%"."""
+    d = df.copy()
+    feas = d[d["feasible"]].sort_values("rank")
+    best = feas.iloc[0]
+    other = feas[feas["family"] != best["family"]].iloc[0]
+    d.loc[other.name, ["tokens_per_s", "tokens_per_s_per_gpu"]] = [best["tokens_per_s"] * 1.002,
+                                                                   best["tokens_per_s_per_gpu"] * 1.002]
+    v = family_verdicts(d).set_index("family")
+    assert v.loc[best["family"], "verdict"] == "chosen"
+    assert v.loc[other["family"], "verdict"] == "ties"
+    assert v.loc[other["family"], "line"].startswith("faster by 0.2%") and "a tie on time" in v.loc[other["family"], "line"]
+    assert list(v["rank"].dropna()) == sorted(v["rank"].dropna())  # families in rank order
+
+
 def test_pareto_front_is_non_dominated(df):
     feas = df[df["feasible"]]
     front = feas[feas["pareto"]]
