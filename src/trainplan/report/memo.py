@@ -30,7 +30,7 @@ from trainplan.published.fit import HELDOUT_TARGETS, bias_se
 from trainplan.published.tables import NEVER_FITTED
 from trainplan.report.figures import parity_table, representative_layouts, short_number
 from trainplan.report.labels import memo_labels as report_labels  # noqa: F401 (re-exported)
-from trainplan.search.layouts import TIE_FRAC
+from trainplan.search.layouts import TIE_FRAC, best_row
 
 # The template and stylesheet (package data; in a checkout symlinks to report/templates/, which the memo rule
 # declares as inputs and passes in): render_memo reads the paths it is given, these by default.
@@ -524,11 +524,7 @@ def memory_fallback(feasible: pd.DataFrame, chosen: dict[str, Any]) -> dict[str,
     c = feasible[feasible["headroom_frac"] >= need]
     if not len(c):
         return None
-    if "rank" in c and (c["rank"] > 0).all():  # the search's tie-aware order
-        r = c.sort_values("rank", kind="stable").iloc[0]
-    else:
-        keys = ["tokens_per_s", "headroom_frac"] + (["complexity"] if "complexity" in c else [])
-        r = c.sort_values(keys, ascending=[False, False] + [True] * (len(keys) - 2)).iloc[0]
+    r = best_row(c)  # the search's tie-aware rank (fastest, then headroom, then simplest without one)
     return {"layout": str(r.get("layout_text", "")), "tokens_per_s_per_gpu": float(r["tokens_per_s_per_gpu"]),
             "mem_total_gib": float(r["mem_total_gib"]), "headroom_frac": float(r["headroom_frac"]),
             "slower_frac": 1.0 - float(r["tokens_per_s"]) / float(chosen["tokens_per_s"])}

@@ -34,7 +34,7 @@ from trainplan.model.layout import (
 )
 from trainplan.model.training import TrainingSpec
 
-__all__ = ["row_layout", "pinned_options", "search", "enumerate_layouts", "family_verdicts", "technique_verdicts", "structural_reasons", "OPTION_KEYS"]
+__all__ = ["best_row", "row_layout", "pinned_options", "search", "tie_order", "enumerate_layouts", "family_verdicts", "technique_verdicts", "structural_reasons", "OPTION_KEYS"]
 
 OPTION_KEYS = ("tp", "pp", "cp", "vpp", "micro_batch", "sp", "pp_schedule", "cp_kind", "sharding", "recompute",
                "offload", "shard_group", "max_mem_frac", "tp_overlap")
@@ -417,7 +417,7 @@ def _describe(df: pd.DataFrame) -> list[str]:
 def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
     """One row per family: its best layout and why it loses to the chosen one (OOM / slower by x% and the cause)."""
     feas = df[df["feasible"]]
-    best = _first(feas)
+    best = best_row(feas)
     rows = []
     for fam, g in df.groupby("family", sort=False):
         gf = g[g["feasible"]]
@@ -431,7 +431,7 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
             rows.append({"family": fam, "best_layout": "", "tokens_per_s_per_gpu": np.nan, "mem_total_gib": np.nan,
                          "rank": np.nan, "verdict": verdict, "line": line})
             continue
-        r = _first(gf)
+        r = best_row(gf)
         if best is not None and r.name == best.name:
             verdict, line = "chosen", f"best overall: {r['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU"
         else:
@@ -454,14 +454,15 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(key, ascending=key == "rank", na_position="last", kind="stable").reset_index(drop=True)
 
 
-def _first(feas: pd.DataFrame) -> pd.Series | None:
-    """The best row of a set of feasible layouts: the lowest rank (search's tie-aware order), or the fastest where
-    there is no rank column."""
+def best_row(feas: pd.DataFrame) -> pd.Series | None:
+    """The best row of a set of feasible layouts: the lowest rank (search's tie-aware order), or, in a frame
+    without ranks, the fastest, then the most headroom, then the simplest (the order tie_order starts from)."""
     if not len(feas):
         return None
     if "rank" in feas and (feas["rank"] > 0).all():
         return feas.loc[feas["rank"].idxmin()]
-    return feas.loc[feas["tokens_per_s"].idxmax()]
+    keys = [k for k in ("tokens_per_s", "headroom_frac", "complexity") if k in feas]
+    return feas.sort_values(keys, ascending=[k == "complexity" for k in keys], kind="stable").iloc[0]
 
 
 TIE_FRAC = 0.005  # |Δ throughput| below this is a tie (the ranking then falls to headroom and simplicity)
@@ -558,12 +559,12 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
     enumerated layout uses are left out.
     """
     feas = df[df["feasible"]]
-    top = feas.loc[[_first(feas).name]] if len(feas) else feas
+    top = feas.loc[[best_row(feas).name]] if len(feas) else feas
     rows = []
     for name, sel in TECHNIQUES.items():
         with_t = df[sel(df)]
         if len(with_t) == 0 and name in (impossible or {}) and len(feas):
-            o = _first(feas)
+            o = best_row(feas)
             rows.append({"technique": name, "used_by_best": False, "best_with": "",
                          "tokens_per_s_per_gpu_with": np.nan, "best_without": o["layout_text"],
                          "tokens_per_s_per_gpu_without": o["tokens_per_s_per_gpu"], "delta_frac": np.nan,
@@ -574,7 +575,7 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
             continue
         wf, without = with_t[with_t["feasible"]], feas[~sel(feas)]
         used = bool(sel(top).iloc[0]) if len(top) else False
-        r, o = _first(wf), _first(without)
+        r, o = best_row(wf), best_row(without)
         row = {"technique": name, "used_by_best": used,
                "best_with": r["layout_text"] if r is not None else "",
                "tokens_per_s_per_gpu_with": r["tokens_per_s_per_gpu"] if r is not None else np.nan,
