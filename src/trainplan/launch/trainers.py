@@ -109,7 +109,9 @@ def choose_trainer(model: ModelSpec, training: TrainingSpec, layout: Layout) -> 
                               + ("; torch.compile through Accelerate's dynamo settings"
                                  if training.kernels == "compiled" else ""))
     if needs and not titan_no:
-        return "torchtitan", (f"the layout uses {', '.join(needs)}, which torchtitan {TORCHTITAN_VERSION} runs "
+        named = [("cp as ring attention (torchtitan has no Ulysses; see deviations)"
+                  if n == "cp" and L.cp_kind == "ulysses" else n) for n in needs]
+        return "torchtitan", (f"the layout uses {', '.join(named)}, which torchtitan {TORCHTITAN_VERSION} runs "
                               "natively (Accelerate 1.x has no PP; its TP needs a transformers tp_plan)")
     if needs:
         return "accelerate", (f"the layout uses {', '.join(needs)} but torchtitan cannot build this model "

@@ -147,6 +147,8 @@ def test_manifest_and_sbatch_list_how_the_launch_differs_from_the_plan(tmp_path,
     head = [ln for ln in (tmp_path / "sbatch_4x8.sh").read_text().splitlines() if ln.startswith("# NOTE:")]
     assert head == [f"# NOTE: {man['trainer']['chosen']} differs from the plan: {g}" for g in got]
     assert got == launch.plan_deviations(MODEL, CLUSTER, TRAINING, layout, man["trainer"]["chosen"])
+    # the trainer's one-line reason does not call a Ulysses plan native
+    assert ("as ring attention" in man["trainer"]["why"]) == (layout.cp > 1 and layout.cp_kind == "ulysses")
 
 
 def test_only_deviations_are_listed_not_notes_that_explain_a_setting():
