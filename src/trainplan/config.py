@@ -371,8 +371,11 @@ def _check_proxies(px: Mapping[str, Any], cluster: ClusterSpec) -> None:
     if px["warmup"] >= px["steps"]:
         raise ConfigError("proxies.warmup", px["warmup"], f"must be < proxies.steps={px['steps']}")
     if px["nproc_per_node"] > cluster.gpus_per_node:
+        over = [n for n in px["scaleout_world_sizes"] if n > cluster.gpus_per_node]
         raise ConfigError("proxies.nproc_per_node", px["nproc_per_node"],
-                          f"at most cluster.gpus_per_node={cluster.gpus_per_node}")
+                          f"at most cluster.gpus_per_node={cluster.gpus_per_node} (a proxy node stands for one "
+                          "cluster node)" + (f"; proxies.scaleout_world_sizes={over} must then come down too "
+                                             f"(each at most {cluster.gpus_per_node})" if over else ""))
     if px["nnodes"] > cluster.nodes:
         raise ConfigError("proxies.nnodes", px["nnodes"], f"at most cluster.nodes={cluster.nodes}")
     world = px["nproc_per_node"] * px["nnodes"]

@@ -211,8 +211,11 @@ def _problems(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         why.append(("layout.vpp" if L.vpp > 1 else "layout.pp", L.vpp if L.vpp > 1 else L.pp,
                     f"pp·v = {L.pp}·{L.vpp} exceeds layers={model.layers}: a virtual stage without a layer"))
     if training.global_batch % (L.dp * L.micro_batch):
+        m = L.dp * L.micro_batch
         why.append(("layout.micro_batch", L.micro_batch, f"global_batch={training.global_batch} is not a multiple "
-                                                         f"of dp·micro_batch = {L.dp}·{L.micro_batch}"))
+                                                         f"of dp·micro_batch = {L.dp}·{L.micro_batch} (the nearest "
+                                                         f"that are: {max(m, training.global_batch // m * m)}, "
+                                                         f"{(training.global_batch // m + 1) * m})"))
     elif L.pp > 1 and grad_accum(training, L) < L.pp:
         why.append(("layout.micro_batch", L.micro_batch, f"{grad_accum(training, L)} micro-batches per step < "
                                                          f"pp={L.pp} stages (bubble dominates)"))

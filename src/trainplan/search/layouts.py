@@ -160,6 +160,11 @@ def enumerate_layouts(cluster: ClusterSpec, options: dict[str, Any] | None = Non
     }
     keep = ~((cols["offload"] == "cpu") & (cols["sharding"] == "none"))  # offload needs a sharded optimizer
     keep &= (cols["sharding"] != "hsdp") | (cols["shard_group"] < cols["dp"] * cols["cp"])
+    # ZeRO-1/2 over one rank (dp·cp = 1) shard nothing: the same layout as unsharded (ZeRO-1/2 offload: the same
+    # as each other), listed once (ZeRO-2 with offload is ZeRO-Offload on one GPU, which is real)
+    alone = cols["dp"] * cols["cp"] == 1
+    keep &= ~(alone & np.isin(cols["sharding"], ["zero1", "zero2"]) & (cols["offload"] == "none"))
+    keep &= ~(alone & (cols["sharding"] == "zero1") & (cols["offload"] == "cpu"))
     return LayoutTable(**{k: v[keep] for k, v in cols.items()})
 
 
@@ -177,7 +182,8 @@ def structural_reasons(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         (L.tp > cluster.gpus_per_node, "tp={tp} spans nodes; TP must stay in NVLink"),
         (L.pp * L.vpp > model.layers, "pp·v = {pp}·{vpp} exceeds layers=" + str(model.layers)),
         (training.global_batch % (L.dp * L.micro_batch) != 0,
-         "global_batch=" + str(training.global_batch) + " is not a multiple of dp·micro_batch = {dp}·{micro_batch}"),
+         "global_batch=" + str(training.global_batch) + " is not a multiple of dp·micro_batch = {dp}·{micro_batch}"
+         " (the nearest that are: {gb_lo}, {gb_hi})"),
         ((L.pp > 1) & (grad_accum(training, L) < L.pp), "fewer micro-batches per step than pp={pp} stages"),
         ((L.cp_kind == "ring") & (L.cp > 1) & (s % (2 * L.cp) != 0),
          "seq_len=" + str(s) + " not divisible by 2·cp (ring load balancing)"),
@@ -196,6 +202,9 @@ def structural_reasons(model: ModelSpec, cluster: ClusterSpec, training: Trainin
             continue
         if "{" in msg:
             vals = {k: getattr(L, k)[idx] for k in ("tp", "pp", "vpp", "dp", "micro_batch")}
+            m = vals["dp"] * vals["micro_batch"]
+            vals["gb_lo"] = np.maximum(m, training.global_batch // m * m)  # the multiples of dp·micro_batch
+            vals["gb_hi"] = (training.global_batch // m + 1) * m            # either side of global_batch
             out[idx] = [msg.format(**{k: v[i] for k, v in vals.items()}) for i in range(len(idx))]
         else:
             out[idx] = msg
@@ -426,8 +435,9 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
             if oom.any():
                 r = g[oom].sort_values("mem_total_gib").iloc[0]
                 verdict, line = "OOM", f"every layout runs out of memory; the leanest ({r['layout_text']}) {r['reason']}"
-            else:
-                verdict, line = "infeasible", str(g["reason"].value_counts().index[0])
+            else:  # the reason of the family's simplest layout (dp alone, micro-batch 1), not the commonest one
+                simplest = g.sort_values(["complexity", "cp", "micro_batch"], kind="stable").iloc[0]
+                verdict, line = "infeasible", f"{simplest['layout_text']}: {simplest['reason']}"
             rows.append({"family": fam, "best_layout": "", "tokens_per_s_per_gpu": np.nan, "mem_total_gib": np.nan,
                          "rank": np.nan, "verdict": verdict, "line": line})
             continue

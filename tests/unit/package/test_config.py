@@ -260,6 +260,10 @@ def test_proxy_defaults_fit_a_one_gpu_node():
     r["proxies"] = {"nproc_per_node": 2}  # set by the user: checked, not changed
     with pytest.raises(ConfigError, match="at most cluster.gpus_per_node=1"):
         load_config(r)
+    # as config/config.yaml sets both: one error names both keys to lower, not one at a time
+    r["proxies"] = {"nproc_per_node": 2, "scaleout_world_sizes": [1, 2]}
+    with pytest.raises(ConfigError, match=r"scaleout_world_sizes=\[2\] must then come down too \(each at most 1\)"):
+        load_config(r)
 
 
 def test_a_key_with_a_newline_is_named_on_one_line():

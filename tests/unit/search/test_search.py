@@ -218,3 +218,41 @@ def test_eager_search_leaves_out_async_tp_layouts_and_still_says_why():
     c = search(MODEL, CLUSTER, compiled, options=OPTS)
     assert len(c) == len(every) and c[c["tp_overlap"]]["feasible"].any()
     assert impossible_techniques(CLUSTER, TRAIN, {**OPTS, "tp": [1]}) == {}  # no TP layout: nothing to overlap
+
+
+def test_an_infeasible_family_says_why_its_simplest_layout_fails_and_which_batches_would_fit():
+    """24 GPUs, global batch 256: no pure data-parallel layout divides the batch. The verdict names dp24's own
+    reason (with the nearest global batches that would divide), not the commonest reason in the family (cp=3's
+    sequence split, which the user never asked about); the pinned layout's error says the same."""
+    c24 = ClusterSpec(nodes=3, gpus_per_node=8, gpu=CLUSTER.gpu)
+    d = search(MODEL, c24, TRAIN, Efficiency.for_gpu(c24.gpu), {**OPTS, "shardings": ["zero2"]})
+    fam = family_verdicts(d).set_index("family")
+    line = fam.loc["ZeRO-2", "line"]
+    assert fam.loc["ZeRO-2", "verdict"] == "infeasible"
+    assert line.startswith("dp24·tp1·pp1·cp1 zero2") and "dp·micro_batch = 24·1 (the nearest that are: 240, 264)" in line
+    assert (d.loc[d["family"] == "ZeRO-2", "reason"].str.contains("2·cp")).any()  # the commonest was another one
+    from trainplan.model.layout import Layout
+    why = layout_problems(MODEL, c24, TRAIN, Layout(dp=24, sharding="zero2", micro_batch=1))
+    assert any("(the nearest that are: 240, 264)" in w for w in why)
+    assert fam.loc["ZeRO-2×PP", "verdict"] == "chosen"
+
+
+def test_zero1_and_zero2_over_one_rank_are_listed_once():
+    """dp·cp = 1 shards nothing: ZeRO-1/2 there are the unsharded layout (and ZeRO-1 offload is ZeRO-2 offload),
+    so a one-GPU study once ranked DDP, ZeRO-1 and ZeRO-2 as three 'tied' layouts. The model agrees they are one."""
+    one = ClusterSpec(nodes=1, gpus_per_node=1, gpu=CLUSTER.gpu)
+    small, t = resolve_model("llama2-7b"), TrainingSpec(seq_len=4096, global_batch=16, finetune="lora")
+    L = enumerate_layouts(one, {**OPTS, "offload": ["none", "cpu"]})
+    pairs = set(zip(L.sharding, L.offload, strict=True))
+    assert pairs == {("none", "none"), ("zero3", "none"), ("zero2", "cpu"), ("zero3", "cpu")}
+    from trainplan.model.layout import Layout
+    base = estimate(small, one, t, Layout(dp=1, sharding="none", micro_batch=1)).to_json()
+    for sh, off in (("zero1", "none"), ("zero2", "none")):
+        e = estimate(small, one, t, Layout(dp=1, sharding=sh, offload=off, micro_batch=1)).to_json()
+        assert e["tokens_per_s"] == base["tokens_per_s"] and e["memory_gib"] == base["memory_gib"]
+    z1 = estimate(small, one, t, Layout(dp=1, sharding="zero1", offload="cpu", micro_batch=1)).to_json()
+    z2 = estimate(small, one, t, Layout(dp=1, sharding="zero2", offload="cpu", micro_batch=1)).to_json()
+    assert z1["tokens_per_s"] == z2["tokens_per_s"] and z1["memory_gib"] == z2["memory_gib"]
+    # with more than one rank the three stay distinct
+    L32 = enumerate_layouts(CLUSTER, OPTS)
+    assert {"zero1", "zero2", "none"} <= set(L32.sharding[(L32.dp * L32.cp) > 1])
