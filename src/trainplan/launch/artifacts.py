@@ -153,12 +153,15 @@ def _accelerate_parts(cluster: ClusterSpec, training: TrainingSpec, layout: Layo
         "fsdp_cpu_ram_efficient_loading": True,
         "fsdp_sync_module_states": True,
     }
+    alone = L.dp * L.cp == 1  # one data-parallel rank: FSDP2 shards nothing, so it runs what was planned
+    mark = str if alone else Deviation
     if L.sharding == "zero1":
-        notes.append(Deviation("FSDP2 has no optimizer-only sharding (ZeRO-1); reshard_after_forward=false (ZeRO-2 "
-                               "equivalent) is used, which holds no more memory than ZeRO-1"))
+        notes.append(mark("FSDP2 has no optimizer-only sharding (ZeRO-1); reshard_after_forward=false (ZeRO-2 "
+                          "equivalent) is used, which holds no more memory than ZeRO-1"))
     if L.sharding == "none":
-        notes.append(Deviation("the layout is unsharded DDP; FSDP2 is emitted with reshard_after_forward=false "
-                               "(gradients and optimizer sharded), which holds less memory than DDP"))
+        notes.append(mark("the layout is unsharded DDP; FSDP2 is emitted with reshard_after_forward=false "
+                          "(gradients and optimizer sharded), which holds less memory than DDP"
+                          + ("; over one rank it shards nothing: the same as the plan" if alone else "")))
     if L.recompute == "selective":
         notes.append(Deviation("Accelerate's FSDP activation checkpointing recomputes whole decoder layers (full); "
                                "the planned selective recompute needs the model's own checkpoint wrapper"))
@@ -488,8 +491,11 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
                     "data/calibration/gpu/day1-production.json",
          "passes_when": "the record is written; rerun the study: calibrate fits the efficiencies to it"},
     ]
+    if cluster.n_gpus == 1:  # one GPU: no collective for nccl-tests to measure
+        out = [d for d in out if "min_busbw_GBps" not in d]
     if checkpoint_interval_s:
-        out[3]["passes_when"] += f"; production checkpoints every {duration_text(checkpoint_interval_s / 3600)} (Young/Daly)"
+        ckpt = next(d for d in out if d["check"].startswith("save and restore"))
+        ckpt["passes_when"] += f"; production checkpoints every {duration_text(checkpoint_interval_s / 3600)} (Young/Daly)"
     return out
 
 

@@ -73,6 +73,8 @@ class Layout:
     @property
     def family(self) -> str:
         """The strategy family: data-parallel sharding × TP × PP (SP, CP, offload, recompute are modifiers)."""
+        if self.world_size == 1 and self.sharding == "none":
+            return "one GPU"  # nothing to replicate: calling it DDP would promise a collective that never runs
         names = {"none": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "FSDP", "hsdp": "HSDP"}
         return "×".join([names[self.sharding]] + ["TP"] * (self.tp > 1) + ["PP"] * (self.pp > 1))
 

@@ -223,6 +223,8 @@ _SHARD_NAMES = {"none": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "F
 
 def _family_of(r: dict) -> str:
     """Layout.family for one combination of the fields it depends on (see :attr:`Layout.family`)."""
+    if r["sharding"] == "none" and r["dp"] * r["tp"] * r["pp"] * r["cp"] == 1:
+        return "one GPU"
     parts = [_SHARD_NAMES[r["sharding"]]]
     if r["tp"] > 1:
         parts.append("TP")
@@ -233,7 +235,7 @@ def _family_of(r: dict) -> str:
 
 def _family(df: pd.DataFrame) -> np.ndarray:
     """Layout.family, vectorised over the frame's columns."""
-    return _per_unique(df, ["sharding", "tp", "pp"], _family_of)
+    return _per_unique(df, ["sharding", "tp", "pp", "dp", "cp"], _family_of)
 
 
 # Techniques that modify a family: each gets a verdict "with vs without" (technique_verdicts).

@@ -617,6 +617,42 @@ def test_nccl_check_holds_the_cluster_to_the_busbw_the_plan_assumes(tmp_path):
     assert "rail model" not in text and "over all nodes" not in text
 
 
+def test_a_one_gpu_study_has_no_nccl_check_no_ddp_and_no_vacuous_deviation(tmp_path):
+    """One GPU (a QLoRA 7B study on 1 × H100): nothing to all-reduce, so no nccl-tests check (the memo listed one
+    at the NVLink busbw); the layout's family is 'one GPU', not DDP; and Accelerate's FSDP2 over one rank is the
+    plan, not a difference from it."""
+    import html as html_mod
+
+    from trainplan.launch.artifacts import day1_commands, plan_deviations
+    from trainplan.model.arch import resolve_model
+    from trainplan.model.hardware import ClusterSpec, resolve_gpu
+    from trainplan.model.training import TrainingSpec
+    from trainplan.provenance import write_sidecar
+
+    one = ClusterSpec(nodes=1, gpus_per_node=1, gpu=resolve_gpu("h100-sxm-80gb"))
+    day1 = day1_commands(one, trainer="accelerate", checkpoint_interval_s=3600.0)
+    assert [d["check"] for d in day1] == ["one-node preflight", "first 50 steps on all GPUs",
+                                          "save and restore one sharded (DCP) checkpoint", "measurements flow back"]
+    assert "production checkpoints every" in day1[2]["passes_when"]
+    lay = Layout(dp=1, sharding="none", micro_batch=1)
+    assert lay.family == "one GPU" and Layout(dp=2, sharding="none").family == "DDP"
+    assert Layout(dp=1, tp=2, sharding="none").family == "DDP×TP"
+    t = TrainingSpec(seq_len=4096, global_batch=16, finetune="qlora")
+    assert plan_deviations(resolve_model("llama2-7b"), one, t, lay, "accelerate") == []
+    two = ClusterSpec(nodes=1, gpus_per_node=2, gpu=one.gpu)  # two ranks: DDP -> FSDP2 is a real difference
+    assert len(plan_deviations(resolve_model("llama2-7b"), two, t, Layout(dp=2, sharding="none"), "accelerate")) == 1
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    summ = json.loads((root / "analytic/summary.json").read_text()) | {"n_gpus": 1}
+    (root / "analytic/summary.json").write_text(json.dumps(summ))
+    man = json.loads((root / "launch/manifest.json").read_text()) | {"day1": day1}
+    (root / "launch/manifest.json").write_text(json.dumps(man))
+    write_sidecar(root / "launch/manifest.json", rule="launch_artifacts", config_slice={})
+    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    assert "one GPU: no collective to test" in text and "nccl-tests all-reduce" not in text
+
+
 def test_a_chosen_layout_that_won_a_tie_says_so_on_page_one(tmp_path):
     """The search ranks a layout within TIE_FRAC of the fastest first when it has clearly more headroom: page 1
     then says it ties with the fastest (named, how much faster) and how much less memory it needs, instead of
