@@ -568,7 +568,10 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         raise ConfigError("model", str(path), f"not a readable JSON config.json ({e})") from None
     if not isinstance(cfg, dict):
         raise ConfigError("model", str(path), "config.json must hold a JSON object")
-    return model_from_hf_dict(cfg, where=p.name, name=cfg.get("_name_or_path") or p.parent.name or "hf-model")
+    # a file named config.json is named after its folder (a downloaded repo); any other name after itself
+    # (mistral-7b.json beside other configs: its folder names the set, not the model)
+    own = p.parent.name if p.stem == "config" else p.stem
+    return model_from_hf_dict(cfg, where=p.name, name=cfg.get("_name_or_path") or own or "hf-model")
 
 
 def resolve_model(ref: str | dict | ModelSpec) -> ModelSpec:

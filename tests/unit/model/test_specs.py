@@ -41,6 +41,12 @@ def test_hf_config_llama_matches_preset(tmp_path):
     p.write_text(json.dumps(cfg))
     assert model_from_hf_config(p).n_params == LLAMA2_13B_PARAMS
     assert resolve_model(str(tmp_path)).n_params == LLAMA2_13B_PARAMS
+    # named after the folder of a config.json (a downloaded repo), after the file otherwise (the memo's title)
+    assert model_from_hf_config(p).name == tmp_path.name
+    (tmp_path / "Mistral-7B.json").write_text(json.dumps(cfg))
+    assert resolve_model(str(tmp_path / "Mistral-7B.json")).name == "Mistral-7B"
+    (tmp_path / "named.json").write_text(json.dumps(cfg | {"_name_or_path": "org/Named-13B"}))
+    assert resolve_model(str(tmp_path / "named.json")).name == "org/Named-13B"
 
 
 @pytest.mark.parametrize("text", ["{not json", "[1, 2]"])
