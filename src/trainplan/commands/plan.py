@@ -12,6 +12,8 @@ from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
 from trainplan.published.intervals import error_pool, family_class, heldout_errors_by_family, interval_bounds
 from trainplan.search.layouts import (
+    batch_alternative,
+    best_row,
     family_verdicts,
     impossible_techniques,
     pinned_options,
@@ -73,6 +75,16 @@ def run(args: argparse.Namespace) -> int:
     con.print("[bold]What each technique buys[/bold] (best layout with it vs without it):")
     for _, v in technique_verdicts(df, impossible=impossible_techniques(cfg.cluster, cfg.training, options)).iterrows():
         con.print(f"  [bold]{v['technique']}[/bold]: {v['line']}", highlight=False)
+    if cfg.layout is None and len(feas):
+        alt = batch_alternative(cfg.model, cfg.cluster, cfg.training, eff, options,
+                                float(best_row(feas)["tokens_per_s_per_gpu"]))
+        if alt:
+            con.print(f"[bold]Global batch[/bold]: {alt['configured']:,} sequences do not divide over "
+                      f"{cfg.cluster.n_gpus} GPUs (no layout with dp = {cfg.cluster.n_gpus}); at "
+                      f"{alt['global_batch']:,}" + (f" (or {alt['other']:,})" if alt["other"] else "")
+                      + f" the best would be {alt['family']} ({alt['layout']}), {alt['tokens_per_s_per_gpu']:,.0f} "
+                      f"tokens/s/GPU, {alt['gain_frac']:.1%} faster (a training choice: learning rate, steps)",
+                      highlight=False)
     if not len(feas):  # say why in one line: the commonest kinds of first reason (numbers aside), an example each
         first = df["reason"].astype(str).str.split(";").str[0].str.strip()
         kind = first.str.replace(r"\d+(\.\d+)?", "#", regex=True)

@@ -466,6 +466,35 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(key, ascending=key == "rank", na_position="last", kind="stable").reset_index(drop=True)
 
 
+def batch_alternative(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: Efficiency | None,
+                      options: dict[str, Any] | None, best_tps_per_gpu: float) -> dict[str, Any] | None:
+    """When ``global_batch`` does not divide over the GPUs, every layout with dp = n_gpus is ruled out (24 GPUs,
+    256 sequences: no pure data parallelism). The best layout at the nearest global batches that do divide (the
+    multiples of n_gpus either side), if one is clearly faster (> TIE_FRAC) than ``best_tps_per_gpu``: {global_batch,
+    other (the other multiple), layout, family, tokens_per_s_per_gpu, gain_frac}. None when the batch divides or
+    nothing nearby is faster. Changing the batch is a training choice (learning rate, steps), not the planner's."""
+    from dataclasses import replace
+
+    n, gb = cluster.n_gpus, training.global_batch
+    if gb % n == 0 or not best_tps_per_gpu:
+        return None
+    found = []
+    for b in sorted({max(n, gb // n * n), (gb // n + 1) * n}):
+        d = search(model, cluster, replace(training, global_batch=b), eff, options)
+        r = best_row(d[d["feasible"]])
+        if r is not None:
+            found.append({"global_batch": int(b), "layout": str(r["layout_text"]), "family": str(r["family"]),
+                          "tokens_per_s_per_gpu": float(r["tokens_per_s_per_gpu"]),
+                          "gain_frac": float(r["tokens_per_s_per_gpu"] / best_tps_per_gpu - 1.0)})
+    if not found:
+        return None
+    top = max(found, key=lambda x: (x["gain_frac"], -abs(x["global_batch"] - gb)))
+    if top["gain_frac"] <= TIE_FRAC:
+        return None
+    others = [x["global_batch"] for x in found if x is not top and x["gain_frac"] > TIE_FRAC]
+    return top | {"other": others[0] if others else None, "configured": int(gb)}
+
+
 def best_row(feas: pd.DataFrame) -> pd.Series | None:
     """The best row of a set of feasible layouts: the lowest rank (search's tie-aware order), or, in a frame
     without ranks, the fastest, then the most headroom, then the simplest (the order tie_order starts from)."""

@@ -10,6 +10,7 @@ from trainplan.model.estimate import estimate
 from trainplan.model.flops import n_params_dense, train_flops_per_token
 from trainplan.model.layout import Layout
 from trainplan.search.layouts import (
+    batch_alternative,
     family_verdicts,
     fp8_technique_rows,
     impossible_techniques,
@@ -37,6 +38,11 @@ def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
         summary["layout"] = layout.to_dict()
         summary["family"] = str(best.iloc[0].get("family", layout.family))
         summary["estimate"] = estimate(s["model"], s["cluster"], s["training"], layout, s["efficiency"]).to_json()
+        if s["layout"] is None:  # searched, not pinned: would a global batch that divides over the GPUs be faster?
+            alt = batch_alternative(s["model"], s["cluster"], s["training"], s["efficiency"], options,
+                                    float(best.iloc[0]["tokens_per_s_per_gpu"]))
+            if alt:
+                summary["batch_alternative"] = alt
     else:
         summary["status"] = "no feasible layout"
     m = s["model"]

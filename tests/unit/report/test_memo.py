@@ -26,7 +26,7 @@ CONFIG = {"study": {"name": "fixture study"}, "model": {"preset": "llama2-13b"},
           "cluster": {"nodes": 4, "gpus_per_node": 8, "gpu": "h100-sxm-80gb", "inter_busbw_GBps": 46},
           "training": {"seq_len": 4096, "global_batch": 256}, "cost": {"price_per_gpu_hour": 3.0},
           "targets": {"max_hours": 72, "max_dollars": 15000, "min_tokens_per_s_per_gpu": 4000}}
-SECTIONS = ["The decision", "What was validated, and how", "Day-1 go/no-go checks", "The ask", "Contents",
+SECTIONS = ["The decision", "The ask", "What was validated, and how", "Day-1 go/no-go checks", "Contents",
             "Study assumptions", "Alternatives considered", "Memory math", "Throughput math", "Validation",
             "Published-data check", "Extrapolation", "Cost and schedule", "Sensitivity", "Risks and mitigations",
             "Appendix A: launch artifacts", "Appendix B: resolved config", "Appendix C: provenance"]
@@ -77,6 +77,9 @@ def test_page_one_states_the_decision_with_numbers_from_the_results(rendered):
         assert row and row.group(1) == ("PASS" if t["pass"] else "FAIL"), t["name"]
     missing = [w for w in want if _squash(w) not in p1]
     assert not missing
+    # the ask sits under the table it is made of, above the lists that grow with a study (a 24-GPU study's
+    # validation and day-1 lists once pushed it to page 2)
+    assert p1.index("Theask") < p1.index(_squash("What was validated")) < p1.index(_squash("Day-1 go/no-go"))
 
 
 def test_page_one_names_the_runner_up_with_its_numbers_from_families_csv(rendered):
@@ -651,6 +654,25 @@ def test_a_one_gpu_study_has_no_nccl_check_no_ddp_and_no_vacuous_deviation(tmp_p
     ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
     text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
     assert "one GPU: no collective to test" in text and "nccl-tests all-reduce" not in text
+
+
+def test_page_one_names_a_global_batch_that_divides_when_it_is_clearly_faster(tmp_path):
+    """analytic/summary.json's batch_alternative (search.layouts.batch_alternative) is one sentence on page 1."""
+    import html as html_mod
+
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    summ = json.loads((root / "analytic/summary.json").read_text())
+    alt = {"configured": 256, "global_batch": 264, "other": 240, "family": "ZeRO-2", "gain_frac": 0.1139,
+           "layout": "dp24·tp1·pp1·cp1 zero2 rc=none mb=1", "tokens_per_s_per_gpu": 5033.9}
+    (root / "analytic/summary.json").write_text(json.dumps(summ | {"n_gpus": 24, "batch_alternative": alt}))
+    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    assert _squash("Global batch 256 rules out dp = 24; at 264 (or 240) dp24·tp1·pp1·cp1 zero2 rc=none mb=1 would run "
+                   "11.4% faster (5,034 tokens/s/GPU), a training choice left to you.") in _squash(text)
+    (root / "analytic/summary.json").write_text(json.dumps(summ))
+    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    assert "rules out dp =" not in memo.render_html(ctx)
 
 
 def test_a_chosen_layout_that_won_a_tie_says_so_on_page_one(tmp_path):

@@ -256,3 +256,22 @@ def test_zero1_and_zero2_over_one_rank_are_listed_once():
     # with more than one rank the three stay distinct
     L32 = enumerate_layouts(CLUSTER, OPTS)
     assert {"zero1", "zero2", "none"} <= set(L32.sharding[(L32.dp * L32.cp) > 1])
+
+
+def test_a_global_batch_that_does_not_divide_over_the_gpus_names_the_nearest_that_does_and_what_it_buys(df):
+    """24 GPUs, 256 sequences: the best layout needs PP (dp8·pp3); at 264 (or 240), dp24 ZeRO-2 is >10% faster.
+    A batch that divides (the default 32 GPUs) gets no alternative."""
+    from trainplan.search.layouts import batch_alternative, best_row
+
+    c24 = ClusterSpec(nodes=3, gpus_per_node=8, gpu=CLUSTER.gpu)
+    eff = Efficiency.for_gpu(c24.gpu)
+    d = search(MODEL, c24, TRAIN, eff, OPTS)
+    best = best_row(d[d["feasible"]])
+    assert best["dp"] < 24
+    alt = batch_alternative(MODEL, c24, TRAIN, eff, OPTS, float(best["tokens_per_s_per_gpu"]))
+    assert alt["configured"] == 256 and alt["global_batch"] in (240, 264) and alt["other"] in (240, 264)
+    assert alt["layout"].startswith("dp24·") and alt["gain_frac"] > 0.10
+    at = search(MODEL, c24, TrainingSpec(seq_len=4096, global_batch=alt["global_batch"]), eff, OPTS)
+    assert best_row(at[at["feasible"]])["tokens_per_s_per_gpu"] == pytest.approx(alt["tokens_per_s_per_gpu"])
+    top = best_row(df[df["feasible"]])
+    assert batch_alternative(MODEL, CLUSTER, TRAIN, eff, OPTS, float(top["tokens_per_s_per_gpu"])) is None
