@@ -15,7 +15,7 @@ from trainplan.io import to_jsonable
 from trainplan.model.arch import ModelSpec, resolve_model
 from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
-from trainplan.model.estimate import MAX_MICRO_BATCH, estimate, fastest_micro_batch
+from trainplan.model.estimate import MAX_MICRO_BATCH, estimate, fastest_micro_batch, memory_fix
 from trainplan.model.flops import adapter_params
 from trainplan.model.hardware import ClusterSpec, link_default_notes, resolve_gpu
 from trainplan.model.layout import Layout, check_layout, check_lora_targets, shard_degree
@@ -188,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
     js = est.to_json()
     js["micro_batch_choice"] = {"auto": args.auto_micro_batch, "chosen": layout.micro_batch, "tried": tried}
     js["interval"] = throughput_interval(js, cluster.gpu.generation, family_class(layout))
+    if not est.feasible and str(js["reason"]).startswith("OOM"):  # what would fit with the same degrees
+        js["fits_with"] = memory_fix(model, cluster, training, layout, eff)
     js["finetune"] = {"kind": training.finetune}
     if training.finetune != "full":  # the adapters this estimate sized (as training.lora_rank / lora_targets)
         js["finetune"].update(lora_rank=training.lora_rank, lora_targets=list(training.lora_targets),
@@ -226,4 +228,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"p10–p90 {iv['tokens_per_s_per_gpu_p10']:.0f}–{iv['tokens_per_s_per_gpu_p90']:.0f} tokens/s/GPU, "
               f"MFU {iv['mfu_p10']:.1%}–{iv['mfu_p90']:.1%}: {iv['source']}")
     print("feasible" if js["feasible"] else f"NOT feasible: {js['reason']}")
+    if "fits_with" in js:
+        fix = js["fits_with"]
+        print("fits with the same dp·tp·pp·cp: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
+                                                              fix["changes"].items())
+              + f" ({fix['memory_gib']:.1f} GiB, {fix['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU); `trainplan plan` "
+              "searches every layout" if fix else
+              "no sharding, recompute, offload or micro-batch fits these dp·tp·pp·cp; `trainplan plan` searches the rest")
     return 0

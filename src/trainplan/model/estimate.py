@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -98,6 +99,41 @@ def micro_batch_choices(training: TrainingSpec, layout: Layout) -> list[int]:
     if local <= MAX_MICRO_BATCH:
         out.add(local)
     return sorted(out)
+
+
+# The flags of the memory knobs, in the order a fix is named (estimate's CLI spelling).
+MEMORY_KNOBS = ("sharding", "recompute", "offload", "micro_batch")
+
+
+def memory_fix(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,
+               eff: Efficiency | None = None, max_mem_frac: float = DEFAULT_MAX_MEM_FRAC) -> dict[str, Any] | None:
+    """For a layout that does not fit: the fastest that does with the same parallel degrees (dp, tp, pp, cp),
+    changing only the memory knobs (sharding, recompute, CPU offload, micro-batch down to 1), and what changed
+    ({changes: {knob: value}, layout, memory_gib, tokens_per_s_per_gpu}); None when none of those fit either.
+    What ``trainplan estimate`` suggests; the search (``trainplan plan``) also varies the degrees."""
+    eff = eff or Efficiency.for_gpu(cluster.gpu)
+    alone = layout.dp * layout.cp == 1
+    shardings = [layout.sharding] + [s for s in ("zero1", "zero2", "zero3") if s != layout.sharding and not alone]
+    if alone and "zero3" not in shardings:
+        shardings.append("zero3")
+    best = None
+    for sh, rc, off in itertools.product(shardings, ("none", "selective", "full"), ("none", "cpu")):
+        if off == "cpu" and sh == "none":
+            continue
+        for mb in sorted({m for m in (layout.micro_batch, 1, 2, 4) if m <= layout.micro_batch}, reverse=True):
+            cand = replace(layout, sharding=sh, recompute=rc, offload=off, micro_batch=mb,
+                           shard_group=None if sh != "hsdp" else layout.shard_group)
+            if layout_problems(model, cluster, training, cand):
+                continue
+            e = estimate(model, cluster, training, cand, eff, max_mem_frac)
+            if e.feasible and (best is None or e.timing["tokens_per_s_per_gpu"] > best.timing["tokens_per_s_per_gpu"]):
+                best = e
+    if best is None:
+        return None
+    js = best.to_json()
+    changes = {k: getattr(best.layout, k) for k in MEMORY_KNOBS if getattr(best.layout, k) != getattr(layout, k)}
+    return {"changes": changes, "layout": best.layout.describe(), "memory_gib": js["memory_gib"]["total"],
+            "tokens_per_s_per_gpu": js["tokens_per_s_per_gpu"]}
 
 
 def fastest_micro_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,

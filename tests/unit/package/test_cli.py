@@ -540,3 +540,23 @@ def test_lora_on_only_the_gate_of_a_gelu_mlp_is_an_error(tmp_path, capsys):
                    "cost: {price_per_gpu_hour_usd: 3}\n")
     assert main(["plan", str(cfg)]) == 2
     assert "training.lora_targets=gate: custom's gelu MLP has no gate projection" in capsys.readouterr().err
+
+
+def test_an_estimate_that_does_not_fit_says_what_would_with_the_same_degrees(capsys):
+    """DDP of a 13B at micro-batch 4 on 32 GPUs needs 331 GiB: the estimate names the memory knobs that make it
+    fit with dp32 kept (the fastest such layout), and that layout, estimated as named, fits at that speed."""
+    base = ["estimate", "--model", "llama2-13b", "--gpus", "32", "--json"]
+    assert main([*base, "--sharding", "none", "--micro-batch", "4"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    fix = js["fits_with"]
+    assert not js["feasible"] and fix["changes"] and "sharding" in fix["changes"]
+    assert fix["layout"].startswith("dp32·tp1·pp1·cp1 ")
+    flags = [x for k, v in fix["changes"].items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    args = [*base, "--sharding", "none", "--micro-batch", "4", *flags]
+    assert main(args) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["feasible"] and "fits_with" not in again
+    assert again["tokens_per_s_per_gpu"] == pytest.approx(fix["tokens_per_s_per_gpu"])
+    assert again["memory_gib"]["total"] == pytest.approx(fix["memory_gib"])
+    assert main(["estimate", "--model", "llama2-13b", "--gpus", "32", "--sharding", "none", "--micro-batch", "4"]) == 0
+    assert "fits with the same dp·tp·pp·cp: --sharding " in capsys.readouterr().out
