@@ -81,9 +81,13 @@ def predict_production(candidates: pd.DataFrame, model: ModelSpec, cluster: Clus
         # default study's pool is 15 exact zeros and four errors (two near −6%): 2,000 draws from it put p90 on
         # either side of that step, 66.9 or 70.1 GiB for two layouts of the same memory.
         mem_q = np.quantile(mem / (1.0 + mem_rel), [ql, qh], method="weibull")
+        # how many of those errors would put the run above usable HBM (an OOM at the preflight): the count behind
+        # a p90 above HBM, which the memo states instead of a negative headroom alone
+        over = int(np.sum(mem / (1.0 + mem_rel) > cluster.gpu.hbm_bytes))
         row = {"rank": r.get("rank", len(rows) + 1), "layout": layout.describe(), "family": layout.family,
                "interval_family": family_class(layout), "interval_errors_n": len(rel),
-               "calibration_source": calibration.get("source", "defaults")}
+               "calibration_source": calibration.get("source", "defaults"),
+               "mem_over_hbm_errors": over, "mem_errors_n": int(len(mem_rel))}
         for name, (lo, hi), point in (("tokens_per_s_per_gpu", tp_q, tp_point),
                                       ("tokens_per_s", tp_q * cluster.n_gpus, tp_point * cluster.n_gpus),
                                       ("mfu", mfu_q, mfu_point), ("mem_peak_bytes", mem_q, mem)):

@@ -230,3 +230,26 @@ def test_production_memory_interval_is_the_order_statistic_predictive_interval()
         out = predict_production(cand, model, cluster, training, cal, seed=seed)
         np.testing.assert_allclose(out["mem_peak_bytes_p90"], out["mem_peak_bytes_p50"] / 0.94, rtol=1e-12)
         np.testing.assert_allclose(out["mem_peak_bytes_p10"], out["mem_peak_bytes_p50"], rtol=1e-12)
+
+
+def test_production_counts_the_memory_errors_that_would_put_a_layout_above_usable_hbm():
+    """mem_over_hbm_errors: how many pool errors e give p50 / (1 + e) > usable HBM (what the memo reports when the
+    p90 is above it). ZeRO-2 mb1 (65.9 GiB): an error of -20% puts it at 82.4 > 79.6; -5% does not."""
+    from trainplan.model.arch import resolve_model
+    from trainplan.model.efficiency import Efficiency
+    from trainplan.model.hardware import ClusterSpec, resolve_gpu
+    from trainplan.model.layout import Layout
+    from trainplan.model.training import TrainingSpec
+    from trainplan.prediction.production import predict_production
+    from trainplan.published.intervals import heldout_errors_by_family
+
+    model = resolve_model("llama2-13b")
+    cluster = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
+    training = TrainingSpec(seq_len=4096, global_batch=256)
+    eff = Efficiency.for_gpu(cluster.gpu)
+    cand = pd.DataFrame([{**Layout(dp=32, sharding="zero2", micro_batch=1).to_dict(), "feasible": True, "rank": 1}])
+    cal = {"efficiency": eff.to_dict(), "heldout_errors_by_family": heldout_errors_by_family("h100"),
+           "memory_relative_errors": [0.0] * 5 + [-0.05, -0.2, -0.25]}
+    out = predict_production(cand, model, cluster, training, cal).iloc[0]
+    assert 60 < out["mem_peak_gib_p50"] < 79.6 / 1.2
+    assert out["mem_over_hbm_errors"] == 2 and out["mem_errors_n"] == 8

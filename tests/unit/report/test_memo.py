@@ -675,6 +675,25 @@ def test_page_one_names_a_global_batch_that_divides_when_it_is_clearly_faster(tm
     assert "rules out dp =" not in memo.render_html(ctx)
 
 
+def test_a_memory_p90_above_usable_hbm_is_at_risk_and_the_preflight_holds_it_to_the_hbm(tmp_path):
+    """The QLoRA variant's chosen layout: p50 71.3, p90 83.0 GiB on 79.6 usable. Page 1 said 'headroom -4.2% at
+    p90' and told the preflight to pass below 83.0 GiB, which no GPU can reach; it now says AT RISK with the count
+    of model errors behind it and holds the preflight to the usable HBM."""
+    import html as html_mod
+
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    prod = json.loads((root / "prediction/production.json").read_text())
+    prod["chosen"] |= {"mem_total_gib_p50": 71.3, "mem_total_gib_p90": 83.0, "headroom_frac": 1 - 83.0 / 79.6474609375,
+                       "mem_over_hbm_errors": 5, "mem_errors_n": 27}
+    (root / "prediction/production.json").write_text(json.dumps(prod))
+    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    assert "AT RISK : p90 above usable HBM (5 of 27 model errors)" in text
+    assert "peak reserved memory per GPU ≤ 79.6 GiB (usable HBM; the p90 prediction, 83.0 GiB, is above it)" in text
+    assert "headroom" not in text.split("memory per GPU (GiB)")[1].split("wall-clock")[0]
+
+
 def test_a_chosen_layout_that_won_a_tie_says_so_on_page_one(tmp_path):
     """The search ranks a layout within TIE_FRAC of the fastest first when it has clearly more headroom: page 1
     then says it ties with the fastest (named, how much faster) and how much less memory it needs, instead of
