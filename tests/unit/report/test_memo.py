@@ -694,6 +694,26 @@ def test_a_memory_p90_above_usable_hbm_is_at_risk_and_the_preflight_holds_it_to_
     assert "headroom" not in text.split("memory per GPU (GiB)")[1].split("wall-clock")[0]
 
 
+def test_families_ruled_out_for_one_reason_are_one_row_of_the_alternatives_table():
+    """24 GPUs, batch 256: DDP, ZeRO-1, ZeRO-2, FSDP and HSDP all fail as dp24 (and their ×TP as dp12): ten rows
+    saying the same thing become two, each naming its families and the simplest layout's degrees."""
+    from trainplan.model.arch import resolve_model
+    from trainplan.model.hardware import ClusterSpec, resolve_gpu
+    from trainplan.model.training import TrainingSpec
+    from trainplan.search.layouts import family_verdicts, search
+
+    c24 = ClusterSpec(nodes=3, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
+    fam = family_verdicts(search(resolve_model("llama2-13b"), c24, TrainingSpec(seq_len=4096, global_batch=256),
+                                 None, {"micro_batch": [1], "recompute": ["none"], "offload": ["none"]}))
+    out = memo._families(fam)
+    bad = [r for r in out["families"] if r["verdict"] == "infeasible"]
+    assert (fam["verdict"] == "infeasible").sum() == 10 and len(bad) == 2
+    assert bad[0]["family"] == "DDP, ZeRO-1, ZeRO-2, FSDP, HSDP"
+    assert bad[0]["why"].startswith("dp24·tp1·pp1·cp1: global_batch=256 is not a multiple of dp·micro_batch = 24·1")
+    assert bad[1]["why"].startswith("dp12·tp2·pp1·cp1: ") and bad[1]["family"].endswith("HSDP×TP")
+    assert out["families_shown"] == len(fam) == out["families_total"]
+
+
 def test_a_chosen_layout_that_won_a_tie_says_so_on_page_one(tmp_path):
     """The search ranks a layout within TIE_FRAC of the fastest first when it has clearly more headroom: page 1
     then says it ties with the fastest (named, how much faster) and how much less memory it needs, instead of
