@@ -181,6 +181,13 @@ def shard_degree(layout: Layout | LayoutTable, cluster: ClusterSpec | None = Non
     return out.item() if np.ndim(out) == 0 else out
 
 
+def batch_multiples(global_batch: int, m: int) -> str:
+    """The multiples of ``m`` nearest ``global_batch`` on either side, as an error names them ("240, 264"; one
+    value when the batch is below ``m``)."""
+    lo, hi = global_batch // m * m, (global_batch // m + 1) * m
+    return f"{lo}, {hi}" if lo > 0 else f"{hi}"
+
+
 def grad_accum(training: TrainingSpec, layout: Layout | LayoutTable) -> Any:
     """Micro-batches per rank per optimizer step (the global batch is split over dp only)."""
 
@@ -213,11 +220,10 @@ def _problems(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         why.append(("layout.vpp" if L.vpp > 1 else "layout.pp", L.vpp if L.vpp > 1 else L.pp,
                     f"pp·v = {L.pp}·{L.vpp} exceeds layers={model.layers}: a virtual stage without a layer"))
     if training.global_batch % (L.dp * L.micro_batch):
-        m = L.dp * L.micro_batch
+        near = batch_multiples(training.global_batch, L.dp * L.micro_batch)
         why.append(("layout.micro_batch", L.micro_batch, f"global_batch={training.global_batch} is not a multiple "
                                                          f"of dp·micro_batch = {L.dp}·{L.micro_batch} (the nearest "
-                                                         f"that are: {max(m, training.global_batch // m * m)}, "
-                                                         f"{(training.global_batch // m + 1) * m})"))
+                                                         f"that are: {near})"))
     elif L.pp > 1 and grad_accum(training, L) < L.pp:
         why.append(("layout.micro_batch", L.micro_batch, f"{grad_accum(training, L)} micro-batches per step < "
                                                          f"pp={L.pp} stages (bubble dominates)"))

@@ -29,6 +29,7 @@ from trainplan.model.layout import (
     SHARDINGS,
     Layout,
     LayoutTable,
+    batch_multiples,
     grad_accum,
     shard_degree,
 )
@@ -183,7 +184,7 @@ def structural_reasons(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         (L.pp * L.vpp > model.layers, "pp·v = {pp}·{vpp} exceeds layers=" + str(model.layers)),
         (training.global_batch % (L.dp * L.micro_batch) != 0,
          "global_batch=" + str(training.global_batch) + " is not a multiple of dp·micro_batch = {dp}·{micro_batch}"
-         " (the nearest that are: {gb_lo}, {gb_hi})"),
+         " (the nearest that are: {gb_near})"),
         ((L.pp > 1) & (grad_accum(training, L) < L.pp), "fewer micro-batches per step than pp={pp} stages"),
         ((L.cp_kind == "ring") & (L.cp > 1) & (s % (2 * L.cp) != 0),
          "seq_len=" + str(s) + " not divisible by 2·cp (ring load balancing)"),
@@ -202,9 +203,8 @@ def structural_reasons(model: ModelSpec, cluster: ClusterSpec, training: Trainin
             continue
         if "{" in msg:
             vals = {k: getattr(L, k)[idx] for k in ("tp", "pp", "vpp", "dp", "micro_batch")}
-            m = vals["dp"] * vals["micro_batch"]
-            vals["gb_lo"] = np.maximum(m, training.global_batch // m * m)  # the multiples of dp·micro_batch
-            vals["gb_hi"] = (training.global_batch // m + 1) * m            # either side of global_batch
+            vals["gb_near"] = [batch_multiples(training.global_batch, int(m))  # either side of global_batch
+                               for m in vals["dp"] * vals["micro_batch"]]
             out[idx] = [msg.format(**{k: v[i] for k, v in vals.items()}) for i in range(len(idx))]
         else:
             out[idx] = msg

@@ -235,6 +235,9 @@ def test_an_infeasible_family_says_why_its_simplest_layout_fails_and_which_batch
     why = layout_problems(MODEL, c24, TRAIN, Layout(dp=24, sharding="zero2", micro_batch=1))
     assert any("(the nearest that are: 240, 264)" in w for w in why)
     assert fam.loc["ZeRO-2×PP", "verdict"] == "chosen"
+    # below one sequence per rank there is one nearest multiple, named once
+    small = TrainingSpec(seq_len=4096, global_batch=16)
+    assert any("(the nearest that are: 24)" in w for w in layout_problems(MODEL, c24, small, Layout(dp=24)))
 
 
 def test_zero1_and_zero2_over_one_rank_are_listed_once():
