@@ -15,6 +15,7 @@ from trainplan.search.layouts import (
     batch_alternative,
     best_row,
     family_verdicts,
+    group_infeasible,
     impossible_techniques,
     pinned_options,
     search,
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
               "p10–p90: — (the config overrides the shipped efficiency fit, or its GPU generation has no held-out "
               "errors: no measured interval applies)", highlight=False)
     con.print("[bold]Why each family loses[/bold] (data-parallel sharding × TP × PP; best layout of each):")
-    for _, v in family_verdicts(df).iterrows():
+    for v in group_infeasible(family_verdicts(df).to_dict("records")):
         con.print(f"  [bold]{v['family']}[/bold] ({v['verdict']}): {v['line']}", highlight=False)
     con.print("[bold]What each technique buys[/bold] (best layout with it vs without it):")
     for _, v in technique_verdicts(df, impossible=impossible_techniques(cfg.cluster, cfg.training, options)).iterrows():

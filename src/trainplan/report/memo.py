@@ -30,7 +30,7 @@ from trainplan.published.fit import HELDOUT_TARGETS, bias_se
 from trainplan.published.tables import NEVER_FITTED
 from trainplan.report.figures import parity_table, representative_layouts, short_number
 from trainplan.report.labels import memo_labels as report_labels  # noqa: F401 (re-exported)
-from trainplan.search.layouts import TIE_FRAC, best_row
+from trainplan.search.layouts import TIE_FRAC, best_row, group_infeasible
 
 # The template and stylesheet (package data; in a checkout symlinks to report/templates/, which the memo rule
 # declares as inputs and passes in): render_memo reads the paths it is given, these by default.
@@ -321,22 +321,13 @@ def _families(fam: pd.DataFrame | None, top: int = FAMILIES_SHOWN) -> dict[str, 
         return {"families": None, "families_total": 0}
     verdict = fam["verdict"].astype(str) if "verdict" in fam else pd.Series("", index=fam.index)
     keep = (fam.index < top) | (verdict == "chosen") | verdict.str.startswith("OOM") | (len(fam) <= FAMILIES_ALL_MAX)
-    rows, merged, shown = _records(fam[keep]), [], int(keep.sum())
-    by_reason: dict[str, dict[str, Any]] = {}
+    rows = _records(fam[keep])
     for r in rows:  # producer column names: best_layout/line (search.family_verdicts) or layout/reason
         r["layout_text"] = r.get("best_layout") or r.get("layout") or ""
         v = str(r.get("verdict") or "")
         r["why"] = r.get("line") or (f"{v}: {r['reason']}" if r.get("reason") else v)
-        if v == "infeasible" and ": " in r["why"]:
-            # families ruled out for one reason are one row (24 GPUs, batch 256: DDP, ZeRO-1/2, FSDP and HSDP all
-            # fail as dp24), named by the simplest layout's degrees; search.family_verdicts writes "layout: reason"
-            where, reason = r["why"].split(": ", 1)
-            if reason in by_reason:
-                by_reason[reason]["family"] += f", {r['family']}"
-                continue
-            r["why"] = f"{where.split()[0]}: {reason}"
-            by_reason[reason] = r
-        merged.append(r)
+    # families ruled out for one reason are one row (24 GPUs, batch 256: five shardings all fail as dp24)
+    merged, shown = group_infeasible(rows, key="why"), int(keep.sum())
     return {"families": merged, "families_total": len(fam), "families_shown": shown}
 
 

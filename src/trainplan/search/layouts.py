@@ -466,6 +466,28 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(key, ascending=key == "rank", na_position="last", kind="stable").reset_index(drop=True)
 
 
+def group_infeasible(rows: list[dict[str, Any]], key: str = "line") -> list[dict[str, Any]]:
+    """Family verdict rows (dicts, in order) with the families ruled out for one reason merged into one row: its
+    ``family`` names them all and its ``key`` text keeps the simplest layout's degrees (24 GPUs, batch 256: DDP,
+    ZeRO-1, ZeRO-2, FSDP and HSDP all fail as dp24). :func:`family_verdicts` writes such lines "layout: reason";
+    other rows pass unchanged. What the memo's alternatives table and ``trainplan plan`` print."""
+    out: list[dict[str, Any]] = []
+    by_reason: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        text = str(r.get(key) or "")
+        if str(r.get("verdict")) != "infeasible" or ": " not in text:
+            out.append(r)
+            continue
+        where, reason = text.split(": ", 1)
+        if reason in by_reason:
+            by_reason[reason]["family"] += f", {r['family']}"
+            continue
+        r = {**r, key: f"{where.split()[0]}: {reason}"}
+        by_reason[reason] = r
+        out.append(r)
+    return out
+
+
 def batch_alternative(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: Efficiency | None,
                       options: dict[str, Any] | None, best_tps_per_gpu: float) -> dict[str, Any] | None:
     """When ``global_batch`` does not divide over the GPUs, every layout with dp = n_gpus is ruled out (24 GPUs,

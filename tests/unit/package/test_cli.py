@@ -560,3 +560,18 @@ def test_an_estimate_that_does_not_fit_says_what_would_with_the_same_degrees(cap
     assert again["memory_gib"]["total"] == pytest.approx(fix["memory_gib"])
     assert main(["estimate", "--model", "llama2-13b", "--gpus", "32", "--sharding", "none", "--micro-batch", "4"]) == 0
     assert "fits with the same dp·tp·pp·cp: --sharding " in capsys.readouterr().out
+
+
+def test_plan_on_24_gpus_says_once_why_pure_data_parallelism_is_out_and_what_batch_would_allow_it(tmp_path, capsys):
+    """256 sequences on 24 GPUs: one line for the five shardings ruled out as dp24 (with the nearest batches) and
+    one naming the batch that allows dp24 and what it buys (search.layouts.group_infeasible, batch_alternative)."""
+    over = tmp_path / "24.yaml"
+    over.write_text("cluster: {nodes: 3}\nsearch: {micro_batches: [1, 2], recomputes: [none], offloads: [none]}\n")
+    assert main(["plan", str(ROOT / "config" / "config.yaml"), str(over), "--top", "1"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert ("DDP, ZeRO-1, ZeRO-2, FSDP, HSDP (infeasible): dp24·tp1·pp1·cp1: global_batch=256 is not a multiple of "
+            "dp·micro_batch = 24·1 (the nearest that are: 240, 264)") in text
+    assert text.count("24·1 (the nearest") == 1
+    assert re.search(r"Global batch: 256 sequences do not divide over 24 GPUs \(no layout with dp = 24\); at 264 "
+                     r"\(or 240\) the best would be ZeRO-2 \(dp24·tp1·pp1·cp1 zero2 rc=none mb=1\), [\d,]+ "
+                     r"tokens/s/GPU, 1\d\.\d% faster", text)
