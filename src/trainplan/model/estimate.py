@@ -11,7 +11,7 @@ from trainplan.model.arch import ModelSpec
 from trainplan.model.base import GiB
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.hardware import ClusterSpec
-from trainplan.model.layout import Layout, layout_problems
+from trainplan.model.layout import OFFLOADS, RECOMPUTES, Layout, layout_problems, one_rank_duplicate
 from trainplan.model.training import TrainingSpec
 
 __all__ = ["Estimate", "estimate", "fastest_micro_batch", "micro_batch_choices", "MEMORY_KEYS", "DEFAULT_MAX_MEM_FRAC",
@@ -112,14 +112,11 @@ def memory_fix(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     ({changes: {knob: value}, layout, memory_gib, tokens_per_s_per_gpu}); None when none of those fit either.
     What ``trainplan estimate`` suggests; the search (``trainplan plan``) also varies the degrees."""
     eff = eff or Efficiency.for_gpu(cluster.gpu)
-    alone = layout.dp * layout.cp == 1
-    shardings = [layout.sharding] + [s for s in ("zero1", "zero2", "zero3") if s != layout.sharding and not alone]
-    if alone and "zero3" not in shardings:
-        shardings.append("zero3")
+    shardings = [layout.sharding] + [s for s in ("zero1", "zero2", "zero3") if s != layout.sharding]
     best = None
-    for sh, rc, off in itertools.product(shardings, ("none", "selective", "full"), ("none", "cpu")):
-        if off == "cpu" and sh == "none":
-            continue
+    for sh, rc, off in itertools.product(shardings, RECOMPUTES, OFFLOADS):
+        if (off == "cpu" and sh == "none") or one_rank_duplicate(layout.dp * layout.cp, sh, off):
+            continue  # as the search enumerates: offload needs a sharded optimizer; one-rank repeats left out
         for mb in sorted({m for m in (layout.micro_batch, 1, 2, 4) if m <= layout.micro_batch}, reverse=True):
             cand = replace(layout, sharding=sh, recompute=rc, offload=off, micro_batch=mb,
                            shard_group=None if sh != "hsdp" else layout.shard_group)

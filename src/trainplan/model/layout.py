@@ -181,11 +181,27 @@ def shard_degree(layout: Layout | LayoutTable, cluster: ClusterSpec | None = Non
     return out.item() if np.ndim(out) == 0 else out
 
 
-def batch_multiples(global_batch: int, m: int) -> str:
-    """The multiples of ``m`` nearest ``global_batch`` on either side, as an error names them ("240, 264"; one
-    value when the batch is below ``m``)."""
+def one_rank_duplicate(replicas: Any, sharding: Any, offload: Any) -> Any:
+    """True where a layout repeats another: ZeRO-1/2 over one data-parallel rank (dp·cp = ``replicas`` = 1) shard
+    nothing, the unsharded layout; with CPU offload ZeRO-1 is ZeRO-2 (ZeRO-Offload on one GPU, which is real and
+    kept). Scalars or arrays: what the search leaves out and estimate's memory fix skips."""
+    alone = np.asarray(replicas) == 1
+    sharding, offload = np.asarray(sharding), np.asarray(offload)
+    out = alone & (((sharding == "zero1") | (sharding == "zero2")) & (offload == "none")
+                   | (sharding == "zero1") & (offload == "cpu"))
+    return out.item() if np.ndim(out) == 0 else out
+
+
+def nearest_multiples(global_batch: int, m: int) -> list[int]:
+    """The multiples of ``m`` nearest ``global_batch`` on either side (one when the batch is below ``m``); for a
+    batch that is a multiple, it and the next."""
     lo, hi = global_batch // m * m, (global_batch // m + 1) * m
-    return f"{lo}, {hi}" if lo > 0 else f"{hi}"
+    return [lo, hi] if lo > 0 else [hi]
+
+
+def batch_multiples(global_batch: int, m: int) -> str:
+    """:func:`nearest_multiples` as an error names them: "240, 264"."""
+    return ", ".join(map(str, nearest_multiples(global_batch, m)))
 
 
 def grad_accum(training: TrainingSpec, layout: Layout | LayoutTable) -> Any:

@@ -80,10 +80,11 @@ def predict_production(candidates: pd.DataFrame, model: ModelSpec, cluster: Clus
         # run falls below the k-th of n pool values with probability k/(n + 1) (numpy's "weibull" quantile). The
         # default study's pool is 15 exact zeros and four errors (two near −6%): 2,000 draws from it put p90 on
         # either side of that step, 66.9 or 70.1 GiB for two layouts of the same memory.
-        mem_q = np.quantile(mem / (1.0 + mem_rel), [ql, qh], method="weibull")
+        mem_pool = mem / (1.0 + mem_rel)  # what each pool error would make the measured peak
+        mem_q = np.quantile(mem_pool, [ql, qh], method="weibull")
         # how many of those errors would put the run above usable HBM (an OOM at the preflight): the count behind
         # a p90 above HBM, which the memo states instead of a negative headroom alone
-        over = int(np.sum(mem / (1.0 + mem_rel) > cluster.gpu.hbm_bytes))
+        over = int(np.sum(mem_pool > cluster.gpu.hbm_bytes))
         row = {"rank": r.get("rank", len(rows) + 1), "layout": layout.describe(), "family": layout.family,
                "interval_family": family_class(layout), "interval_errors_n": len(rel),
                "calibration_source": calibration.get("source", "defaults"),

@@ -31,6 +31,8 @@ from trainplan.model.layout import (
     LayoutTable,
     batch_multiples,
     grad_accum,
+    nearest_multiples,
+    one_rank_duplicate,
     shard_degree,
 )
 from trainplan.model.training import TrainingSpec
@@ -161,11 +163,7 @@ def enumerate_layouts(cluster: ClusterSpec, options: dict[str, Any] | None = Non
     }
     keep = ~((cols["offload"] == "cpu") & (cols["sharding"] == "none"))  # offload needs a sharded optimizer
     keep &= (cols["sharding"] != "hsdp") | (cols["shard_group"] < cols["dp"] * cols["cp"])
-    # ZeRO-1/2 over one rank (dp·cp = 1) shard nothing: the same layout as unsharded (ZeRO-1/2 offload: the same
-    # as each other), listed once (ZeRO-2 with offload is ZeRO-Offload on one GPU, which is real)
-    alone = cols["dp"] * cols["cp"] == 1
-    keep &= ~(alone & np.isin(cols["sharding"], ["zero1", "zero2"]) & (cols["offload"] == "none"))
-    keep &= ~(alone & (cols["sharding"] == "zero1") & (cols["offload"] == "cpu"))
+    keep &= ~one_rank_duplicate(cols["dp"] * cols["cp"], cols["sharding"], cols["offload"])
     return LayoutTable(**{k: v[keep] for k, v in cols.items()})
 
 
@@ -501,7 +499,7 @@ def batch_alternative(model: ModelSpec, cluster: ClusterSpec, training: Training
     if gb % n == 0 or not best_tps_per_gpu:
         return None
     found = []
-    for b in sorted({max(n, gb // n * n), (gb // n + 1) * n}):
+    for b in nearest_multiples(gb, n):
         d = search(model, cluster, replace(training, global_batch=b), eff, options)
         r = best_row(d[d["feasible"]])
         if r is not None:
