@@ -165,6 +165,9 @@ def test_cost_doc_has_the_memo_shape_and_overheads_add_up():
     assert set(names) == {"wall-clock", "cost", "tokens/s per GPU"}
     assert names["tokens/s per GPU"]["pass"] is (names["tokens/s per GPU"]["verdict"] == "pass")
     assert doc["ask"]["gpu_hours"] == doc["gpu_hours"]["p90"]
+    # the risks table's chance of at least one interruption: Poisson with the expected count
+    lam = doc["expected_interruptions"]
+    assert lam > 0 and doc["p_any_interruption"] == pytest.approx(1 - np.exp(-lam)) and doc["p_any_interruption"] < lam
     assert doc["dollars_price_range"]["low"] < doc["dollars"]["p50"] < doc["dollars_price_range"]["high"]
 
 
@@ -224,3 +227,18 @@ def test_sensitivity_shows_the_other_attention_kernel_on_hopper():
     assert row.loc["attention_rate_x", "metric_high"] < row.loc["attention_rate_x", "metric_base"]
     a100 = replace(c.cluster, gpu=resolve_gpu("a100-80gb"))
     assert "attention_rate_x" not in set(stage_sensitivity(chosen(900, 1000, 1100), cluster=a100, **kw)["parameter"])
+
+
+def test_sensitivity_moves_memory_across_its_interval():
+    """memory_x spans the chosen layout's memory p10/p50 … p90/p50; a factor under which nothing fits costs
+    nothing (NaN, not the $10¹⁵ of a zero-throughput run) and flags a flip; no memory interval, no row."""
+    c = load_config(TINY)
+    kw = dict(model=c.model, cluster=c.cluster, training=c.training, eff=c.efficiency, options=dict(c.search),
+              inputs=CostInputs.from_config(c.cost), inter_busbw_GBps=c.raw["cluster"]["inter_busbw_GBps"])
+    mem = {"mem_total_gib_p10": 9.0, "mem_total_gib_p50": 10.0, "mem_total_gib_p90": 1e5}
+    row = stage_sensitivity(chosen(900, 1000, 1100) | mem, **kw).set_index("parameter").loc["memory_x"]
+    assert (row["low_value"], row["base_value"], row["high_value"]) == pytest.approx((0.9, 1.0, 1e4))
+    assert row["unit"] == "× modelled peak memory"
+    assert row["layout_high"] == "no feasible layout" and np.isnan(row["metric_high"])
+    assert row["changes_recommendation"] and np.isfinite(row["metric_low"]) and np.isfinite(row["metric_base"])
+    assert "memory_x" not in set(stage_sensitivity(chosen(900, 1000, 1100), **kw)["parameter"])

@@ -312,6 +312,8 @@ def memo_cost(res: dict[str, Any], inputs: CostInputs) -> dict[str, Any]:
                             "failures (lost work + restarts)": wall_h - train_h - eval_h - ckpt_h - startup_h},
         "goodput_frac": pt["goodput"], "checkpoint_interval_h": pt["checkpoint_interval_h"],
         "checkpoint_gib": pt["checkpoint_gb"] * 1e9 / 1024**3, "expected_interruptions": pt["expected_failures"],
+        # failures as a Poisson process: the chance of at least one in the run
+        "p_any_interruption": float(-np.expm1(-pt["expected_failures"])),
         "failure_rate_per_1000_gpu_h": res["failure_rate_per_gpu_hour"] * 1000.0,
         "failure_source": res["failure_source"], "targets": targets,
         "ask": {"gpu_hours": iv["gpu_hours"]["p90"], "dollars": iv["usd"]["p90"], "window_h": iv["wall_h"]["p90"]},

@@ -6,12 +6,13 @@ recommended layout is seen) and the cost model. :func:`cost_evaluator` builds su
 ``rank(assumptions) -> (layout_id, tokens_per_s_per_gpu)`` search callable and :mod:`trainplan.cost.budget`.
 
 Assumption names understood by :func:`cost_evaluator`: ``efficiency_x`` (throughput multiplier, e.g. the
-calibration's p10/p50 and p90/p50 ratios), ``inter_busbw_GBps`` and any other search input (passed to
-``rank``), ``price_per_gpu_hour_usd``, ``failure_rate_x``, ``dataset_tokens``, ``checkpoint_write_GBps``.
+calibration's p10/p50 and p90/p50 ratios), ``inter_busbw_GBps``, ``memory_x`` and any other search input (passed
+to ``rank``), ``price_per_gpu_hour_usd``, ``failure_rate_x``, ``dataset_tokens``, ``checkpoint_write_GBps``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -53,6 +54,8 @@ def cost_evaluator(rank: Callable[[dict[str, Any]], tuple[str, float]], *, n_gpu
 
     def evaluate(a: dict[str, Any]) -> tuple[float, str]:
         layout, tps = rank(a)
+        if layout == NO_LAYOUT:  # nothing fits under these assumptions: no run, so no cost (NaN, not $10¹⁵)
+            return float("nan"), layout
         tps *= float(a.get("efficiency_x", 1.0))
         i = inputs
         if "checkpoint_write_GBps" in a:
@@ -92,7 +95,11 @@ SEARCH_ASSUMPTIONS = {
     "fp8_gemm_eff": "fraction of FP8 peak",  # only with training.precision fp8-*: fitted value ± 2 s.e.
     # Hopper with flash attention: the other measured kernel (FA2 ↔ cuDNN, timing.attention_kernel_rel)
     "attention_rate_x": "× the attention kernel's rate",
+    # the memory model's error: the production memory interval's p10/p50 and p90/p50 (its error pool: CPU
+    # proxies, published readings, our own GPU runs' reserved memory), as a factor on every modelled peak
+    "memory_x": "× modelled peak memory",
 }
+NO_LAYOUT = "no feasible layout"
 UNITS = {"efficiency_x": "× throughput", "price_per_gpu_hour_usd": "$/GPU-h", "failure_rate_x": "× failure rate",
          "dataset_tokens": "tokens", "checkpoint_write_GBps": "GB/s", **SEARCH_ASSUMPTIONS}
 
@@ -106,15 +113,15 @@ def search_ranker(model: Any, cluster: Any, training: Any, eff: Any, options: di
 
     def rank(a: dict[str, Any]) -> tuple[str, float]:
         key = (float(a["inter_busbw_GBps"]), float(a["comm_bw_eff"]), float(a["runtime_overhead_GiB"]),
-               float(a.get("fp8_gemm_eff", 0.0)), float(a.get("attention_rate_x", 1.0)))
+               float(a.get("fp8_gemm_eff", 0.0)), float(a.get("attention_rate_x", 1.0)), float(a.get("memory_x", 1.0)))
         if key not in cache:
             c = replace(cluster, inter_busbw_Bps=key[0] * 1e9)
             e = eff.replace(comm_bw_eff=key[1], runtime_overhead_bytes=key[2] * 2**30, attn_eff=eff.attn_eff * key[4])
             if fp8_field and "fp8_gemm_eff" in a:
                 e = e.replace(**{fp8_field: key[3]})
-            df = search(model, c, training, e, options)
+            df = search(model, c, training, e, options, mem_scale=key[5])
             best = df[df["rank"] == 1]
-            cache[key] = (("no feasible layout", 1e-9) if not len(best) else
+            cache[key] = ((NO_LAYOUT, float("nan")) if not len(best) else
                           (str(best["layout_text"].iloc[0]), float(best["tokens_per_s_per_gpu"].iloc[0])))
         return cache[key]
 
@@ -144,6 +151,11 @@ def stage_sensitivity(chosen: dict[str, Any], *, model: Any, cluster: Any, train
         rel = attention_kernel_rel("cudnn")
         base["attention_rate_x"] = 1.0
         ranges["attention_rate_x"] = (1.0, rel) if training.attn_kernel == "fa2" else (1.0 / rel, 1.0)
+    mem = [chosen.get(f"mem_total_gib_{q}") for q in ("p10", "p50", "p90")]
+    if all(m is not None and math.isfinite(float(m)) and float(m) > 0 for m in mem) and mem[0] < mem[2]:
+        # the memory interval as a factor: does the layout still fit if the model errs as its error pool has?
+        base["memory_x"] = 1.0
+        ranges["memory_x"] = (float(mem[0]) / float(mem[1]), float(mem[2]) / float(mem[1]))
     evaluate = cost_evaluator(rank, n_gpus=cluster.n_gpus, n_params=float(model.n_params),
                               d2h_Bps=cluster.host_to_device_Bps, inputs=inputs)
     t = tornado(base, ranges, evaluate)

@@ -10,6 +10,7 @@ sp (list of bools), pp_schedule, cp_kind, sharding, recompute, offload (lists of
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 import numpy as np
@@ -343,8 +344,14 @@ def tie_order(tput: np.ndarray, headroom: np.ndarray, complexity: np.ndarray, ti
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: Efficiency | None = None,
-           options: dict[str, Any] | None = None) -> pd.DataFrame:
-    """Every enumerated layout with memory, time, feasibility and rank (analytic/candidates.csv)."""
+           options: dict[str, Any] | None = None, *, mem_scale: float = 1.0) -> pd.DataFrame:
+    """Every enumerated layout with memory, time, feasibility and rank (analytic/candidates.csv).
+
+    ``mem_scale``: an error of the memory model as a factor on every modelled peak (the sensitivity's
+    ``memory_x``); the fit test holds ``mem_scale`` × peak to ``max_mem_frac`` of usable HBM, the memory columns
+    stay the model's."""
+    if not (isinstance(mem_scale, int | float) and math.isfinite(mem_scale) and mem_scale > 0):
+        raise ValueError(f"mem_scale={mem_scale!r}: must be a positive finite factor")
     eff = eff or Efficiency.for_gpu(cluster.gpu)
     o = _opts(cluster, options)
     L = enumerate_layouts(cluster, options)
@@ -373,10 +380,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: 
     df = pd.concat([df, pd.DataFrame(cols)], axis=1)
     hbm_gib = cluster.gpu.hbm_bytes / GiB
     df["headroom_frac"] = 1.0 - df["mem_total_gib"] / hbm_gib
-    oom = ok & (df["mem_total_gib"].to_numpy() > o["max_mem_frac"] * hbm_gib)
+    need = df["mem_total_gib"].to_numpy() * mem_scale
+    oom = ok & (need > o["max_mem_frac"] * hbm_gib)
     oom_idx = np.nonzero(oom)[0]
-    reason[oom_idx] = [f"OOM: needs {x:.1f} GiB > {o['max_mem_frac']:.0%} of {hbm_gib:.1f} GiB"
-                       for x in df["mem_total_gib"].to_numpy()[oom_idx]]
+    scaled = f" (× {mem_scale:.3g}, the memory model's error)" if mem_scale != 1.0 else ""
+    reason[oom_idx] = [f"OOM: needs {x:.1f} GiB{scaled} > {o['max_mem_frac']:.0%} of {hbm_gib:.1f} GiB"
+                       for x in need[oom_idx]]
     off = np.nonzero(ok & (df["offload"].to_numpy() != "none"))[0]  # the host holds what offload takes off HBM
     if len(off):
         host = memory.host_ram_problem(model, cluster, training,

@@ -290,6 +290,7 @@ def test_zero_interruptions_is_a_finite_wall_clock():
                                  cost_cfg=c.cost, targets=c.targets)
     assert math.isfinite(doc["goodput_frac"]) and 0 < doc["goodput_frac"] <= 1
     assert doc["expected_interruptions"] == 0 or math.isfinite(doc["expected_interruptions"])
+    assert doc["p_any_interruption"] == 0.0 if doc["expected_interruptions"] == 0 else doc["p_any_interruption"] > 0
     # no failures: MTBF and checkpoint interval are +inf in every sample, and so is their p10–p90 (it read NaN)
     for k in ("job_mtbf_h", "checkpoint_interval_h"):
         assert doc["detail"]["intervals"][k] == {"p10": math.inf, "p50": math.inf, "p90": math.inf}, k

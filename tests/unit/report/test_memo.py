@@ -842,3 +842,11 @@ def test_study_assumptions_show_the_lora_keys_only_for_adapters_and_big_numbers_
     assert rows["training.seq_len"] == "4096" and rows["cluster.gpu"] == "h100-sxm-80gb"  # below 10⁴: as written
     lora = dict(memo._assumptions({**full, "training": {**full["training"], "finetune": "lora"}}))
     assert lora["training.lora_rank"] == "16" and lora["training.lora_targets"] == '["q", "v"]'
+
+
+def test_risks_state_the_chance_of_an_interruption(rendered):
+    """The node-failure row: the expected count and the chance of at least one (cost.json, Poisson)."""
+    cost = _load("cost/cost.json")
+    pct = f"{100 * cost['p_any_interruption']:.1f}%"
+    assert _squash(f"Expected interruptions in this run: 0.6 (a {pct} chance of at least one)") in _squash(
+        rendered["text"])

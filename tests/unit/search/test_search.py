@@ -278,3 +278,22 @@ def test_a_global_batch_that_does_not_divide_over_the_gpus_names_the_nearest_tha
     assert best_row(at[at["feasible"]])["tokens_per_s_per_gpu"] == pytest.approx(alt["tokens_per_s_per_gpu"])
     top = best_row(df[df["feasible"]])
     assert batch_alternative(MODEL, CLUSTER, TRAIN, eff, OPTS, float(top["tokens_per_s_per_gpu"])) is None
+
+
+def test_mem_scale_tests_the_scaled_peak_and_keeps_the_modelled_columns(df):
+    """The sensitivity's memory_x: every modelled peak × mem_scale against max_mem_frac of usable HBM. The winner
+    at scale 1 no longer fits once its peak × scale passes 90% of HBM; the memory columns are the model's."""
+    hbm = CLUSTER.gpu.hbm_bytes / 2**30
+    best = df[df["rank"] == 1].iloc[0]
+    scale = 0.9 * hbm / best["mem_total_gib"] * 1.01  # just past the 90% rule for the winner
+    s = search(MODEL, CLUSTER, TRAIN, Efficiency.for_gpu(CLUSTER.gpu), OPTS, mem_scale=scale)
+    mem = lambda t: t.set_index("layout_text")["mem_total_gib"].sort_index()  # noqa: E731
+    assert mem(s).equals(mem(df))
+    row = s.set_index("layout_text").loc[best["layout_text"]]
+    assert not row["feasible"] and f"× {scale:.3g}, the memory model's error" in row["reason"]
+    new = s[s["rank"] == 1].iloc[0]
+    assert new["layout_text"] != best["layout_text"] and new["mem_total_gib"] * scale <= 0.9 * hbm
+    assert s["feasible"].sum() < df["feasible"].sum()
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="mem_scale"):
+            search(MODEL, CLUSTER, TRAIN, None, OPTS, mem_scale=bad)
