@@ -363,8 +363,13 @@ def runner_up(families: pd.DataFrame | None, chosen: dict[str, Any] | None) -> d
     equivalents = [{"family": str(fam["family"].iloc[i]), "layout": layout_of[i],
                     "slower_frac": 1.0 - float(fam["tokens_per_s_per_gpu"].iloc[i]) / p50}
                    for i in range(pick) if same[i]]
+    mem = float(r["mem_total_gib"])
+    # its memory p90: the memory interval is the model's error pool applied to the modelled peak, the same factor
+    # for every layout (prediction.production), so the chosen layout's p90/p50 carries over
+    q = [chosen.get(f"mem_total_gib_{k}") for k in ("p50", "p90")]
+    mem_p90 = mem * float(q[1]) / float(q[0]) if all(isinstance(x, int | float) and x > 0 for x in q) else None
     return {"family": str(r["family"]), "layout": layout_of[pick],
-            "tokens_per_s_per_gpu": tps, "mem_total_gib": float(r["mem_total_gib"]),
+            "tokens_per_s_per_gpu": tps, "mem_total_gib": mem, "mem_total_gib_p90": mem_p90,
             "slower_frac": 1.0 - tps / p50, "inside_interval": tps >= float(chosen["tokens_per_s_per_gpu_p10"]),
             "equivalents": equivalents}
 

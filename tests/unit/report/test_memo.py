@@ -692,6 +692,12 @@ def test_a_memory_p90_above_usable_hbm_is_at_risk_and_the_preflight_holds_it_to_
     assert "AT RISK : p90 above usable HBM (5 of 27 model errors)" in text
     assert "peak reserved memory per GPU ≤ 79.6 GiB (usable HBM; the p90 prediction, 83.0 GiB, is above it)" in text
     assert "headroom" not in text.split("memory per GPU (GiB)")[1].split("wall-clock")[0]
+    # the runner-up's p90 (its modelled peak × the same error factor, 83.0/71.3) fits: page 1 offers the trade
+    ru = memo.runner_up(pd.read_csv(root / "analytic/families.csv"), prod["chosen"])
+    assert ru["mem_total_gib_p90"] == pytest.approx(ru["mem_total_gib"] * 83.0 / 71.3) and ru["mem_total_gib_p90"] < 79.6
+    assert (f"The chosen layout's memory p90 is above usable HBM, the runner-up's ({ru['mem_total_gib_p90']:.1f} GiB) "
+            f"is not: if giving up {100 * ru['slower_frac']:.1f}% of throughput is cheaper than a day-1 OOM, run the "
+            "runner-up.") in text
 
 
 def test_families_ruled_out_for_one_reason_are_one_row_of_the_alternatives_table():
@@ -850,3 +856,9 @@ def test_risks_state_the_chance_of_an_interruption(rendered):
     pct = f"{100 * cost['p_any_interruption']:.1f}%"
     assert _squash(f"Expected interruptions in this run: 0.6 (a {pct} chance of at least one)") in _squash(
         rendered["text"])
+
+
+def test_no_memory_trade_is_offered_when_the_chosen_p90_fits(rendered):
+    chosen = _load("prediction/production.json")["chosen"]
+    assert chosen["mem_total_gib_p90"] < _load("analytic/summary.json")["hbm_gib"]
+    assert _squash("The chosen layout's memory p90 is above usable HBM") not in _squash(rendered["text"])
