@@ -41,9 +41,10 @@ from trainplan.proxy.aggregate import attn_kernel_of
 from trainplan.proxy.record import predicted_state_terms
 from trainplan.proxy.schema import RUN_DEFAULTS
 from trainplan.report.memo import memory_fallback
+from trainplan.search.layouts import best_row
 
 __all__ = ["ACT_REL_TOL", "HEADROOM_FRAC", "PEAK_REL_TOL", "STATE_REL_TOL", "TIME_REL_TOL", "Check",
-           "evaluate", "fallback_line", "format_report", "main", "preflight_fallback", "preflight_layout",
+           "evaluate", "fallback_line", "format_report", "main", "memory_error_ratio", "preflight_fallback", "preflight_layout",
            "preflight_spec", "run_preflight"]
 
 STATE_REL_TOL = 0.02  # state bytes are exact arithmetic; 2% covers FSDP padding of uneven shards
@@ -316,9 +317,21 @@ def run_preflight(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     return result
 
 
-def preflight_fallback(candidates: str | Path) -> dict[str, Any] | None:
-    """The memo's day-1 fallback (``memo.memory_fallback``) from the study's ``candidates.csv``: the layout to
-    switch to when the preflight fails; ``None`` when there is none (or no candidates file): no-go, re-plan."""
+def memory_error_ratio(checks: Sequence[Check]) -> float | None:
+    """The slice's peak reserved memory over its modelled peak (CUDA only): the memory model's error measured on
+    the production widths and micro-batch; None without both numbers (a CPU preflight)."""
+    c = next((c for c in checks if c.name == "peak reserved bytes"), None)
+    return float(c.measured) / float(c.predicted) if c is not None and c.measured and c.predicted else None
+
+
+def preflight_fallback(candidates: str | Path, mem_ratio: float | None = None) -> dict[str, Any] | None:
+    """The layout to switch to when the preflight fails, from the study's ``candidates.csv``; ``None`` when there
+    is none (or no candidates file): no-go, re-plan.
+
+    With a measured memory error above the model (``mem_ratio`` > 1, :func:`memory_error_ratio`): the fastest
+    other layout whose modelled peak × ``mem_ratio`` is within :data:`HEADROOM_FRAC` of usable HBM, i.e. the
+    search's choice had it known the error (the sensitivity's ``memory_x``). Otherwise the memo's day-1 fallback
+    (``memo.memory_fallback``: a fixed margin more headroom than the chosen layout)."""
     import pandas as pd
 
 
@@ -330,13 +343,30 @@ def preflight_fallback(candidates: str | Path) -> dict[str, Any] | None:
     if not len(ok):
         return None
     chosen = ok.sort_values("rank").iloc[0].to_dict()
-    return memory_fallback(ok, chosen)
+    if mem_ratio is None or not mem_ratio > 1.0:
+        return memory_fallback(ok, chosen)
+    mem = ok["mem_total_gib"].astype(float)
+    hbm_gib = float((mem / (1.0 - ok["headroom_frac"].astype(float))).median())  # headroom = 1 − mem / usable
+    fits = ok[(mem * mem_ratio <= HEADROOM_FRAC * hbm_gib) & (ok["layout_text"] != chosen["layout_text"])]
+    if not len(fits):
+        return None
+    r = best_row(fits)
+    return {"layout": str(r["layout_text"]), "tokens_per_s_per_gpu": float(r["tokens_per_s_per_gpu"]),
+            "mem_total_gib": float(r["mem_total_gib"]), "headroom_frac": float(r["headroom_frac"]),
+            "slower_frac": 1.0 - float(r["tokens_per_s"]) / float(chosen["tokens_per_s"]),
+            "mem_ratio": float(mem_ratio), "mem_expected_gib": float(r["mem_total_gib"]) * float(mem_ratio)}
 
 
 def fallback_line(fallback: dict[str, Any] | None) -> str:
     """What to do after a FAIL, worded as the memo's day-1 check."""
     if not fallback:
         return "FALLBACK: none with more headroom among the feasible layouts — no-go, re-plan."
+    if fallback.get("mem_ratio"):
+        r = fallback["mem_ratio"]
+        return (f"FALLBACK: the slice reserved {r:.2f}× its modelled peak; at that error the fastest layout within "
+                f"{HEADROOM_FRAC:.0%} of usable HBM is {fallback['layout']} ({fallback['mem_total_gib']:.1f} GiB "
+                f"modelled, {fallback['mem_expected_gib']:.1f} GiB at ×{r:.2f}, {fallback['slower_frac']:.1%} "
+                "slower): switch to it and rerun the preflight; if that fails too, no-go, re-plan.")
     return (f"FALLBACK: switch to {fallback['layout']} ({fallback['mem_total_gib']:.1f} GiB, "
             f"{fallback['headroom_frac']:.0%} headroom, {fallback['slower_frac']:.1%} slower) and rerun the "
             "preflight; if that fails too, no-go, re-plan.")
@@ -377,7 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_report(res["verdict"], checks, res["notes"]))
     if res["verdict"] == "PASS":
         return 0
-    fallback = preflight_fallback(a.candidates or Path(a.summary).parent / "candidates.csv")
+    fallback = preflight_fallback(a.candidates or Path(a.summary).parent / "candidates.csv",
+                                  mem_ratio=memory_error_ratio(checks))
     write_json(out / "preflight.json", {**res, "fallback": fallback, "fallback_line": fallback_line(fallback)})
     print(fallback_line(fallback))
     return 1

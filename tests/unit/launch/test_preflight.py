@@ -243,6 +243,36 @@ def test_fallback_is_the_memos_memory_fallback(tmp_path):
     assert "no-go, re-plan" in pf.fallback_line(None)
 
 
+def test_a_measured_memory_error_picks_what_fits_at_that_error(tmp_path):
+    """A CUDA slice that reserved 1.3× its modelled peak: the fallback is the fastest other layout whose modelled
+    peak × 1.3 is within 90% of usable HBM (the search's choice had it known the error), not the fixed margin."""
+    import pandas as pd
+
+    hbm = 80.0
+    rows = [("dp32 zero2 mb2", 100.0, 66.0), ("dp32 zero2 mb1", 98.0, 56.0), ("dp32 zero3 mb1", 90.0, 40.0),
+            ("dp32 zero3 rc=full", 70.0, 20.0)]
+    path = tmp_path / "candidates.csv"
+    pd.DataFrame([{"rank": i + 1, "feasible": True, "layout_text": t, "tokens_per_s": tps, "tokens_per_s_per_gpu": tps,
+                   "mem_total_gib": m, "headroom_frac": 1 - m / hbm} for i, (t, tps, m) in enumerate(rows)]
+                 ).to_csv(path, index=False)
+    assert pf.preflight_fallback(path)["layout"] == "dp32 zero3 mb1"  # fixed margin: 0.175 + 0.15 headroom
+    fb = pf.preflight_fallback(path, mem_ratio=1.2)  # 56 × 1.2 = 67.2 ≤ 72: the micro-batch 1 layout still fits
+    assert fb["layout"] == "dp32 zero2 mb1" and fb["mem_expected_gib"] == pytest.approx(67.2)
+    assert fb["slower_frac"] == pytest.approx(0.02)
+    line = pf.fallback_line(fb)
+    assert "reserved 1.20× its modelled peak" in line and "dp32 zero2 mb1 (56.0 GiB modelled, 67.2 GiB at ×1.20" in line
+    assert pf.preflight_fallback(path, mem_ratio=1.5)["layout"] == "dp32 zero3 mb1"  # 56 × 1.5 = 84 > 72
+    assert pf.preflight_fallback(path, mem_ratio=5.0) is None  # nothing fits: no-go, re-plan
+    assert pf.preflight_fallback(path, mem_ratio=0.9) == pf.preflight_fallback(path)  # no excess: the fixed margin
+
+
+def test_memory_error_ratio_reads_the_cuda_peak_check():
+    peak, time_s = pf._predicted_cuda(record("cuda"), CLUSTER, None)
+    _, checks = pf.evaluate(record("cuda", reserved=int(1.3 * peak), median=time_s), CLUSTER)
+    assert pf.memory_error_ratio(checks) == pytest.approx(1.3, rel=1e-6)
+    assert pf.memory_error_ratio(pf.evaluate(record(), CLUSTER)[1]) is None  # CPU: no reserved memory
+
+
 def test_failing_preflight_names_the_fallback(tmp_path, monkeypatch, capsys):
     cand = _candidates(tmp_path)
     summary = cand.parent / "summary.json"
