@@ -40,12 +40,12 @@ from trainplan.model.training import TrainingSpec
 from trainplan.proxy.aggregate import attn_kernel_of
 from trainplan.proxy.record import predicted_state_terms
 from trainplan.proxy.schema import RUN_DEFAULTS
-from trainplan.report.memo import memory_fallback
+from trainplan.report.memo import fallback_entry, memory_fallback
 from trainplan.search.layouts import best_row
 
 __all__ = ["ACT_REL_TOL", "HEADROOM_FRAC", "PEAK_REL_TOL", "STATE_REL_TOL", "TIME_REL_TOL", "Check",
-           "evaluate", "fallback_line", "format_report", "main", "memory_error_ratio", "preflight_fallback", "preflight_layout",
-           "preflight_spec", "run_preflight"]
+           "evaluate", "fallback_line", "format_report", "main", "memory_error_ratio", "preflight_fallback",
+           "preflight_layout", "preflight_spec", "run_preflight"]
 
 STATE_REL_TOL = 0.02  # state bytes are exact arithmetic; 2% covers FSDP padding of uneven shards
 ACT_REL_TOL = 0.10  # saved activations per layer: the planner's closed form vs saved_tensors_hooks
@@ -346,15 +346,13 @@ def preflight_fallback(candidates: str | Path, mem_ratio: float | None = None) -
     if mem_ratio is None or not mem_ratio > 1.0:
         return memory_fallback(ok, chosen)
     mem = ok["mem_total_gib"].astype(float)
-    hbm_gib = float((mem / (1.0 - ok["headroom_frac"].astype(float))).median())  # headroom = 1 − mem / usable
+    hbm_gib = chosen["mem_total_gib"] / (1.0 - chosen["headroom_frac"])  # the search's headroom = 1 − mem / usable
     fits = ok[(mem * mem_ratio <= HEADROOM_FRAC * hbm_gib) & (ok["layout_text"] != chosen["layout_text"])]
     if not len(fits):
         return None
     r = best_row(fits)
-    return {"layout": str(r["layout_text"]), "tokens_per_s_per_gpu": float(r["tokens_per_s_per_gpu"]),
-            "mem_total_gib": float(r["mem_total_gib"]), "headroom_frac": float(r["headroom_frac"]),
-            "slower_frac": 1.0 - float(r["tokens_per_s"]) / float(chosen["tokens_per_s"]),
-            "mem_ratio": float(mem_ratio), "mem_expected_gib": float(r["mem_total_gib"]) * float(mem_ratio)}
+    return fallback_entry(r, chosen) | {"mem_ratio": float(mem_ratio),
+                                        "mem_expected_gib": float(r["mem_total_gib"]) * float(mem_ratio)}
 
 
 def fallback_line(fallback: dict[str, Any] | None) -> str:

@@ -531,7 +531,11 @@ def memory_fallback(feasible: pd.DataFrame, chosen: dict[str, Any]) -> dict[str,
     c = feasible[feasible["headroom_frac"] >= need]
     if not len(c):
         return None
-    r = best_row(c)  # the search's tie-aware rank (fastest, then headroom, then simplest without one)
+    return fallback_entry(best_row(c), chosen)  # the search's tie-aware rank (fastest, headroom, simplest)
+
+
+def fallback_entry(r: pd.Series, chosen: dict[str, Any]) -> dict[str, Any]:
+    """A fallback as the memo and the preflight name it: the candidates.csv row ``r`` against the chosen one."""
     return {"layout": str(r.get("layout_text", "")), "tokens_per_s_per_gpu": float(r["tokens_per_s_per_gpu"]),
             "mem_total_gib": float(r["mem_total_gib"]), "headroom_frac": float(r["headroom_frac"]),
             "slower_frac": 1.0 - float(r["tokens_per_s"]) / float(chosen["tokens_per_s"])}
