@@ -12,7 +12,6 @@ to ``rank``), ``price_per_gpu_hour_usd``, ``failure_rate_x``, ``dataset_tokens``
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -23,6 +22,7 @@ from trainplan.cost import budget as C
 from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import generation_fits
 from trainplan.model.timing import attention_kernel_rel
+from trainplan.published.intervals import memory_interval_factors
 from trainplan.search.layouts import search
 
 TORNADO_COLUMNS = ("assumption", "base", "low", "high", "cost_base", "cost_low", "cost_high", "swing_usd",
@@ -151,11 +151,10 @@ def stage_sensitivity(chosen: dict[str, Any], *, model: Any, cluster: Any, train
         rel = attention_kernel_rel("cudnn")
         base["attention_rate_x"] = 1.0
         ranges["attention_rate_x"] = (1.0, rel) if training.attn_kernel == "fa2" else (1.0 / rel, 1.0)
-    mem = [chosen.get(f"mem_total_gib_{q}") for q in ("p10", "p50", "p90")]
-    if all(m is not None and math.isfinite(float(m)) and float(m) > 0 for m in mem) and mem[0] < mem[2]:
-        # the memory interval as a factor: does the layout still fit if the model errs as its error pool has?
+    mem_x = memory_interval_factors(chosen)
+    if mem_x is not None:  # does the layout still fit if the memory model errs as its error pool has?
         base["memory_x"] = 1.0
-        ranges["memory_x"] = (float(mem[0]) / float(mem[1]), float(mem[2]) / float(mem[1]))
+        ranges["memory_x"] = mem_x
     evaluate = cost_evaluator(rank, n_gpus=cluster.n_gpus, n_params=float(model.n_params),
                               d2h_Bps=cluster.host_to_device_Bps, inputs=inputs)
     t = tornado(base, ranges, evaluate)

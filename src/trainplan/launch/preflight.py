@@ -9,7 +9,8 @@ subprocess) and compare what it measured with the analytic prediction for exactl
 * saved activation bytes per decoder layer vs ``memory.saved_activation_bytes_per_layer``
   (:data:`ACT_REL_TOL`);
 * CUDA only: peak reserved memory vs the predicted per-GPU total (:data:`PEAK_REL_TOL`) and against the
-  HBM headroom limit (:data:`HEADROOM_FRAC`), and the median step time vs ``timing.step_time``
+  HBM headroom limit (the study's ``search.max_hbm_frac``, :data:`HEADROOM_FRAC` by default: the same rule the
+  search ranked by), and the median step time vs ``timing.step_time``
   (:data:`TIME_REL_TOL`).
 
 On CPU the run is at debug size (a tiny model, gloo): it proves the path and the device-independent byte
@@ -32,6 +33,7 @@ from trainplan.io import read_json, write_json
 from trainplan.launch.artifacts import load_inputs
 from trainplan.model.arch import ModelSpec, resolve_model
 from trainplan.model.base import ConfigError
+from trainplan.model.estimate import DEFAULT_MAX_MEM_FRAC
 from trainplan.model.hardware import ClusterSpec
 from trainplan.model.layout import Layout
 from trainplan.model.memory import memory_breakdown
@@ -51,7 +53,7 @@ STATE_REL_TOL = 0.02  # state bytes are exact arithmetic; 2% covers FSDP padding
 ACT_REL_TOL = 0.10  # saved activations per layer: the planner's closed form vs saved_tensors_hooks
 PEAK_REL_TOL = 0.15  # CUDA peak reserved vs predicted total (allocator fragmentation, NCCL buffers)
 TIME_REL_TOL = 0.25  # CUDA median step time vs the (calibrated) analytic step time
-HEADROOM_FRAC = 0.90  # the planner's headroom verdict: peak <= 90% of usable HBM
+HEADROOM_FRAC = DEFAULT_MAX_MEM_FRAC  # search.max_hbm_frac's default: the headroom verdict, peak ≤ 90% of usable HBM
 CPU_DEBUG_MODEL = "debug"  # the CPU preflight's model (specs.MODEL_PRESETS), at the slice depth
 CPU_SEQ_LEN = 128
 
@@ -189,10 +191,11 @@ def attention_kernel_check(record: dict, planned: str | None) -> Check:
                  "the memo's Sensitivity row attention_rate_x prices it")
 
 
-def evaluate(record: dict, cluster: ClusterSpec, eff: Any = None,
-             planned_attn_kernel: str | None = None) -> tuple[str, list[Check]]:
+def evaluate(record: dict, cluster: ClusterSpec, eff: Any = None, planned_attn_kernel: str | None = None,
+             max_hbm_frac: float = HEADROOM_FRAC) -> tuple[str, list[Check]]:
     """Verdict (PASS/FAIL) and the checks of one preflight RECORD (schema: proxy/schema.py); on CUDA also the
-    attention kernel the run dispatched against ``planned_attn_kernel`` (reported, not judged)."""
+    attention kernel the run dispatched against ``planned_attn_kernel`` (reported, not judged). The peak passes
+    within ``max_hbm_frac`` of usable HBM: the study's ``search.max_hbm_frac``, the rule its search ranked by."""
     checks: list[Check] = []
     if record.get("status") != "ok":
         checks.append(Check("run", None, None, None, "FAIL", f"status {record.get('status')}: {record.get('message')}"))
@@ -215,10 +218,10 @@ def evaluate(record: dict, cluster: ClusterSpec, eff: Any = None,
         peak_pred, time_pred = _predicted_cuda(record, cluster, eff)
         reserved = mem.get("cuda_max_reserved_bytes")
         checks.append(_compare("peak reserved bytes", reserved, peak_pred, PEAK_REL_TOL, "vs memory_breakdown total"))
-        limit = HEADROOM_FRAC * cluster.gpu.hbm_bytes
+        limit = max_hbm_frac * cluster.gpu.hbm_bytes
         checks.append(Check("peak within headroom", reserved, limit, None,
                             "MISSING" if reserved is None else ("PASS" if reserved <= limit else "FAIL"),
-                            f"≤ {HEADROOM_FRAC:.0%} of {cluster.gpu.name} HBM"))
+                            f"≤ {max_hbm_frac:.0%} of {cluster.gpu.name} HBM (search.max_hbm_frac)"))
         checks.append(_compare("median step time s", median, time_pred, TIME_REL_TOL, "vs timing.step_time"))
         checks.append(attention_kernel_check(record, planned_attn_kernel))
     else:
@@ -292,8 +295,10 @@ def _run_proxy(cmd: list[str], timeout_s: float) -> tuple[int, str, str]:
 
 def run_preflight(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,
                   out_dir: str | Path, *, device: str = "cuda", layers: int = 2, steps: int = 6, warmup: int = 2,
-                  nproc: int | None = None, eff: Any = None, timeout_s: int = 900) -> dict[str, Any]:
-    """Run the depth slice through ``trainplan proxy`` and judge it; writes spec, record, preflight.json."""
+                  nproc: int | None = None, eff: Any = None, timeout_s: int = 900,
+                  max_hbm_frac: float = HEADROOM_FRAC) -> dict[str, Any]:
+    """Run the depth slice through ``trainplan proxy`` and judge it (:func:`evaluate`); writes spec, record,
+    preflight.json."""
     out = Path(out_dir)
     spec, notes = preflight_spec(model, cluster, training, layout, device=device, layers=layers, steps=steps,
                                  warmup=warmup, nproc=nproc, timeout_s=timeout_s)
@@ -306,12 +311,13 @@ def run_preflight(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         tail = (stderr or stdout).strip().splitlines()[-3:]
         record = {"status": "error", "message": f"trainplan proxy exited {rc}: " + " | ".join(tail),
                   "spec": spec}
-    verdict, checks = evaluate(record, cluster, eff, planned_attn_kernel=training.attn_kernel)
+    verdict, checks = evaluate(record, cluster, eff, planned_attn_kernel=training.attn_kernel,
+                               max_hbm_frac=max_hbm_frac)
     result = {"verdict": verdict, "device": device, "notes": notes, "spec": spec,
               "production_layout": layout.to_dict(),
               "thresholds": {"state_rel_tol": STATE_REL_TOL, "act_rel_tol": ACT_REL_TOL,
                              "peak_rel_tol": PEAK_REL_TOL, "time_rel_tol": TIME_REL_TOL,
-                             "headroom_frac": HEADROOM_FRAC},
+                             "headroom_frac": max_hbm_frac},
               "checks": [asdict(c) | {"rel_err": c.rel_err} for c in checks]}
     write_json(out / "preflight.json", result)
     return result
@@ -324,16 +330,16 @@ def memory_error_ratio(checks: Sequence[Check]) -> float | None:
     return float(c.measured) / float(c.predicted) if c is not None and c.measured and c.predicted else None
 
 
-def preflight_fallback(candidates: str | Path, mem_ratio: float | None = None) -> dict[str, Any] | None:
+def preflight_fallback(candidates: str | Path, mem_ratio: float | None = None,
+                       max_hbm_frac: float = HEADROOM_FRAC) -> dict[str, Any] | None:
     """The layout to switch to when the preflight fails, from the study's ``candidates.csv``; ``None`` when there
     is none (or no candidates file): no-go, re-plan.
 
     With a measured memory error above the model (``mem_ratio`` > 1, :func:`memory_error_ratio`): the fastest
-    other layout whose modelled peak × ``mem_ratio`` is within :data:`HEADROOM_FRAC` of usable HBM, i.e. the
+    other layout whose modelled peak × ``mem_ratio`` is within ``max_hbm_frac`` of usable HBM, i.e. the
     search's choice had it known the error (the sensitivity's ``memory_x``). Otherwise the memo's day-1 fallback
     (``memo.memory_fallback``: a fixed margin more headroom than the chosen layout)."""
-    import pandas as pd
-
+    import pandas as pd  # not at module level: `trainplan preflight --help` stays light
 
     path = Path(candidates)
     if not path.exists():
@@ -347,11 +353,11 @@ def preflight_fallback(candidates: str | Path, mem_ratio: float | None = None) -
         return memory_fallback(ok, chosen)
     mem = ok["mem_total_gib"].astype(float)
     hbm_gib = chosen["mem_total_gib"] / (1.0 - chosen["headroom_frac"])  # the search's headroom = 1 − mem / usable
-    fits = ok[(mem * mem_ratio <= HEADROOM_FRAC * hbm_gib) & (ok["layout_text"] != chosen["layout_text"])]
+    fits = ok[(mem * mem_ratio <= max_hbm_frac * hbm_gib) & (ok["layout_text"] != chosen["layout_text"])]
     if not len(fits):
         return None
     r = best_row(fits)
-    return fallback_entry(r, chosen) | {"mem_ratio": float(mem_ratio),
+    return fallback_entry(r, chosen) | {"mem_ratio": float(mem_ratio), "max_hbm_frac": float(max_hbm_frac),
                                         "mem_expected_gib": float(r["mem_total_gib"]) * float(mem_ratio)}
 
 
@@ -360,9 +366,9 @@ def fallback_line(fallback: dict[str, Any] | None) -> str:
     if not fallback:
         return "FALLBACK: none with more headroom among the feasible layouts — no-go, re-plan."
     if fallback.get("mem_ratio"):
-        r = fallback["mem_ratio"]
+        r, frac = fallback["mem_ratio"], fallback.get("max_hbm_frac", HEADROOM_FRAC)
         return (f"FALLBACK: the slice reserved {r:.2f}× its modelled peak; at that error the fastest layout within "
-                f"{HEADROOM_FRAC:.0%} of usable HBM is {fallback['layout']} ({fallback['mem_total_gib']:.1f} GiB "
+                f"{frac:.0%} of usable HBM is {fallback['layout']} ({fallback['mem_total_gib']:.1f} GiB "
                 f"modelled, {fallback['mem_expected_gib']:.1f} GiB at ×{r:.2f}, {fallback['slower_frac']:.1%} "
                 "slower): switch to it and rerun the preflight; if that fails too, no-go, re-plan.")
     return (f"FALLBACK: switch to {fallback['layout']} ({fallback['mem_total_gib']:.1f} GiB, "
@@ -392,12 +398,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=int, default=900, help="proxy timeout (default 900)")
     a = ap.parse_args(argv)
     try:
-
         cfg, model, cluster, training, layout = load_inputs(a.summary, a.config)
         eff = cfg.efficiency if not isinstance(cfg.efficiency, dict) else None
         out = Path(a.out) if a.out else Path(a.summary).resolve().parent.parent / "preflight"
+        frac = float(cfg.search.get("max_hbm_frac", HEADROOM_FRAC))
         res = run_preflight(model, cluster, training, layout, out, device=a.device, layers=a.layers,
-                            steps=a.steps, warmup=a.warmup, nproc=a.nproc, eff=eff, timeout_s=a.timeout_s)
+                            steps=a.steps, warmup=a.warmup, nproc=a.nproc, eff=eff, timeout_s=a.timeout_s,
+                            max_hbm_frac=frac)
     except ConfigError as e:
         print(f"trainplan preflight: {e}", file=sys.stderr)
         return 2
@@ -406,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if res["verdict"] == "PASS":
         return 0
     fallback = preflight_fallback(a.candidates or Path(a.summary).parent / "candidates.csv",
-                                  mem_ratio=memory_error_ratio(checks))
+                                  mem_ratio=memory_error_ratio(checks), max_hbm_frac=frac)
     write_json(out / "preflight.json", {**res, "fallback": fallback, "fallback_line": fallback_line(fallback)})
     print(fallback_line(fallback))
     return 1

@@ -7,6 +7,8 @@ class (FSDP/ZeRO, TP, PP, CP), as shipped in ``trainplan/data/efficiency_fits.js
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -14,7 +16,7 @@ import numpy as np
 from trainplan.model.efficiency import generation_fits
 
 __all__ = ["MIN_FAMILY_ROWS", "error_pool", "family_class", "heldout_errors_by_family", "interval_bounds",
-           "predictive_error_draws", "throughput_interval"]
+           "memory_interval_factors", "predictive_error_draws", "throughput_interval"]
 
 MIN_FAMILY_ROWS = 3  # fewer held-out rows of a family than this: its interval uses the whole generation's errors
 
@@ -100,3 +102,15 @@ def throughput_interval(js: dict[str, Any], generation: str, family: str) -> dic
                       + (f" of the {family} family" if own else f" (every family: {family} has too few)")
                       + f", mean {bias:+.1%} (the model predicts {'slower' if bias < 0 else 'faster'} than published)"}
     return out
+
+
+def memory_interval_factors(chosen: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The production memory interval as factors of its p50, (p10/p50, p90/p50), from the chosen layout's
+    ``mem_total_gib_p10/p50/p90``; None unless all three are positive and finite with p10 < p90. The interval is
+    the memory model's error pool applied to the modelled peak (prediction.production), the same factors for every
+    layout: the sensitivity's ``memory_x`` range and the runner-up's memory p90 (report.memo) both read them here."""
+    q = [chosen.get(f"mem_total_gib_{k}") for k in ("p10", "p50", "p90")]
+    if not all(isinstance(x, int | float) and math.isfinite(float(x)) and float(x) > 0 for x in q):
+        return None
+    lo, mid, hi = (float(x) for x in q)
+    return (lo / mid, hi / mid) if lo < hi else None

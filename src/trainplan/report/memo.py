@@ -27,6 +27,7 @@ from trainplan.model.layout import SHARDINGS, Layout
 from trainplan.model.timing import STEP_PARTS, attention_kernel_rel
 from trainplan.provenance import sidecar_path
 from trainplan.published.fit import HELDOUT_TARGETS, bias_se
+from trainplan.published.intervals import memory_interval_factors
 from trainplan.published.tables import NEVER_FITTED
 from trainplan.report.figures import parity_table, representative_layouts, short_number
 from trainplan.report.labels import memo_labels as report_labels  # noqa: F401 (re-exported)
@@ -364,10 +365,8 @@ def runner_up(families: pd.DataFrame | None, chosen: dict[str, Any] | None) -> d
                     "slower_frac": 1.0 - float(fam["tokens_per_s_per_gpu"].iloc[i]) / p50}
                    for i in range(pick) if same[i]]
     mem = float(r["mem_total_gib"])
-    # its memory p90: the memory interval is the model's error pool applied to the modelled peak, the same factor
-    # for every layout (prediction.production), so the chosen layout's p90/p50 carries over
-    q = [chosen.get(f"mem_total_gib_{k}") for k in ("p50", "p90")]
-    mem_p90 = mem * float(q[1]) / float(q[0]) if all(isinstance(x, int | float) and x > 0 for x in q) else None
+    mem_x = memory_interval_factors(chosen)  # the same factors for every layout: the chosen one's carry over
+    mem_p90 = mem * mem_x[1] if mem_x is not None else None
     return {"family": str(r["family"]), "layout": layout_of[pick],
             "tokens_per_s_per_gpu": tps, "mem_total_gib": mem, "mem_total_gib_p90": mem_p90,
             "slower_frac": 1.0 - tps / p50, "inside_interval": tps >= float(chosen["tokens_per_s_per_gpu_p10"]),

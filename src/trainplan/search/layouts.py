@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -502,8 +503,6 @@ def batch_alternative(model: ModelSpec, cluster: ClusterSpec, training: Training
     multiples of n_gpus either side), if one is clearly faster (> TIE_FRAC) than ``best_tps_per_gpu``: {global_batch,
     other (the other multiple), layout, family, tokens_per_s_per_gpu, gain_frac}. None when the batch divides or
     nothing nearby is faster. Changing the batch is a training choice (learning rate, steps), not the planner's."""
-    from dataclasses import replace
-
     n, gb = cluster.n_gpus, training.global_batch
     if gb % n == 0 or not best_tps_per_gpu:
         return None
@@ -568,19 +567,17 @@ def fp8_technique_rows(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     unchanged: the bf16 mixed-precision states stay and the FP8 copies are made per GEMM), with the
     risk for a fine-tune. Empty on GPUs without FP8 tensor cores. The recommendation stays on the configured
     precision: FP8 is used only when ``training.precision`` opts in."""
-    from dataclasses import replace as _replace
-
     if not cluster.gpu.fp8:
         return []
-    base = _replace(training, precision="bf16")
+    base = replace(training, precision="bf16")
     b = timing.step_time(model, cluster, base, layout, eff)["tokens_per_s_per_gpu"]
     mem = float(memory.memory_breakdown(model, cluster, base, layout, eff)["total"]) / 2**30
     eager = training.kernels == "eager"  # torchao's casts unfused (timing.FP8_CAST_BYTES_EAGER): say what compile gives
-    compiled = _replace(base, kernels="compiled")
+    compiled = replace(base, kernels="compiled")
     b_compiled = timing.step_time(model, cluster, compiled, layout, eff)["tokens_per_s_per_gpu"] if eager else None
     rows = []
     for recipe in ("fp8-tensorwise", "fp8-rowwise"):
-        t = _replace(training, precision=recipe)
+        t = replace(training, precision=recipe)
         f = timing.step_time(model, cluster, t, layout, eff)["tokens_per_s_per_gpu"]
         delta = f / b - 1.0
         verdict = f"buys {delta:+.1%}" if delta > TIE_FRAC else ("ties" if delta >= -TIE_FRAC else f"costs {-delta:.1%}")
@@ -588,7 +585,7 @@ def fp8_technique_rows(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         note = ("opted in by training.precision; " if used else "not used: bf16 unless the study opts in; ") + FP8_RISK
         compiled_note = ""
         if eager:
-            fc = timing.step_time(model, cluster, _replace(compiled, precision=recipe), layout,
+            fc = timing.step_time(model, cluster, replace(compiled, precision=recipe), layout,
                                   eff)["tokens_per_s_per_gpu"]
             compiled_note = (f"eager: torchao's casts run unfused; under torch.compile (training.kernels: compiled) "
                              f"{fc:,.0f} vs {b_compiled:,.0f} tokens/s/GPU for compiled bf16 "

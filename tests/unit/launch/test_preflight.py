@@ -125,6 +125,16 @@ def test_cuda_record_is_judged_on_peak_memory_and_step_time():
     assert pf.evaluate(record("cuda", reserved=None), CLUSTER)[0] == "FAIL"
 
 
+def test_headroom_check_holds_the_studys_own_hbm_fraction():
+    """The peak is judged against search.max_hbm_frac (the rule the search ranked by), not a fixed 90%."""
+    _, time_s = pf._predicted_cuda(record("cuda"), CLUSTER, None)
+    rec = record("cuda", reserved=int(CLUSTER.gpu.hbm_bytes * 0.85), median=time_s)
+    assert by_name(pf.evaluate(rec, CLUSTER)[1])["peak within headroom"].status == "PASS"
+    strict = by_name(pf.evaluate(rec, CLUSTER, max_hbm_frac=0.80)[1])["peak within headroom"]
+    assert strict.status == "FAIL" and strict.predicted == pytest.approx(0.80 * CLUSTER.gpu.hbm_bytes)
+    assert "80%" in strict.note
+
+
 def test_report_prints_numbers_thresholds_and_verdict():
     verdict, checks = pf.evaluate(record(params=1050), CLUSTER)
     text = pf.format_report(verdict, checks, ["a note"])
@@ -264,6 +274,9 @@ def test_a_measured_memory_error_picks_what_fits_at_that_error(tmp_path):
     assert pf.preflight_fallback(path, mem_ratio=1.5)["layout"] == "dp32 zero3 mb1"  # 56 × 1.5 = 84 > 72
     assert pf.preflight_fallback(path, mem_ratio=5.0) is None  # nothing fits: no-go, re-plan
     assert pf.preflight_fallback(path, mem_ratio=0.9) == pf.preflight_fallback(path)  # no excess: the fixed margin
+    # a study that ranks at 80% of HBM re-plans at 80% too: 56 × 1.2 = 67.2 > 64, so the next layout that fits
+    tight = pf.preflight_fallback(path, mem_ratio=1.2, max_hbm_frac=0.80)
+    assert tight["layout"] == "dp32 zero3 mb1" and "within 80% of usable HBM" in pf.fallback_line(tight)
 
 
 def test_memory_error_ratio_reads_the_cuda_peak_check():
