@@ -227,6 +227,23 @@ def latest_checkpoint(ckpt_dir: str | Path | None) -> Path | None:
     return p if p.is_dir() else None
 
 
+def micro_backward(model: Any, ids: Any, grad_accum: int, accelerator: Any = None) -> Any:
+    """Forward and backward of one micro-batch (loss scaled by 1/grad_accum); returns its scaled loss, detached.
+
+    FSDP2 reduce-scatters the gradients after *every* micro-batch, so each rank only ever holds its gradient shard:
+    the plan's memory (sharded gradients) and time (ZeRO-2: one reduce-scatter per micro-batch,
+    ``timing.dp_comm_step_s``). Switching gradient sync off for all but the last micro-batch
+    (``set_requires_gradient_sync(False)``) would save those reductions but keep the *unsharded* fp32 gradients
+    of the whole model on every rank (52 GB for a 13B model), which the plan does not have room for."""
+    out = model(input_ids=ids, labels=ids)
+    loss = out.loss / grad_accum
+    if accelerator is not None:
+        accelerator.backward(loss)
+    else:
+        loss.backward()
+    return loss.detach()
+
+
 def train(a: argparse.Namespace) -> int:
     """Run (or resume) the job described by the parsed options; return the exit code."""
     import torch
@@ -357,14 +374,7 @@ def train(a: argparse.Namespace) -> int:
         for m in range(a.grad_accum):
             ids = torch.from_numpy(batch_for(tokens, step=step, micro=m, grad_accum=a.grad_accum, dp=world,
                                              dp_rank=rank, micro_batch=a.micro_batch, seq_len=a.seq_len)).to(device)
-            if hasattr(model, "set_requires_gradient_sync"):  # an FSDP2 module
-                model.set_requires_gradient_sync(m == a.grad_accum - 1)
-            out = model(input_ids=ids, labels=ids)
-            if accelerator is not None:
-                accelerator.backward(out.loss / a.grad_accum)
-            else:
-                (out.loss / a.grad_accum).backward()
-            loss_sum += out.loss.detach() / a.grad_accum
+            loss_sum += micro_backward(model, ids, a.grad_accum, accelerator)
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_norm) if a.max_norm > 0 else None
         opt.step()
         sched.step()

@@ -134,7 +134,10 @@ def test_sigkill_resumes_from_the_last_interval_checkpoint(job, reference):
     done_before = max(_losses(job / "kill.jsonl"))
     assert done_before >= 12
     latest = int((job / "ck_kill" / "latest").read_text().strip().split("-")[1])
-    assert latest % 5 == 0 and latest <= done_before
+    saved = [r["step"] for r in _events(job / "kill.jsonl") if r["event"] == "checkpoint"]
+    # the last finished save: the newest logged one (≥ 10, since step 12 ran), or the next if the kill fell
+    # between writing `latest` and logging it — never an older one
+    assert max(saved) >= 10 and latest in (max(saved), max(saved) + 5) and latest <= done_before
     r = subprocess.run(_cmd(job, "ck_kill", "kill2.jsonl"), env=_env(), capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     after = _losses(job / "kill2.jsonl")
@@ -143,12 +146,42 @@ def test_sigkill_resumes_from_the_last_interval_checkpoint(job, reference):
 
 
 def test_batches_depend_on_the_step_only():
-    tokens = np.arange(1000, dtype=np.uint16)
-    a = te.batch_for(tokens, step=3, micro=1, grad_accum=2, dp=2, dp_rank=1, micro_batch=2, seq_len=8)
-    b = te.batch_for(tokens, step=3, micro=1, grad_accum=2, dp=2, dp_rank=1, micro_batch=2, seq_len=8)
+    """The batch is a function of (step, micro-batch, rank) alone, as the module docstring states: a resumed run
+    reads what the uninterrupted run would have, and every (step, micro, rank) reads its own samples."""
+    tokens = np.arange(100_000, dtype=np.uint32)
+    kw = {"grad_accum": 2, "dp": 2, "micro_batch": 2, "seq_len": 8}
+    a = te.batch_for(tokens, step=3, micro=1, dp_rank=1, **kw)
+    b = te.batch_for(tokens, step=3, micro=1, dp_rank=1, **kw)
     assert a.shape == (2, 8) and a.dtype == np.int64 and (a == b).all()
-    other = te.batch_for(tokens, step=3, micro=1, grad_accum=2, dp=2, dp_rank=0, micro_batch=2, seq_len=8)
-    assert not (a == other).all()
+    # sample i = ((step·grad_accum + micro)·dp + rank)·micro_batch + j starts at token i·seq_len
+    first = ((3 * 2 + 1) * 2 + 1) * 2
+    assert a[:, 0].tolist() == [first * 8, (first + 1) * 8]
+    starts = {int(te.batch_for(tokens, step=s, micro=m, dp_rank=r, **kw)[0, 0])
+              for s in range(4) for m in range(2) for r in range(2)}
+    assert len(starts) == 4 * 2 * 2  # no two (step, micro, rank) read the same samples
+
+
+def test_gradients_are_reduce_scattered_after_every_micro_batch(tmp_path):
+    """FSDP2 with gradient accumulation keeps only the gradient shard: after the first of two micro-batches every
+    parameter already holds its (sharded) gradient. With sync switched off until the last micro-batch, FSDP2 would
+    hold the unsharded gradients instead (p.grad None until then): the whole model's fp32 gradients per rank."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    (tmp_path / "config.json").write_text(json.dumps(hf_config_dict(MODEL_PRESETS["debug"])))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        model = te.build_hf_model(tmp_path / "config.json")
+        for layer in te.decoder_layers(model):
+            fully_shard(layer, reshard_after_forward=False)
+        fully_shard(model, reshard_after_forward=False)
+        ids = torch.randint(0, 100, (2, 16))
+        loss = te.micro_backward(model, ids, grad_accum=2)
+        assert loss.requires_grad is False and float(loss) > 0
+        assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_bin_format_and_env_defaults_and_cost_interval(tmp_path):
