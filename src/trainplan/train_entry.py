@@ -4,7 +4,8 @@ Everything that trains is someone else's code: the model is Hugging Face Transfo
 ``AutoModelForCausalLM`` (random init from a ``config.json``, or the weights of a checkpoint directory), the
 sharding is torch FSDP2 (``fully_shard`` per decoder layer, then the root), checkpoints are
 ``torch.distributed.checkpoint`` (DCP, sharded, resharding on load) through ``get_state_dict`` /
-``set_state_dict``. This module only adds what a production job needs around them:
+``set_state_dict``; LoRA adapters (``--finetune lora``) are Hugging Face PEFT's. This module only adds what a
+production job needs around them:
 
 * the data: a **tokenized dataset** = a flat array of token ids, either ``.npy`` (any integer dtype, its
   header says which) or a raw ``.bin`` of little-endian ``uint16`` (``--token-dtype uint32`` for vocabularies
@@ -67,7 +68,14 @@ OPTIONS: dict[str, tuple[Any, Any]] = {
     "shard_group": (int, 0),
     "peak_tflops": (float, 0.0), "collective_timeout_s": (int, 1800), "max_steps_this_run": (int, 0),
     "sleep_per_step_s": (float, 0.0), "optimizer_impl": (str, "fused"),
+    "finetune": (str, "full"), "lora_rank": (int, 16), "lora_targets": (str, "q,k,v,o"),
 }
+# training.finetune values this entry point trains: full, or LoRA adapters through Hugging Face PEFT. QLoRA's NF4 base
+# weights need bitsandbytes on CUDA under FSDP2, which it does not set up: refused before anything starts.
+FINETUNES = ("full", "lora")
+# trainplan's LoRA target names (training.LORA_TARGETS) → the Llama-family projection names PEFT matches
+HF_LORA_MODULES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
+                   "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
 # torch.optim.AdamW's kernels (training.optimizer_impl, which the planner times): fused (torchtitan's default; runs on
 # CUDA and, in torch 2.13, on CPU with FSDP2's DTensor parameters) or foreach (PyTorch's multi-tensor ops).
 OPTIMIZER_IMPLS = {"fused": {"fused": True}, "foreach": {"foreach": True}}
@@ -132,6 +140,16 @@ def parse_args(argv: Sequence[str] | None = None, env: dict[str, str] | None = N
         ap.error("missing: " + ", ".join("--" + m.replace("_", "-") for m in missing))
     if a.optimizer_impl not in OPTIMIZER_IMPLS:
         ap.error(f"--optimizer-impl={a.optimizer_impl!r}: one of {', '.join(OPTIMIZER_IMPLS)}")
+    if a.finetune not in FINETUNES:
+        ap.error(f"--finetune={a.finetune!r}: one of {', '.join(FINETUNES)} (qlora: its NF4 base weights need "
+                 "bitsandbytes on CUDA, which this entry point does not set up)")
+    targets = [t.strip() for t in a.lora_targets.split(",") if t.strip()]
+    if a.finetune == "lora" and (not targets or any(t not in HF_LORA_MODULES for t in targets)
+                                 or len(set(targets)) != len(targets)):
+        ap.error(f"--lora-targets={a.lora_targets!r}: comma-separated, each at most once, of "
+                 + ", ".join(HF_LORA_MODULES))
+    if a.finetune == "lora" and a.lora_rank < 1:
+        ap.error(f"--lora-rank={a.lora_rank}: a positive integer")
     if a.cost_json and not a.ckpt_interval_s and not a.ckpt_interval_steps:
         a.ckpt_interval_s = checkpoint_interval_s_from_cost(a.cost_json)
     return a
@@ -172,7 +190,10 @@ def build_hf_model(path: str | Path, *, seed: int = 0, dtype: Any = None) -> Any
 
 
 def decoder_layers(model: Any) -> list[Any]:
-    """The decoder blocks of a transformers causal LM (``model.model.layers`` for Llama/Mistral/Qwen2)."""
+    """The decoder blocks of a transformers causal LM (``model.model.layers`` for Llama/Mistral/Qwen2), also inside
+    a PEFT wrapper."""
+    if hasattr(model, "get_base_model"):  # peft.PeftModel
+        model = model.get_base_model()
     base = getattr(model, "model", None) or getattr(model, "transformer", None) or model
     layers = getattr(base, "layers", None) or getattr(base, "h", None)
     if layers is None:
@@ -227,6 +248,17 @@ def latest_checkpoint(ckpt_dir: str | Path | None) -> Path | None:
     return p if p.is_dir() else None
 
 
+def add_lora(model: Any, rank: int, targets: str | Sequence[str]) -> Any:
+    """The model with Hugging Face PEFT LoRA adapters (Hu et al. 2021) on the named projections of every decoder
+    layer: rank ``rank``, α = 2·rank (the scale 2 trainplan's proxies and plan use), no dropout; base weights frozen.
+    Applied before FSDP2, which shards frozen base weights and trainable adapters in the same units."""
+    from peft import LoraConfig, get_peft_model
+
+    names = [HF_LORA_MODULES[t.strip()] for t in (targets.split(",") if isinstance(targets, str) else targets)
+             if t.strip()]
+    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=names))
+
+
 def micro_backward(model: Any, ids: Any, grad_accum: int, accelerator: Any = None) -> Any:
     """Forward and backward of one micro-batch (loss scaled by 1/grad_accum); returns its scaled loss, detached.
 
@@ -272,6 +304,8 @@ def train(a: argparse.Namespace) -> int:
     bf16 = a.dtype == "bf16" or (a.dtype == "auto" and use_cuda)
 
     model = build_hf_model(a.model_config, seed=a.seed).to(device)
+    if a.finetune == "lora":
+        model = add_lora(model, a.lora_rank, a.lora_targets)
     accelerator = None
     warnings: list[str] = []
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
@@ -288,7 +322,8 @@ def train(a: argparse.Namespace) -> int:
                             f"{device.type} (no sharding, no gradient sync); torch FSDP2 applied directly instead")
             accelerator = None
     if accelerator is not None:
-        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay,
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=a.lr,
+                                weight_decay=a.weight_decay,
                                 **OPTIMIZER_IMPLS[a.optimizer_impl])
         model, opt = accelerator.prepare(model, opt)
         engine = "transformers AutoModelForCausalLM + Accelerate FSDP2 (accelerate_fsdp2.yaml) + DCP"
@@ -300,7 +335,8 @@ def train(a: argparse.Namespace) -> int:
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=mesh, reshard_after_forward=bool(a.reshard_after_forward), mp_policy=mp)
         fully_shard(model, mesh=mesh, reshard_after_forward=bool(a.reshard_after_forward), mp_policy=mp)
-        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay,
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=a.lr,
+                                weight_decay=a.weight_decay,
                                 **OPTIMIZER_IMPLS[a.optimizer_impl])
         engine = "transformers AutoModelForCausalLM + torch FSDP2 (fully_shard) + DCP"
     # what actually got sharded: FSDP2 turns parameters into DTensors (Accelerate's FSDP on CPU does not)
@@ -309,6 +345,7 @@ def train(a: argparse.Namespace) -> int:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / a.warmup_steps) if a.warmup_steps > 0 else 1.0)
     n_params = sum(p.numel() for p in model.parameters())  # global (DTensor numel is the full size)
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
 
     start_step = 0
     resumed_from = latest_checkpoint(a.ckpt_dir)
@@ -348,7 +385,9 @@ def train(a: argparse.Namespace) -> int:
           "device": device.type, "device_name": torch.cuda.get_device_name(device) if use_cuda else "cpu",
           "backend": dist.get_backend(), "dtype": "bf16" if bf16 else "fp32", "model_config": str(a.model_config),
           "model_spec": spec.to_dict() if spec is not None and hasattr(spec, "to_dict") else None,
-          "n_params": n_params, "optimizer_impl": a.optimizer_impl, "seq_len": a.seq_len,
+          "n_params": n_params, "trainable_params": n_trainable, "finetune": a.finetune,
+          "lora": {"rank": a.lora_rank, "targets": a.lora_targets} if a.finetune == "lora" else None,
+          "optimizer_impl": a.optimizer_impl, "seq_len": a.seq_len,
           "micro_batch": a.micro_batch, "grad_accum": a.grad_accum,
           "global_batch": a.micro_batch * a.grad_accum * world,
           "layout": {"dp": world, "tp": 1, "pp": 1, "cp": 1,

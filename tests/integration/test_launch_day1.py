@@ -91,7 +91,8 @@ def test_torchtitan_launch_line_parses_in_torchtitans_config_manager(tmp_path):
     (tmp_path / "analytic").mkdir()
     (tmp_path / "analytic" / "summary.json").write_text(json.dumps({"estimate": {"step_time_s": 6.0}}))
     rec = tmp_path / "argv"
-    env = _env(tmp_path, out, TRAINPLAN_MODE="train")
+    (tmp_path / "hf").mkdir()
+    env = _env(tmp_path, out, TRAINPLAN_MODE="train", TRAINPLAN_HF_ASSETS=str(tmp_path / "hf"))
     _fake_bin(tmp_path / "bin", "torchrun", f'printf "%s\\0" "$@" > {rec}; echo "PYTHONPATH=$PYTHONPATH" >> '
               f'{tmp_path / "pp"}')
     r = subprocess.run(["bash", str(out / "sbatch_1x2.sh")], env=env, cwd=out, capture_output=True, text=True,
@@ -107,7 +108,7 @@ def test_torchtitan_launch_line_parses_in_torchtitans_config_manager(tmp_path):
         sys.path.remove(str(out))
         sys.modules.pop("trainplan_torchtitan", None)
     assert cfg.training.steps == 20 and cfg.parallelism.tensor_parallel_degree == 2
-    assert cfg.comm.init_timeout_seconds == 1800
+    assert cfg.comm.init_timeout_seconds == 1800 and cfg.comm.train_timeout_seconds == 1800  # not torchtitan's 100 s
     assert cfg.checkpoint.interval == 300 and "checkpoint every 1800 s" in r.stdout  # 0.5 h / 6 s per step
     # the fake trainer wrote no checkpoint and was not told to stop: no requeue, exit 0
     assert r.returncode == 0 and not (tmp_path / "scontrol.log").exists()

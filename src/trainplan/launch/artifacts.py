@@ -34,7 +34,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +62,13 @@ from trainplan.model.arch import ModelSpec, hf_config_dict, hf_unsupported_reaso
 from trainplan.model.base import ConfigError
 from trainplan.model.hardware import ClusterSpec
 from trainplan.model.layout import Layout, grad_accum
+from trainplan.model.memory import memory_breakdown
 from trainplan.model.training import TrainingSpec
 from trainplan.provenance import study_hash
 
 __all__ = ["Artifact", "DEEPSPEED_DOCUMENTED_KEYS", "accelerate_config", "bash_syntax_check",
-           "deepspeed_config", "deepspeed_unsupported_reason", "main", "plan_deviations", "sbatch_name", "sbatch_script",
+           "deepspeed_config", "deepspeed_unsupported_reason", "entry_finetune", "main", "plan_deviations",
+           "qlora_as_lora_note", "sbatch_name", "sbatch_script",
            "sbatch_test_only", "torchrun_command", "torchrun_script", "write_artifacts"]
 
 DECODER_LAYER_CLS = "LlamaDecoderLayer"  # transformers' Llama block; FSDP2 wraps one unit per layer
@@ -215,7 +217,27 @@ def plan_deviations(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     :class:`~trainplan.launch.trainers.Deviation` notes (empty when it runs the plan as planned)."""
     if trainer == "torchtitan":
         return deviations(torchtitan_settings(model, cluster, training, layout)[1])
-    return deviations(_accelerate_parts(cluster, training, layout)[2])
+    out = deviations(_accelerate_parts(cluster, training, layout)[2])
+    if training.finetune == "qlora":
+        out.append(qlora_as_lora_note(model, cluster, training, layout))
+    return out
+
+
+def entry_finetune(training: TrainingSpec) -> str:
+    """The fine-tune ``trainplan.train_entry`` runs for the plan's (``--finetune``): full, or LoRA through PEFT,
+    also for QLoRA (:func:`qlora_as_lora_note`)."""
+    return "full" if training.finetune == "full" else "lora"
+
+
+def qlora_as_lora_note(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout) -> str:
+    """The deviation of a QLoRA plan under ``train_entry``: it trains the plan's adapters (rank, targets) over bf16
+    base weights, since NF4 base weights need bitsandbytes 4-bit on CUDA under FSDP2, which it does not set up.
+    What that costs, from the memory model: the layout's peak per GPU as LoRA against the plan's."""
+    q = memory_breakdown(model, cluster, training, layout)["total"] / 2**30
+    lo = memory_breakdown(model, cluster, replace(training, finetune="lora"), layout)["total"] / 2**30
+    return (f"finetune=qlora runs as LoRA (rank {training.lora_rank}, {'/'.join(training.lora_targets)}) over bf16 "
+            "base weights: the entry point has no NF4 (bitsandbytes 4-bit) path; modelled peak "
+            f"{lo:.1f} GiB/GPU against the plan's {q:.1f} GiB ({lo - q:+.1f} GiB), no dequantisation time")
 
 
 def accelerate_config(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, *,
@@ -352,7 +374,9 @@ def torchtitan_node_command(cluster: ClusterSpec) -> str:
         '--rdzv-endpoint="$HEAD_NODE:$RDZV_PORT" --rdzv-id="$SLURM_JOB_ID"',
         shlex.join(["--max-restarts=0", "-m", "torchtitan.train", "--module", TORCHTITAN_MODULE,
                     "--config", TORCHTITAN_CONFIG_FN]),
-        '--comm.init_timeout_seconds "$TRAINPLAN_COLLECTIVE_TIMEOUT_S" "$@"'])
+        # init_timeout covers start-up and the first step only; torchtitan then sets train_timeout (default 100 s)
+        '--comm.init_timeout_seconds "$TRAINPLAN_COLLECTIVE_TIMEOUT_S"',
+        '--comm.train_timeout_seconds "$TRAINPLAN_COLLECTIVE_TIMEOUT_S" "$@"'])
 
 
 def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, *,
@@ -395,6 +419,7 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         shard_group=int((layout.shard_group or cluster.gpus_per_node) if layout.sharding == "hsdp" else 0),
         activation_checkpointing=int(layout.recompute != "none"),
         peak_tflops=f"{cluster.gpu.peak_bf16_flops / 1e12:g}", optimizer_impl=training.optimizer_impl,
+        finetune=entry_finetune(training), lora_rank=training.lora_rank, lora_targets=",".join(training.lora_targets),
         steps=total_steps(training),
         ckpt_interval_s=int(round(checkpoint_interval_s)) if checkpoint_interval_s else 0,
         ckpt_interval_note=("" if checkpoint_interval_s else " (no cost.json given: 0 = every "
@@ -404,6 +429,7 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         trainer=trainer, trainer_why=_one_line(why), torchtitan_ok=not titan_no,
         torchtitan_why=_one_line("; ".join(titan_no)).replace('"', "'"),
         min_tps=round(min_tokens_per_s_per_gpu or 0), rdzv_port=master_port,
+        own_entry=not train_script,  # the data guard knows what trainplan.train_entry reads, not a custom script
         accelerate_node_command=shlex.quote(accelerate_node_command(cluster, train_script=train_script,
                                                                     train_args=train_args,
                                                                     accelerate_file=accelerate_file)),

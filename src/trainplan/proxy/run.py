@@ -223,11 +223,12 @@ def compiled_graphs() -> int:
 
 
 def _grad_sync(model: Any, *, last: bool) -> Any:
-    """Reduce gradients only on the last micro-batch (DDP ``no_sync``; FSDP2 ``set_requires_gradient_sync``)."""
+    """DDP: all-reduce only on the last micro-batch (``no_sync``; its gradients are whole on every rank anyway).
+    FSDP2 (ZeRO-2/3, HSDP): reduce-scatter after every micro-batch, as the plan times it
+    (``timing.dp_comm_step_s``, ``fsdp_comm_mb_s``) and sizes it (gradient shards only): with
+    ``set_requires_gradient_sync(False)`` FSDP2 would hold the unsharded gradients until the last one."""
     if hasattr(model, "no_sync"):
         return _null() if last else model.no_sync()
-    if hasattr(model, "set_requires_gradient_sync"):
-        model.set_requires_gradient_sync(last)
     return _null()
 
 

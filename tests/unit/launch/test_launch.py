@@ -17,6 +17,7 @@ from trainplan.model.arch import resolve_model
 from trainplan.model.base import ConfigError
 from trainplan.model.hardware import ClusterSpec
 from trainplan.model.layout import Layout
+from trainplan.model.memory import memory_breakdown
 from trainplan.model.training import TrainingSpec
 
 MODEL = resolve_model("llama2-13b")
@@ -148,12 +149,57 @@ def test_the_optimizer_implementation_reaches_the_trainer(tmp_path):
     assert "'optimizer': {'implementation': 'foreach'}" in (out / "trainplan_torchtitan.py").read_text()
 
 
+def test_the_fine_tune_reaches_the_trainer(tmp_path):
+    """The sbatch exports the plan's fine-tune to train_entry: full without adapter settings; LoRA with its rank and
+    targets; QLoRA as LoRA (train_entry has no NF4 path), which the manifest's deviations say with what it costs in
+    memory, from the memory model."""
+    def sbatch(training, name):
+        out = tmp_path / name
+        launch.write_artifacts(MODEL, CLUSTER, training, FSDP, out, study_hash=HASH)
+        return (out / "sbatch_4x8.sh").read_text(), json.loads((out / "manifest.json").read_text())["trainer"]
+
+    full, _ = sbatch(TRAINING, "full")
+    assert "export TRAINPLAN_FINETUNE=full " in full and "TRAINPLAN_LORA_RANK" not in full
+    lora, man = sbatch(replace(TRAINING, finetune="lora", lora_rank=8, lora_targets=("q", "v")), "lora")
+    assert "export TRAINPLAN_FINETUNE=lora " in lora
+    assert "export TRAINPLAN_LORA_RANK=8 TRAINPLAN_LORA_TARGETS=q,v\n" in lora
+    assert not any("qlora" in d for d in man["deviations"])
+    ql_training = replace(TRAINING, finetune="qlora", lora_rank=64, lora_targets=("q", "k", "v", "o", "gate", "up",
+                                                                                   "down"))
+    qlora, man = sbatch(ql_training, "qlora")
+    assert "export TRAINPLAN_FINETUNE=lora " in qlora and "TRAINPLAN_LORA_TARGETS=q,k,v,o,gate,up,down" in qlora
+    note = next(d for d in man["deviations"] if d.startswith("finetune=qlora runs as LoRA"))
+    as_lora = memory_breakdown(MODEL, CLUSTER, replace(ql_training, finetune="lora"), FSDP)["total"] / 2**30
+    planned = memory_breakdown(MODEL, CLUSTER, ql_training, FSDP)["total"] / 2**30
+    assert as_lora > planned and f"{as_lora:.1f} GiB/GPU against the plan's {planned:.1f} GiB" in note
+    assert note in qlora  # the script's header says it too
+
+
 def test_sbatch_refuses_to_run_with_placeholders(tmp_path):
     """Run the script's body up to the placeholder guard: it must stop with exit 2, not start NCCL on a bogus HCA."""
     out, _ = write(tmp_path, FSDP)
     env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
     r = subprocess.run(["bash", str(out / "sbatch_4x8.sh")], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "PLACEHOLDER" in r.stderr
+
+
+@pytest.mark.parametrize(("trainer", "says"), [("accelerate", "TRAINPLAN_DATA=PLACEHOLDER_TOKENS.npy: no such file"),
+                                              ("torchtitan", "TRAINPLAN_HF_ASSETS=(empty): not a directory")])
+def test_sbatch_refuses_to_start_without_its_inputs(tmp_path, trainer, says):
+    """The NCCL values set but no dataset (accelerate) or no HF assets (torchtitan): exit 2 before any node starts."""
+    out, _ = write(tmp_path, FSDP)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho localhost\n")
+    (bin_dir / "srun").write_text("#!/bin/sh\necho srun must not run >&2; exit 99\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "SLURM_JOB_NODELIST": "n1",
+           "SLURM_JOB_ID": "1", "SLURM_SUBMIT_DIR": str(out), "NCCL_IB_HCA": "mlx5_0", "NCCL_SOCKET_IFNAME": "eth0",
+           "TRAINPLAN_TRAINER": trainer}
+    r = subprocess.run(["bash", str(out / "sbatch_4x8.sh")], env=env, cwd=out, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 2 and says in r.stderr and "srun must not run" not in r.stderr
 
 
 def test_every_file_header_carries_the_study_hash(tmp_path):

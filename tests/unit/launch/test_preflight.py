@@ -46,6 +46,17 @@ def test_preflight_spec_is_a_valid_run_spec_at_production_width_on_cuda():
     assert norm["dtype"] == "bf16" and norm["family"] == "preflight"
 
 
+def test_an_fp8_plan_is_preflighted_in_bf16_and_says_so():
+    from dataclasses import replace
+
+    spec, notes = pf.preflight_spec(MODEL, CLUSTER, replace(TRAINING, precision="fp8-tensorwise"), FSDP,
+                                    device="cuda", layers=2)
+    assert spec["dtype"] == "bf16" and any(n.startswith("fp8-tensorwise runs as bf16") for n in notes)
+    assert pf.preflight_spec(MODEL, CLUSTER, TRAINING, FSDP, device="cuda")[0]["dtype"] == "bf16"
+    assert pf.preflight_spec(MODEL, CLUSTER, replace(TRAINING, precision="fp32"), FSDP, device="cuda")[0]["dtype"] \
+        == "fp32"
+
+
 def test_preflight_spec_on_cpu_is_debug_size():
     from trainplan.proxy.schema import normalize_run_spec
 
@@ -123,6 +134,21 @@ def test_cuda_record_is_judged_on_peak_memory_and_step_time():
     big = record("cuda", reserved=int(CLUSTER.gpu.hbm_bytes * 0.95), median=time_s)
     assert by_name(pf.evaluate(big, CLUSTER)[1])["peak within headroom"].status == "FAIL"
     assert pf.evaluate(record("cuda", reserved=None), CLUSTER)[0] == "FAIL"
+
+
+def test_headroom_is_judged_on_the_production_peak_at_the_slices_memory_error():
+    """A 2-layer slice is far below any HBM limit; what it measures is the memory model's error. The production
+    run's modelled peak × that error is held to the limit: 0.85 of HBM modelled and a slice 10% above its model
+    is 0.935 of HBM, a FAIL at 90%, while the slice's own bytes pass."""
+    peak, time_s = pf._predicted_cuda(record("cuda"), CLUSTER, None)
+    prod = 0.85 * CLUSTER.gpu.hbm_bytes
+    over = record("cuda", reserved=int(1.10 * peak), median=time_s)
+    head = by_name(pf.evaluate(over, CLUSTER, production_peak=prod)[1])["peak within headroom"]
+    assert head.status == "FAIL" and head.measured == pytest.approx(0.935 * CLUSTER.gpu.hbm_bytes, rel=1e-6)
+    assert "production run's modelled peak" in head.note
+    assert by_name(pf.evaluate(over, CLUSTER)[1])["peak within headroom"].status == "PASS"  # the slice alone
+    exact = record("cuda", reserved=int(peak), median=time_s)
+    assert by_name(pf.evaluate(exact, CLUSTER, production_peak=prod)[1])["peak within headroom"].status == "PASS"
 
 
 def test_headroom_check_holds_the_studys_own_hbm_fraction():

@@ -184,6 +184,36 @@ def test_gradients_are_reduce_scattered_after_every_micro_batch(tmp_path):
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--finetune", "qlora"], "--finetune='qlora': one of full, lora"),
+    (["--finetune", "lora", "--lora-targets", "q,foo"], "--lora-targets='q,foo': comma-separated"),
+    (["--finetune", "lora", "--lora-targets", "q,q"], "each at most once"),
+    (["--finetune", "lora", "--lora-rank", "0"], "--lora-rank=0: a positive integer"),
+])
+def test_bad_fine_tune_options_are_refused_before_anything_starts(argv, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        te.parse_args(["--model-config", "c.json", "--data", "t.npy", "--seq-len", "8", "--steps", "1", *argv], env={})
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+@SLOW
+def test_lora_trains_only_the_plans_adapters(job):
+    """--finetune lora (the sbatch's TRAINPLAN_FINETUNE for a LoRA or QLoRA plan): PEFT adapters of the plan's rank
+    on the plan's projections, r·(in + out) each (the count the planner sizes), base weights frozen; it learns."""
+    from trainplan.proxy.lora import lora_trainable_params
+
+    r = subprocess.run(_cmd(job, "ck_lora", "lora.jsonl", "--finetune", "lora", "--lora-rank", "4",
+                            "--lora-targets", "q,v,down"), env=_env(), capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ev = _events(job / "lora.jsonl")
+    spec = MODEL_PRESETS["debug"]
+    expected = lora_trainable_params(spec, 4, ["q", "v", "down"])
+    assert ev[0]["finetune"] == "lora" and ev[0]["trainable_params"] == expected
+    assert ev[0]["n_params"] == spec.n_params + expected
+    losses = _losses(job / "lora.jsonl")
+    assert sorted(losses) == list(range(1, STEPS + 1)) and losses[STEPS] < losses[1]
+
+
 def test_bin_format_and_env_defaults_and_cost_interval(tmp_path):
     ids = np.array([1, 2, 70000, 5], dtype=np.uint32)
     te.write_tokens(tmp_path / "t.bin", ids)
