@@ -35,11 +35,18 @@ def test_every_figure_is_made_from_the_fixture(made):
         assert p.read_bytes().startswith(b"<?xml") and b"<svg" in p.read_bytes()[:400]
 
 
+# the results file each figure is drawn from (stated here, not read back from the figure's own caption)
+FIGURE_SOURCES = {"memory": "analytic/candidates.csv", "time_breakdown": "analytic/candidates.csv",
+                  "pareto": "analytic/candidates.csv", "parity": "proxies/records.csv",
+                  "extrapolation": "prediction/production.json", "cost": "cost/cost.json",
+                  "tornado": "cost/sensitivity.csv"}
+
+
 def test_caption_config_hash_matches_the_source_provenance_sidecar(made):
     root, out = made
     for name, svg in out.items():
         cap = F.read_caption(svg)
-        assert cap["sources"], name
+        assert cap["sources"] == [FIGURE_SOURCES[name]], name
         want = "+".join(sorted({json.loads((root / (s + ".provenance.json")).read_text())["config_hash"]
                                 for s in cap["sources"]}))
         assert cap["config_hash"] == want, name
@@ -144,6 +151,8 @@ def test_plots_draw_into_a_given_axes():
     assert F.plot_pareto(_cand(), ax=ax) is fig
     sens = pd.read_csv(FIXTURE / "cost/sensitivity.csv")
     assert isinstance(F.plot_tornado(sens), Figure)
+    fig2, ax2 = plt.subplots()
+    assert F.plot_tornado(sens, ax=ax2) is fig2 and len(ax2.patches) >= len(sens)  # its bars, in the given axes
     plt.close("all")
 
 

@@ -97,6 +97,12 @@ def test_pareto_front_is_non_dominated(df):
     for _, r in front.iterrows():
         dominated = (feas["tokens_per_s"] > r["tokens_per_s"]) & (feas["headroom_frac"] > r["headroom_frac"])
         assert not dominated.any()
+    # ... and complete: every layout off the front is matched or beaten on both axes by one on it
+    rest = feas[~feas["pareto"]]
+    assert len(front) > 1 and len(rest)
+    for _, r in rest.iterrows():
+        covered = (front["tokens_per_s"] >= r["tokens_per_s"]) & (front["headroom_frac"] >= r["headroom_frac"])
+        assert covered.any(), r["layout_text"]
 
 
 def test_family_verdicts_one_line_per_family(df):
