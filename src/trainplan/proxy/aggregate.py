@@ -67,7 +67,9 @@ def record_row(rec: dict[str, Any]) -> dict[str, Any]:
             "state_bytes": (state_analytic, state_meas),  # the analytic model's resident state
             "state_bytes_exact": (state_exact, state_meas),  # the harness's exact closed form
             "saved_act_bytes": (act_pred, act_meas),  # saved activation bytes per layer
-            "flops_per_step": (fl.get("analytic_model_per_rank_step"), fl.get("measured_model_per_rank_step")),
+            # what ran outside the flash backward's own QKᵀ: the model's FLOPs plus what activation checkpointing
+            # recomputes (zero without it, and under the harness's save-every-matmul selective policy)
+            "flops_per_step": (fl.get("analytic_hardware_per_rank_step"), fl.get("measured_model_per_rank_step")),
         }),
         "loss0": rec["loss"][0] if rec["loss"] else None, "loss_last": rec["loss"][-1] if rec["loss"] else None,
         "step_time_median_s": timing.get("step_time_median_s"), "step_time_p10_s": timing.get("step_time_p10_s"),

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils.flop_counter import (
     FlopCounterMode,
@@ -126,13 +127,12 @@ class SavedTensorTracker:
         self._ctx.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t))
         if any(_is_selective(m) for m in self.model.modules()):
             if self.sac_save_ops is None:
-
                 self.sac_save_ops = frozenset(SAVE_OPS)
             self._ctx.enter_context(_SACOutputs(self))
         return self
 
     def _pre(self, name: str, module: nn.Module):
-        checkpointed = type(module).__name__ == "CheckpointWrapper"
+        checkpointed = isinstance(module, CheckpointWrapper)  # fully_shard subclasses it (FSDPCheckpointWrapper)
         selective = _is_selective(module)
 
         def hook(mod: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -183,7 +183,10 @@ class SavedTensorTracker:
             rest = _harness_name(_LAYER.sub("", mod, count=1)) or "block"
             per_term[rest] += nb
         n = max(len(per_layer), 1)
-        return {"complete": True, "sac_outputs_counted": self.sac_seen,
+        # a selective checkpoint keeps its saved op outputs out of saved_tensors_hooks' reach: complete only if the
+        # dispatch mode saw them (a checkpointed block it did not recognise leaves them out)
+        selective = any(_is_selective(m) for m in self.model.modules())
+        return {"complete": not selective or self.sac_seen, "sac_outputs_counted": self.sac_seen,
                 "total_bytes": sum(per_layer.values()) + sum(other.values()),
                 "per_layer_bytes": dict(per_layer),
                 "mean_layer_bytes": sum(per_layer.values()) / n,
@@ -194,7 +197,7 @@ class SavedTensorTracker:
 def _is_selective(module: nn.Module) -> bool:
     """A ``checkpoint_wrapper`` whose checkpoint has a ``context_fn`` (selective activation checkpointing)."""
     fn = getattr(module, "checkpoint_fn", None)
-    return type(module).__name__ == "CheckpointWrapper" and bool(getattr(fn, "keywords", {}).get("context_fn"))
+    return isinstance(module, CheckpointWrapper) and bool(getattr(fn, "keywords", {}).get("context_fn"))
 
 
 class _SACOutputs(TorchDispatchMode):
@@ -265,6 +268,32 @@ def _register_cpu_flash_formulas() -> None:
 
 
 _register_cpu_flash_formulas()
+
+# torch's own formulas for the CUDA SDPA backward kernels (flash, memory-efficient, cuDNN) count the QKᵀ they
+# recompute, as the CPU one does (sdpa_backward_flop_count, "Step 1"): tracked apart the same way.
+CUDA_SDPA_BACKWARD = ("_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
+                      "_scaled_dot_product_cudnn_attention_backward")
+
+
+def _track_cuda_flash_recompute() -> None:
+    from torch.utils.flop_counter import flop_registry
+
+    for name in CUDA_SDPA_BACKWARD:
+        packet = getattr(aten, name, None)
+        base = flop_registry.get(packet)
+        if base is None or getattr(base, "trainplan_recompute", False):
+            continue
+
+        def counted(grad_out: Any, query: Any, key: Any, *args: Any, _base: Any = base, **kwargs: Any) -> int:
+            b, hq, sq, d = query.shape
+            _RECOMPUTE["flops"] += 2 * b * hq * sq * key.shape[2] * d
+            return _base(grad_out, query, key, *args, **kwargs)
+
+        counted.trainplan_recompute = True  # type: ignore[attr-defined]
+        flop_registry[packet] = counted
+
+
+_track_cuda_flash_recompute()
 
 
 class LocalFlopCounterMode(FlopCounterMode):

@@ -169,7 +169,9 @@ def train(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
         if first:
             detail["flops"] = fl
             detail["state"] = measure.state_bytes(model, opt)
-            foot = sum(v for k, v in detail["state"].items()) + detail["saved"]["total_bytes"] * accum
+            # one micro-batch's activations at a time: each backward frees them before the next forward (the
+            # planner counts one micro-batch in flight without PP, memory.activation_bytes)
+            foot = sum(v for k, v in detail["state"].items()) + detail["saved"]["total_bytes"]
             detail["footprint_bytes"] = foot
             if limit is not None:
                 worst = torch.tensor([foot], dtype=torch.long, device=dev)
