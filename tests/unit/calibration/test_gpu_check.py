@@ -111,7 +111,7 @@ def test_memory_of_every_run_is_predicted_from_what_autocast_saves(check):
     −2…−9% (transients around the loss backward are not modelled); max reserved adds the caching
     allocator's fragmentation, 0.75–5.8 GB here against the 5% default (alloc_frag_frac, uncalibrated)."""
     d = (check["saved_layer_predicted_bytes"] - check["saved_layer_measured_bytes"]).abs()
-    assert d.max() <= 64, check[["id", "saved_layer_predicted_bytes", "saved_layer_measured_bytes"]]
+    assert (d == 16).all(), check[["id", "saved_layer_predicted_bytes", "saved_layer_measured_bytes"]]
     alloc = check["allocated_err"]
     assert alloc.notna().all() and alloc.abs().max() < 0.10
     res = check["reserved_err"]
@@ -210,7 +210,7 @@ def test_a_second_h200_session_reproduces_the_records():
         assert b["status"] == "ok" and b["environment"]["device_name"] == "NVIDIA H200"
         assert {**a["spec"], "timeout_s": 0} == {**b["spec"], "timeout_s": 0}, k  # the same run
         ratio = b["timing"]["step_time_median_s"] / a["timing"]["step_time_median_s"]
-        assert abs(ratio - 1.0) < 0.02, (k, ratio)
+        assert abs(ratio - 1.0) < 0.01, (k, ratio)
         for key in ("cuda_max_allocated_bytes", "cuda_max_reserved_bytes"):
             assert a["memory"][key] == b["memory"][key], (k, key)
         assert a["memory"]["saved_activations"]["per_layer_bytes"] == b["memory"]["saved_activations"]["per_layer_bytes"]

@@ -55,9 +55,10 @@ def test_fp8_speeds_up_gemms_and_keeps_memory():
     assert t["step_time_s"] < b["step_time_s"]
     assert memory.memory_breakdown(M, H100, replace(T, precision="fp8-tensorwise"), LAY, eff)["total"] == \
         memory.memory_breakdown(M, H100, T, LAY, eff)["total"]
-    # at infinite FP8 GEMM speed the step still pays attention, norms, the bf16 output layer and the casts
+    # FP8 GEMMs at 0.9 of the (2× bf16) FP8 peak: the step still pays attention, norms, the bf16 output layer and
+    # the casts, so it stays well above half the bf16 step (the casts themselves: the tests below)
     inf = step_time(M, H100, replace(T, precision="fp8-tensorwise"), LAY, eff.replace(fp8_gemm_eff_tensorwise=0.9))
-    assert inf["step_time_s"] > 0.3 * b["step_time_s"]
+    assert inf["step_time_s"] > 0.5 * b["step_time_s"]
 
 
 def test_rowwise_casts_more_than_tensorwise_and_fsdp_fp8_gather_skips_weight_casts():

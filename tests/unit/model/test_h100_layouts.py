@@ -51,6 +51,14 @@ def test_tp_overlap_hides_tp_comm_never_more_than_it_costs():
     full = step_time(m, _cluster(64), t, Layout(dp=8, tp=8, sp=True, tp_overlap=True, sharding="zero3",
                                                  micro_batch=2), eff.replace(tp_async_overlap=1.0))
     assert full["tp_comm_s"] >= 0
+    # links so slow that the TP collectives outlast the GEMMs they overlap: even full overlap hides no more than
+    # the GEMM time, so some of the communication stays exposed
+    slow = ClusterSpec(nodes=8, gpus_per_node=8, gpu=H100, intra_busbw_Bps=5e9)
+    lay = Layout(dp=8, tp=8, sp=True, sharding="zero3", micro_batch=2)
+    van = step_time(m, slow, t, lay, eff)
+    full = step_time(m, slow, t, Layout(**{**lay.to_dict(), "tp_overlap": True}), eff.replace(tp_async_overlap=1.0))
+    hidden = van["tp_comm_s"] - full["tp_comm_s"]
+    assert full["tp_comm_s"] > 0.5 * van["tp_comm_s"] and 0 < hidden < full["compute_s"]
 
 
 def test_search_offers_tp_overlap_and_the_technique_table_reports_it():
@@ -78,9 +86,12 @@ def test_uneven_pipeline_stages_are_valid_and_sized_by_the_busiest_stage():
     assert m.layers % (lay.pp * lay.vpp) != 0 and not layout_problems(m, c, t, lay)
     even = resolve_model("llama3.1-405b").__class__(**{**m.__dict__, "layers": 128})
     st_uneven, st_even = step_time(m, c, t, lay), step_time(even, c, t, lay)
-    assert st_uneven["step_time_s"] == pytest.approx(st_even["step_time_s"], rel=0.02)  # busiest stage: 8 layers
-    mem = memory.memory_breakdown(m, c, t, lay)
-    assert np.isfinite(mem["total"]) and mem["total"] > 0
+    # busiest stage: 8 layers either way (the average, 126/16, would be 1.6% faster); only the data-parallel
+    # gradients and the optimizer step see the 2 layers fewer
+    assert st_uneven["step_time_s"] == pytest.approx(st_even["step_time_s"], rel=0.003)
+    mem, mem_even = memory.memory_breakdown(m, c, t, lay), memory.memory_breakdown(even, c, t, lay)
+    assert mem["activations"] == pytest.approx(mem_even["activations"], rel=1e-9)
+    assert np.isfinite(mem["total"]) and 0 < mem["total"] <= mem_even["total"]
     too_many = Layout(dp=1, tp=8, pp=16, sp=True, pp_schedule="interleaved", vpp=8, sharding="zero1")
     assert any("exceeds layers" in w for w in layout_problems(m, ClusterSpec(nodes=16, gpus_per_node=8, gpu=H100),
                                                               t, too_many))
@@ -90,5 +101,5 @@ def test_sequence_beyond_the_preset_context_is_a_layout_not_an_infeasibility():
     m = resolve_model("llama2-13b")  # context 4096
     t = TrainingSpec(seq_len=16384, global_batch=32, kernels="eager")
     lay = Layout(dp=8, cp=4, sharding="zero3", recompute="full")
-    assert not [w for w in layout_problems(m, _cluster(32), t, lay) if "max_seq" in w]
+    assert layout_problems(m, _cluster(32), t, lay) == []  # the context window is a warning (of the CLI), no problem
     assert step_time(m, _cluster(32), t, lay)["tokens_per_s_per_gpu"] > 0

@@ -24,6 +24,7 @@ def trainings(draw: st.DrawFn) -> TrainingSpec:
                         precision=draw(st.sampled_from(["bf16", "fp32"])),
                         optimizer=draw(st.sampled_from(["adamw", "sgd"])),
                         finetune=draw(st.sampled_from(["full", "lora", "qlora"])),
+                        kernels=draw(st.sampled_from(["eager", "compiled", "fused"])),
                         lora_rank=draw(st.sampled_from([4, 16, 64])),
                         lora_targets=tuple(draw(st.lists(st.sampled_from(["q", "k", "v", "o", "gate", "up", "down"]),
                                                          min_size=1, max_size=7, unique=True))))

@@ -303,4 +303,4 @@ def test_efficiency_class_defaults_are_the_shipped_a100_fit():
     fit = generation_fits()["a100"]["values"]
     for p in GEN_FIT["a100"]["params"]:
         if p != "comm_bw_eff":
-            assert getattr(Efficiency(), p) == pytest.approx(fit[p], rel=0.01, abs=0.05), p
+            assert getattr(Efficiency(), p) == pytest.approx(fit[p], rel=0.01, abs=2e-3), p  # rounded, no more
