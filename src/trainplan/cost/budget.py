@@ -42,9 +42,15 @@ def job_mtbf_s(rate_per_gpu_hour: Any, n_gpus: int) -> Any:
         return HOUR / (np.asarray(rate_per_gpu_hour) * n_gpus)
 
 
-def checkpoint_bytes(n_params: float, bytes_per_param: Any = 16.0) -> Any:
-    """Sharded training state: bf16 weights 2 + fp32 master 4 + Adam m, v 8 = 14 B/param (16 with fp32 grads or
-    a second bf16 copy) (Rajbhandari et al. 2019, ZeRO §3, 16Ψ)."""
+# Bytes per model parameter in one checkpoint, by fine-tune: (value, (low, high)). A full fine-tune's DCP save of
+# FSDP2 (torchtitan, Accelerate, trainplan.train_entry) holds the fp32 sharded weights 4 + Adam m, v 8 = 12 B
+# (ZeRO's 16Ψ less the gradients, which no checkpoint saves); DeepSpeed adds its bf16 weights: 14. A LoRA/QLoRA
+# save holds the frozen base weights (fp32 shards in train_entry: 4; 2 if kept in bf16) and the adapters' few MB.
+CHECKPOINT_BYTES_PER_PARAM = {"full": (12.0, (12.0, 14.0)), "lora": (4.0, (2.0, 4.0)), "qlora": (4.0, (2.0, 4.0))}
+
+
+def checkpoint_bytes(n_params: float, bytes_per_param: Any = CHECKPOINT_BYTES_PER_PARAM["full"][0]) -> Any:
+    """Bytes of one checkpoint: ``n_params`` × bytes per parameter (:data:`CHECKPOINT_BYTES_PER_PARAM`)."""
     return n_params * np.asarray(bytes_per_param)
 
 
@@ -72,13 +78,15 @@ def train_time_s(total_tokens: Any, tokens_per_s_per_gpu: Any, n_gpus: int) -> A
 
 
 def wall_clock_s(train_s: Any, *, startup_s: Any, eval_frac: Any, stall_s: Any, interval_s: Any,
-                 mtbf_s: Any, restart_s: Any) -> Any:
+                 mtbf_s: Any, restart_s: Any, unsaved_s: Any = 0.0) -> Any:
     """Expected wall-clock with checkpoints and failures (first-order, Daly 2006): work W' = T(1 + e + C/τ)
-    + startup; each interruption (rate 1/M over the wall-clock) costs τ/2 lost + restart R, so
-    wall = W' / (1 − (τ/2 + R)/M)."""
+    + startup; each interruption (rate 1/M over the wall-clock) costs τ/2 lost + restart R (+ ``unsaved_s``: an
+    async checkpoint still being written when it strikes is no checkpoint, so its write time is lost too), so
+    wall = W' / (1 − (τ/2 + unsaved + R)/M)."""
     work = np.asarray(train_s) * (1.0 + np.asarray(eval_frac) + np.asarray(stall_s) / interval_s) + startup_s
     with np.errstate(invalid="ignore"):  # no failures (M = ∞, τ = ∞): nothing is lost, not ∞/∞ = NaN
-        loss_frac = np.where(np.isinf(mtbf_s), 0.0, (np.asarray(interval_s) / 2.0 + restart_s) / mtbf_s)
+        loss_frac = np.where(np.isinf(mtbf_s), 0.0,
+                             (np.asarray(interval_s) / 2.0 + np.asarray(unsaved_s) + restart_s) / mtbf_s)
     return np.where(loss_frac < 1.0, work / np.maximum(1.0 - loss_frac, 1e-12), np.inf)
 
 
@@ -101,14 +109,18 @@ class CostInputs:
     failure_rate_per_gpu_hour: float = failure_rate_per_gpu_hour(419, 54, 16384)
     failure_rate_x_range: tuple[float, float] = (0.5, 3.0)  # assumption: smaller/older fleets fail more
     failure_source: str = "Dubey et al. 2024, arXiv 2407.21783, §3.3.4"
-    bytes_per_param: float = 16.0
-    bytes_per_param_range: tuple[float, float] = (14.0, 16.0)  # ZeRO 16Ψ; 14 without a grad copy
+    bytes_per_param: float = CHECKPOINT_BYTES_PER_PARAM["full"][0]
+    bytes_per_param_range: tuple[float, float] = CHECKPOINT_BYTES_PER_PARAM["full"][1]
 
     @classmethod
-    def from_config(cls, cost: dict[str, Any]) -> CostInputs:
-        """Human units (hours, GB/s) → SI; every range checked to be (low ≤ value ≤ high)."""
+    def from_config(cls, cost: dict[str, Any], finetune: str = "full") -> CostInputs:
+        """Human units (hours, GB/s) → SI; every range checked to be (low ≤ value ≤ high). ``finetune`` (full, lora,
+        qlora) sets what a checkpoint holds (:data:`CHECKPOINT_BYTES_PER_PARAM`)."""
         c = dict(cost or {})
-        d = cls()
+        if finetune not in CHECKPOINT_BYTES_PER_PARAM:
+            raise ConfigError("training.finetune", finetune, "one of " + ", ".join(CHECKPOINT_BYTES_PER_PARAM))
+        ck_bytes, ck_range = CHECKPOINT_BYTES_PER_PARAM[finetune]
+        d = cls(bytes_per_param=ck_bytes, bytes_per_param_range=ck_range)
         fail = c.get("failures") or {}
         rate = d.failure_rate_per_gpu_hour
         if fail:
@@ -153,6 +165,7 @@ class CostInputs:
             failure_rate_per_gpu_hour=rate,
             failure_rate_x_range=rng("failure_rate_x_range", d.failure_rate_x_range, 1.0),
             failure_source=str(fail.get("source", d.failure_source)),
+            bytes_per_param=d.bytes_per_param,
             bytes_per_param_range=rng("checkpoint_bytes_per_param_range", d.bytes_per_param_range, d.bytes_per_param),
         )
 
@@ -175,12 +188,14 @@ def schedule(tokens_per_s_per_gpu: Any, *, n_gpus: int, n_params: float, total_t
     interval = np.maximum(young_daly_interval_s(stall, mtbf), checkpoint_write_s(ck_bytes, write))
     train = train_time_s(total_tokens, tokens_per_s_per_gpu, n_gpus)
     restart = i.restart_s if restart_s is None else restart_s
+    write_s = checkpoint_write_s(ck_bytes, write)
     wall = wall_clock_s(train, startup_s=i.startup_s if startup_s is None else startup_s,
                         eval_frac=i.eval_frac if eval_frac is None else eval_frac, stall_s=stall,
-                        interval_s=interval, mtbf_s=mtbf, restart_s=restart)
+                        interval_s=interval, mtbf_s=mtbf, restart_s=restart,
+                        unsaved_s=write_s if i.checkpoint_async else 0.0)
     return {
         "train_h": train / HOUR, "wall_h": wall / HOUR, "gpu_hours": wall / HOUR * n_gpus,
-        "goodput": train / wall, "checkpoint_gb": ck_bytes / 1e9, "checkpoint_write_s": checkpoint_write_s(ck_bytes, write),
+        "goodput": train / wall, "checkpoint_gb": ck_bytes / 1e9, "checkpoint_write_s": write_s,
         "checkpoint_stall_s": stall, "checkpoint_interval_h": interval / HOUR, "job_mtbf_h": mtbf / HOUR,
         "expected_failures": wall / mtbf,
     }
@@ -314,6 +329,9 @@ def memo_cost(res: dict[str, Any], inputs: CostInputs) -> dict[str, Any]:
         "checkpoint_gib": pt["checkpoint_gb"] * 1e9 / 1024**3, "expected_interruptions": pt["expected_failures"],
         # failures as a Poisson process: the chance of at least one in the run
         "p_any_interruption": float(-np.expm1(-pt["expected_failures"])),
+        # the same at the p90 of the joint draws (the failure-rate multiplier and the wall-clock vary there)
+        "expected_interruptions_p90": iv["expected_failures"]["p90"],
+        "p_any_interruption_p90": float(-np.expm1(-iv["expected_failures"]["p90"])),
         "failure_rate_per_1000_gpu_h": res["failure_rate_per_gpu_hour"] * 1000.0,
         "failure_source": res["failure_source"], "targets": targets,
         "ask": {"gpu_hours": iv["gpu_hours"]["p90"], "dollars": iv["usd"]["p90"], "window_h": iv["wall_h"]["p90"]},
@@ -323,12 +341,12 @@ def memo_cost(res: dict[str, Any], inputs: CostInputs) -> dict[str, Any]:
 
 def stage_cost_and_risk(production: dict[str, Any], *, n_params: float, n_gpus: int, total_tokens: float,
                         d2h_Bps: float, cost_cfg: dict[str, Any], targets: dict[str, Any],
-                        seed: int = 0) -> tuple[dict[str, Any], CostInputs]:
+                        seed: int = 0, finetune: str = "full") -> tuple[dict[str, Any], CostInputs]:
     """cost.json content for the chosen layout's throughput interval (production.json ``chosen``)."""
     chosen = production.get("chosen")
     if not chosen:
         raise ConfigError("prediction.chosen", None, "a feasible layout (the search found none: see families.csv)")
-    inputs = CostInputs.from_config(cost_cfg)
+    inputs = CostInputs.from_config(cost_cfg, finetune)
     tps = tuple(float(chosen[f"tokens_per_s_per_gpu_{q}"]) for q in ("p10", "p50", "p90"))
     res = cost_and_risk(tps, n_gpus=n_gpus, n_params=n_params, total_tokens=total_tokens, d2h_Bps=d2h_Bps,
                         inputs=inputs, targets=targets, seed=seed,

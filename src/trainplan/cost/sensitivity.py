@@ -28,6 +28,10 @@ from trainplan.search.layouts import search
 TORNADO_COLUMNS = ("assumption", "base", "low", "high", "cost_base", "cost_low", "cost_high", "swing_usd",
                    "layout_base", "layout_low", "layout_high", "flips")
 Evaluate = Callable[[dict[str, Any]], tuple[float, str]]
+# The schedule's other assumptions (cost config key or name, CostInputs field, SI per config unit), each varied
+# across its range as the cost table's draws vary it: evaluation share, start-up, restart, checkpoint size.
+SCHEDULE_ASSUMPTIONS = (("eval_overhead_frac", "eval_frac", 1.0), ("startup_h", "startup_s", C.HOUR),
+                        ("restart_h", "restart_s", C.HOUR), ("checkpoint_bytes_per_param", "bytes_per_param", 1.0))
 
 
 def tornado(base: Mapping[str, Any], ranges: Mapping[str, tuple[Any, Any]], evaluate: Evaluate) -> pd.DataFrame:
@@ -60,6 +64,9 @@ def cost_evaluator(rank: Callable[[dict[str, Any]], tuple[str, float]], *, n_gpu
         i = inputs
         if "checkpoint_write_GBps" in a:
             i = replace(i, checkpoint_write_Bps=float(a["checkpoint_write_GBps"]) * 1e9)
+        for key, field, scale in SCHEDULE_ASSUMPTIONS:
+            if key in a:
+                i = replace(i, **{field: float(a[key]) * scale})
         s = C.schedule(tps, n_gpus=n_gpus, n_params=n_params, total_tokens=float(a["dataset_tokens"]),
                        d2h_Bps=d2h_Bps, inputs=i, failure_x=float(a.get("failure_rate_x", 1.0)))
         return float(C.dollars(s["gpu_hours"], float(a.get("price_per_gpu_hour_usd", i.price_per_gpu_hour_usd)))), layout
@@ -80,6 +87,9 @@ def default_ranges(inputs: C.CostInputs, *, dataset_tokens: float, efficiency_x:
         "dataset_tokens": (dataset_tokens * dataset_x[0], dataset_tokens * dataset_x[1]),
         "checkpoint_write_GBps": tuple(x / 1e9 for x in inputs.checkpoint_write_Bps_range),
     }
+    for key, field, scale in SCHEDULE_ASSUMPTIONS:  # every other assumption the cost table's draws vary
+        base[key] = getattr(inputs, field) / scale
+        ranges[key] = tuple(x / scale for x in getattr(inputs, field + "_range"))
     if inter_busbw_GBps is not None:
         base["inter_busbw_GBps"], lo, hi = inter_busbw_GBps  # (base, low, high), GB/s
         ranges["inter_busbw_GBps"] = (lo, hi)
@@ -101,7 +111,8 @@ SEARCH_ASSUMPTIONS = {
 }
 NO_LAYOUT = "no feasible layout"
 UNITS = {"efficiency_x": "× throughput", "price_per_gpu_hour_usd": "$/GPU-h", "failure_rate_x": "× failure rate",
-         "dataset_tokens": "tokens", "checkpoint_write_GBps": "GB/s", **SEARCH_ASSUMPTIONS}
+         "dataset_tokens": "tokens", "checkpoint_write_GBps": "GB/s", "eval_overhead_frac": "× training time",
+         "startup_h": "h", "restart_h": "h", "checkpoint_bytes_per_param": "B/param", **SEARCH_ASSUMPTIONS}
 
 
 def search_ranker(model: Any, cluster: Any, training: Any, eff: Any, options: dict[str, Any]

@@ -213,7 +213,8 @@ def plot_extrapolation(df: pd.DataFrame, *, ax: Axes | Sequence[Axes] | None = N
 
 
 def plot_cost(df: pd.DataFrame, *, ax: Axes | Sequence[Axes] | None = None) -> Figure:
-    """One row per target: the p10–p90 interval, the p50 and the target line (green pass, red fail)."""
+    """One row per target: the p10–p90 interval, the p50 and the target line, coloured and titled by the row's
+    verdict (green pass, amber at risk: the p50 meets the target, the p10/p90 does not; red fail)."""
     with _style():
         if ax is None:
             fig, axs = plt.subplots(len(df), 1, figsize=(6.5, 0.75 * len(df) + 0.5), squeeze=False)
@@ -222,7 +223,9 @@ def plot_cost(df: pd.DataFrame, *, ax: Axes | Sequence[Axes] | None = None) -> F
             axes = list(ax) if isinstance(ax, Sequence) else [ax]
             fig = axes[0].figure  # type: ignore[assignment]
         for a, (_, r) in zip(axes, df.iterrows(), strict=False):
-            color = "#2e7d32" if bool(r["pass"]) else "#c62828"
+            verdict = str(r["verdict"]) if "verdict" in r and isinstance(r["verdict"], str) else (
+                "pass" if bool(r["pass"]) else "fail")
+            color = {"pass": "#2e7d32", "at risk": "#ef6c00"}.get(verdict, "#c62828")
             a.hlines(0, r["p10"], r["p90"], lw=6, color=color, alpha=0.45)
             a.plot([r["p50"]], [0], "o", color=color)
             a.axvline(r["target"], color="black", ls="--", lw=1)
@@ -233,7 +236,7 @@ def plot_cost(df: pd.DataFrame, *, ax: Axes | Sequence[Axes] | None = None) -> F
             a.set_yticks([])
             a.grid(axis="y", visible=False)
             a.spines["left"].set_visible(False)
-            a.set_title(f"{r['name']} ({r['unit']}): {'pass' if bool(r['pass']) else 'FAIL'}", fontsize=8,
+            a.set_title(f"{r['name']} ({r['unit']}): {verdict if verdict == 'pass' else verdict.upper()}", fontsize=8,
                         loc="left")
     return fig
 

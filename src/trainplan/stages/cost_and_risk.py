@@ -23,7 +23,8 @@ def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     m, c, t = s["model"], s["cluster"], s["training"]
     doc, inputs = stage_cost_and_risk(production, n_params=float(m.n_params), n_gpus=c.n_gpus,
                                       total_tokens=float(t.total_tokens), d2h_Bps=c.host_to_device_Bps,
-                                      cost_cfg=dict(cfg["cost"]), targets=dict(cfg["targets"]))
+                                      cost_cfg=dict(cfg["cost"]), targets=dict(cfg["targets"]),
+                                      finetune=t.finetune)
     options = pinned_options(cfg["search"], s["layout"])  # a pinned layout: its fields as single values
     eff = Efficiency.from_dict({k: v for k, v in (production.get("efficiency") or {}).items() if v is not None})
     sens = stage_sensitivity(production["chosen"], model=m, cluster=c, training=t, eff=eff, options=options,

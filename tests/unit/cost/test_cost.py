@@ -42,6 +42,28 @@ def test_checkpoint_bytes_and_stall_sync_vs_async():
     assert sync == pytest.approx(b / 5e9) and asyn == pytest.approx(b / 32 / 50e9) and asyn < sync
 
 
+def test_a_checkpoint_holds_what_the_fine_tune_saves():
+    """Full fine-tune: fp32 weights + Adam m, v = 12 B/param (gradients are never saved; DeepSpeed's bf16 copy: 14);
+    LoRA/QLoRA: the frozen base weights, 4 B/param as fp32 shards."""
+    full, lora = C.CostInputs.from_config({}), C.CostInputs.from_config({}, "lora")
+    assert (full.bytes_per_param, full.bytes_per_param_range) == (12.0, (12.0, 14.0))
+    assert (lora.bytes_per_param, lora.bytes_per_param_range) == (4.0, (2.0, 4.0))
+    assert C.CostInputs.from_config({}, "qlora").bytes_per_param == 4.0
+    with pytest.raises(ConfigError, match="training.finetune"):
+        C.CostInputs.from_config({}, "dora")
+    kw = dict(n_gpus=32, n_params=N13B, total_tokens=1e10, d2h_Bps=50e9)
+    assert C.schedule(5000.0, inputs=full, **kw)["checkpoint_gb"] == pytest.approx(12 * N13B / 1e9)
+    assert C.schedule(5000.0, inputs=lora, **kw)["checkpoint_gb"] == pytest.approx(4 * N13B / 1e9)
+
+
+def test_an_async_checkpoint_being_written_is_lost_work_too():
+    base = dict(train_s=1000.0, startup_s=0.0, eval_frac=0.0, stall_s=1.0, interval_s=100.0, mtbf_s=1e4, restart_s=10.0)
+    w0, w1 = C.wall_clock_s(**base), C.wall_clock_s(**base, unsaved_s=40.0)
+    work = 1000.0 * (1 + 1.0 / 100.0)
+    assert w0 == pytest.approx(work / (1 - (50.0 + 10.0) / 1e4))
+    assert w1 == pytest.approx(work / (1 - (50.0 + 40.0 + 10.0) / 1e4))
+
+
 def test_wall_clock_without_failures_or_overheads_is_train_time():
     w = C.wall_clock_s(1000.0, startup_s=0.0, eval_frac=0.0, stall_s=0.0, interval_s=100.0, mtbf_s=np.inf,
                        restart_s=0.0)

@@ -46,6 +46,20 @@ def test_dataset_size_scales_cost_almost_linearly():
     assert 3.5 < row["cost_high"] / row["cost_low"] < 4.0
 
 
+def test_every_assumption_the_cost_draws_vary_has_a_tornado_row():
+    """The cost table's draws vary throughput, price, failures, checkpoint bandwidth and size, evaluation share,
+    start-up and restart: each is a tornado row, moved across the same range, each moving the cost its way."""
+    df = _setup().set_index("assumption")
+    inputs = C.CostInputs()
+    for key, field, scale in (("eval_overhead_frac", "eval_frac", 1.0), ("startup_h", "startup_s", C.HOUR),
+                              ("restart_h", "restart_s", C.HOUR), ("checkpoint_bytes_per_param", "bytes_per_param", 1.0)):
+        row = df.loc[key]
+        assert (row["low"], row["high"]) == tuple(x / scale for x in getattr(inputs, field + "_range")), key
+        assert row["base"] == getattr(inputs, field) / scale
+        assert row["cost_low"] <= row["cost_base"] <= row["cost_high"] and row["cost_low"] < row["cost_high"], key
+    assert df.loc["eval_overhead_frac", "swing_usd"] > df.loc["restart_h", "swing_usd"]  # 5% of 17 h vs a rare restart
+
+
 def test_unknown_assumption_is_a_config_error():
     with pytest.raises(ConfigError, match="sensitivity.nope"):
         tornado({"a": 1}, {"nope": (0, 1)}, lambda a: (0.0, "x"))

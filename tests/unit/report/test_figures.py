@@ -144,6 +144,21 @@ def test_pareto_marks_rank_one_and_draws_only_feasible_layouts():
     assert star[1] == pytest.approx(best["tokens_per_s_per_gpu"])
 
 
+def test_cost_figure_says_each_targets_own_verdict():
+    """An AT RISK target (p50 meets it, p90 does not) is titled AT RISK in amber, as the memo's table says, not
+    FAIL in red."""
+    df = pd.DataFrame([{"name": "deadline", "unit": "h", "p10": 60.0, "p50": 70.0, "p90": 80.0, "target": 72.0,
+                        "verdict": "at risk", "pass": False},
+                       {"name": "budget", "unit": "$", "p10": 1.0, "p50": 2.0, "p90": 3.0, "target": 10.0,
+                        "verdict": "pass", "pass": True},
+                       {"name": "throughput", "unit": "tok/s", "p10": 1.0, "p50": 2.0, "p90": 3.0, "target": 10.0,
+                        "verdict": "fail", "pass": False}])
+    axes = F.plot_cost(df).axes
+    assert [a.get_title(loc="left").split(": ")[1] for a in axes] == ["AT RISK", "pass", "FAIL"]
+    colors = [a.lines[0].get_color() for a in axes]
+    assert colors[0] not in (colors[1], colors[2]) and len(set(colors)) == 3
+
+
 def test_plots_draw_into_a_given_axes():
     import matplotlib.pyplot as plt
 
