@@ -61,7 +61,7 @@ from trainplan.model import comm
 from trainplan.model.arch import ModelSpec, hf_config_dict, hf_unsupported_reason
 from trainplan.model.base import ConfigError
 from trainplan.model.hardware import ClusterSpec
-from trainplan.model.layout import Layout, grad_accum
+from trainplan.model.layout import Layout, check_layout, grad_accum
 from trainplan.model.memory import memory_breakdown
 from trainplan.model.training import TrainingSpec
 from trainplan.provenance import study_hash
@@ -624,14 +624,27 @@ def load_inputs(summary: str, config: str | Sequence[str]) -> tuple[Any, ModelSp
 
     cfg = load_config(config if isinstance(config, str | Path) else list(config))
     try:
-        layout_d = read_json_checked(summary)["layout"]
+        doc = read_json_checked(summary)
+        layout_d = doc["layout"]
         if not isinstance(layout_d, dict):
             raise TypeError(layout_d)
     except FileNotFoundError:
         raise ConfigError("summary", summary, "no such file; run the analytic_model rule first") from None
     except (KeyError, TypeError, IndexError, InputFileError):
         raise ConfigError("summary", summary, "a summary.json with a 'layout' object") from None
-    return cfg, cfg.model, cfg.cluster, cfg.training, Layout.from_dict(layout_d)
+    if doc.get("status", "ok") != "ok":
+        raise ConfigError("summary.status", doc.get("status"), "'ok': the study found no layout to launch")
+    missing = [k for k in ("dp", "tp", "pp", "cp") if k not in layout_d]
+    if missing:
+        raise ConfigError("summary.layout", layout_d, "needs its degrees " + ", ".join(missing))
+    try:
+        layout = Layout.from_dict(layout_d)
+        # the summary must be this config's: a stale one (another cluster, model or batch) is refused, not launched
+        check_layout(cfg.model, cfg.cluster, cfg.training, layout)
+    except ConfigError as e:
+        raise ConfigError(f"summary.layout ({e.key})", e.value, f"{e.valid}; is {summary} the summary of this "
+                          "config? (rerun the study after changing the config)") from None
+    return cfg, cfg.model, cfg.cluster, cfg.training, layout
 
 
 def study_hash_of(cfg: Any) -> str:

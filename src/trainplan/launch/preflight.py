@@ -390,6 +390,16 @@ def fallback_line(fallback: dict[str, Any] | None) -> str:
             "preflight; if that fails too, no-go, re-plan.")
 
 
+def _check_run_flags(a: argparse.Namespace) -> None:
+    """The slice's run flags, before anything runs: a typo is bad input (exit 2), not a FAIL verdict on disk."""
+    for flag, v, low in (("--layers", a.layers, 1), ("--steps", a.steps, 2), ("--warmup", a.warmup, 0),
+                         ("--timeout-s", a.timeout_s, 1), ("--nproc", a.nproc, 1)):
+        if v is not None and v < low:
+            raise ConfigError(flag, v, f"an integer ≥ {low}")
+    if a.warmup >= a.steps:
+        raise ConfigError("--warmup", a.warmup, f"fewer than --steps={a.steps} (at least one step is timed)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``trainplan preflight``: exit 0 on PASS, 1 on FAIL, 2 on bad input."""
     ap = argparse.ArgumentParser(
@@ -412,9 +422,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=int, default=900, help="proxy timeout (default 900)")
     a = ap.parse_args(argv)
     try:
+        _check_run_flags(a)
         cfg, model, cluster, training, layout = load_inputs(a.summary, a.config)
+        if a.layers > model.layers:
+            raise ConfigError("--layers", a.layers, f"at most the model's {model.layers} layers (a depth slice)")
         eff = cfg.efficiency if not isinstance(cfg.efficiency, dict) else None
         out = Path(a.out) if a.out else Path(a.summary).resolve().parent.parent / "preflight"
+        if out.exists() and not out.is_dir():
+            raise ConfigError("--out", str(out), "a directory (for preflight.json, its spec and record), not a file")
         frac = float(cfg.search.get("max_hbm_frac", HEADROOM_FRAC))
         res = run_preflight(model, cluster, training, layout, out, device=a.device, layers=a.layers,
                             steps=a.steps, warmup=a.warmup, nproc=a.nproc, eff=eff, timeout_s=a.timeout_s,

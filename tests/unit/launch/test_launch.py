@@ -401,6 +401,24 @@ def test_main_writes_artifacts_from_the_study_config(tmp_path, capsys):
     assert "accelerate_fsdp2.yaml" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("doc", "says"), [
+    ({"layout": {**FSDP.to_dict(), "dp": 7}}, "dp·tp·pp·cp = 7·1·1·1 = 7, but the cluster has 32 GPUs"),
+    ({"layout": {k: v for k, v in FSDP.to_dict().items() if k != "dp"}}, "needs its degrees dp"),
+    ({"status": "no feasible layout", "layout": FSDP.to_dict()}, "summary.status='no feasible layout'"),
+])
+def test_a_summary_that_is_not_this_configs_is_refused(tmp_path, capsys, doc, says):
+    """launch and preflight share load_inputs: a stale or hand-edited summary (another GPU count, a missing degree,
+    no feasible layout) is a config error naming it, and nothing is written."""
+    from trainplan.launch import preflight as pf
+
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps(doc))
+    rc = launch.main(["--summary", str(summary), "--config", "config/config.yaml", "--out", str(tmp_path / "o")])
+    assert rc == 2 and says in capsys.readouterr().err and not (tmp_path / "o").exists()
+    rc = pf.main(["--summary", str(summary), "--config", "config/config.yaml", "--out", str(tmp_path / "p")])
+    assert rc == 2 and says in capsys.readouterr().err and not (tmp_path / "p").exists()
+
+
 def test_main_takes_a_variant_overlay_after_its_base(tmp_path, capsys):
     """`trainplan launch --config config/config.yaml config/lora.yaml` merges them in order, as the study does
     (config/lora.yaml alone has no model); the day-1 preflight command names both, in that order."""

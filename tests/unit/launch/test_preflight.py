@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -186,6 +187,28 @@ def test_main_bad_summary_is_a_config_error(tmp_path, capsys):
                   "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert rc == 2 and f"summary='{tmp_path / 'none.json'}': no such file" in err
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--steps", "2", "--warmup", "5"], "--warmup=5: fewer than --steps=2"),
+    (["--timeout-s", "-1"], "--timeout-s=-1: an integer ≥ 1"),
+    (["--nproc", "0"], "--nproc=0: an integer ≥ 1"),
+    (["--layers", "100"], "--layers=100: at most the model's 40 layers"),
+])
+def test_bad_run_flags_are_bad_input_before_anything_runs(tmp_path, capsys, flags, says):
+    """A typo in the slice's flags exits 2 naming the flag; no proxy runs and no FAIL verdict is written."""
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"layout": FSDP.to_dict()}))
+    rc = pf.main(["--summary", str(summary), "--config", "config/config.yaml", "--out", str(tmp_path / "o"), *flags])
+    assert rc == 2 and says in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_out_that_is_a_file_is_bad_input(tmp_path, capsys):
+    summary, out = tmp_path / "summary.json", tmp_path / "afile"
+    summary.write_text(json.dumps({"layout": FSDP.to_dict()}))
+    out.write_text("x")
+    rc = pf.main(["--summary", str(summary), "--config", "config/config.yaml", "--out", str(out)])
+    assert rc == 2 and "--out=" in capsys.readouterr().err and out.read_text() == "x"
 
 
 # ------------------------------------------------ agreement with the proxy comparison, every sharding
