@@ -21,6 +21,7 @@ from trainplan.calibration.gpu import (
 )
 from trainplan.commands.common import check_out_path, console, write_csv_arg
 from trainplan.model.base import ConfigError
+from trainplan.proxy.aggregate import RecordsError
 from trainplan.published.fit import (
     GEN_FIT,
     family_bias,
@@ -115,7 +116,10 @@ def print_gpu_check(directory: str, csv: str | None) -> int:
     then, where the directory holds it, the same session's production-regime timings (``BF16_STEP_FILE``)."""
     if not Path(directory).is_dir():
         raise ConfigError("gpu-records", directory, "a directory of GPU proxy RECORD JSONs (scripts/device_proxies.sh)")
-    records, files = load_gpu_records(directory)
+    try:
+        records, files = load_gpu_records(directory)
+    except RecordsError as e:  # JSON files that are no RECORDs: name the first few, no traceback
+        raise ConfigError("gpu-records", directory, f"a directory of GPU proxy RECORD JSONs; {e}") from None
     if not len(gpu_records(records)):
         raise ConfigError("gpu-records", directory,
                           f"a directory holding ok CUDA proxy RECORDs ({len(files)} RECORD files, none ok on CUDA)")

@@ -103,6 +103,17 @@ def _pct(xs: list[float], q: float) -> float:
     return ys[min(len(ys) - 1, max(0, round(q * (len(ys) - 1))))]
 
 
+def _positive(v: Any, key: str, step: dict[str, Any]) -> float:
+    """A step's measured value as a positive finite float, or a ConfigError naming the step and the key."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        x = math.nan
+    if isinstance(v, bool) or not (math.isfinite(x) and x > 0):
+        raise ConfigError(f"step {step.get('step', '?')}: {key}", v, "a positive number (seconds or tokens/s)")
+    return x
+
+
 def record_from_log(path: str | Path, *, record_id: str | None = None, warmup: int = DEFAULT_WARMUP,
                     model: str | ModelSpec | None = None, layout: Layout | dict | None = None,
                     device_name: str | None = None, fmt: str = "auto", seq_len: int | None = None,
@@ -125,6 +136,8 @@ def record_from_log(path: str | Path, *, record_id: str | None = None, warmup: i
              resolve_model(start["model_config"]) if start.get("model_config") else None)
     if mspec is None:
         raise ConfigError("model", None, "the log has no model_spec: pass --model (preset or config.json)")
+    if layout is not None and not isinstance(layout, Layout | dict):
+        raise ConfigError("layout", layout, "a JSON object of layout fields, e.g. '{\"dp\": 32, \"sharding\": \"zero3\"}'")
     lay_d = layout.to_dict() if isinstance(layout, Layout) else dict(layout or start.get("layout") or {})
     if not lay_d:
         raise ConfigError("layout", None, "the log has no layout: pass --layout '{\"dp\": 32, ...}'")
@@ -137,11 +150,16 @@ def record_from_log(path: str | Path, *, record_id: str | None = None, warmup: i
     tokens_per_step = gb * seq
     for s in steps:  # torchtitan logs tokens/s per GPU; the record keeps step times
         if s.get("step_time_s") is None and s.get("tokens_per_s_per_gpu"):
-            s["step_time_s"] = tokens_per_step / world / s["tokens_per_s_per_gpu"]
-    steps = [s for s in steps if s.get("step_time_s")]
+            s["step_time_s"] = tokens_per_step / world / _positive(s["tokens_per_s_per_gpu"], "tokens_per_s_per_gpu", s)
+    timed_steps = [s for s in steps if s.get("step_time_s") is not None]
+    if not timed_steps:
+        raise ConfigError("log", str(p), "no step with a step_time_s (or tokens_per_s_per_gpu) to time")
+    for s in timed_steps:  # a measured time is a positive number: a bad one would poison the calibration record
+        s["step_time_s"] = _positive(s["step_time_s"], "step_time_s", s)
+    steps = timed_steps
     warm, timed = _timed(steps, warmup)
     if not timed:
-        raise ConfigError("warmup", warmup, f"leaves no timed step of {len(steps)}")
+        raise ConfigError("warmup", warmup, f"leaves no timed step of the log's {len(steps)}")
     med = statistics.median(timed)
     nnodes = int(start.get("nnodes") or 1)
     dev = str(start.get("device") or "cuda")
@@ -230,12 +248,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--check-resume", action="store_true", help="day-1 checkpoint check on the log (no record)")
     a = ap.parse_args(argv)
     try:
+        if a.warmup < 0:
+            raise ConfigError("--warmup", a.warmup, "an integer ≥ 0 (untimed steps after each launch)")
+        if a.min_tokens_per_s_per_gpu is not None and not (math.isfinite(a.min_tokens_per_s_per_gpu)
+                                                          and a.min_tokens_per_s_per_gpu > 0):
+            raise ConfigError("--min-tokens-per-s-per-gpu", a.min_tokens_per_s_per_gpu, "a positive number")
+        if a.out and (Path(a.out).is_dir() or any(p.exists() and not p.is_dir() for p in Path(a.out).parents)):
+            raise ConfigError("--out", a.out, "a file path whose folders are folders (the RECORD is written there)")
+        try:
+            layout_arg = json.loads(a.layout) if a.layout else None
+        except json.JSONDecodeError as e:
+            raise ConfigError("--layout", a.layout, f"layout JSON ({e.msg} at char {e.pos})") from None
         if a.check_resume:
             ok, msg = check_resume(a.log)
             print(f"trainplan ingest: checkpoint restore {'PASS' if ok else 'FAIL'}: {msg}")
             return 0 if ok else 1
         rec = record_from_log(a.log, record_id=a.id, warmup=a.warmup, model=a.model,
-                              layout=json.loads(a.layout) if a.layout else None, device_name=a.device_name,
+                              layout=layout_arg, device_name=a.device_name,
                               fmt=a.format, seq_len=a.seq_len, global_batch=a.global_batch, world_size=a.world_size)
     except (ConfigError, OSError, json.JSONDecodeError, KeyError) as e:
         print(f"trainplan ingest: {e}", file=sys.stderr)
@@ -244,7 +273,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     validate_record(rec)
     tps = rec["timing"]["tokens_per_s"] / rec["environment"]["world_size"]
     if a.out:
-
         write_json(a.out, rec)
         print(f"{a.out}: {rec['message']}; median step {rec['timing']['step_time_median_s']:.4g} s, "
               f"{tps:,.0f} tokens/s/GPU")

@@ -150,6 +150,10 @@ def test_validate_gpu_records_names_a_bad_directory(tmp_path, capsys):
     (tmp_path / "environment.json").write_text("{}")
     assert main(["validate", "--gpu-records", str(tmp_path)]) == 2
     assert "none ok on CUDA" in capsys.readouterr().err
+    (tmp_path / "x.json").write_text('{"a": 1}')  # a JSON file that is no RECORD: named, no traceback
+    assert main(["validate", "--gpu-records", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "x.json: not a valid RECORD" in err and "Traceback" not in err
 
 
 def test_compiled_over_eager_on_the_h200_matches_the_kernel_class():

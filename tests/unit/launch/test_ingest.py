@@ -136,3 +136,36 @@ def test_day1_throughput_check_exit_codes(tmp_path):
     assert ingest.main([str(log), "--min-tokens-per-s-per-gpu", "3000"]) == 0
     assert ingest.main([str(log), "--min-tokens-per-s-per-gpu", "4000"]) == 1
     assert ingest.main([str(tmp_path / "missing.jsonl")]) == 2
+
+
+@pytest.mark.parametrize(("times", "flags", "says"), [
+    ([10.0, 10.0, -1.0, 10.0, 10.0], [], "step 3: step_time_s=-1.0: a positive number"),
+    ([10.0, 10.0, 10.0, "fast", 10.0], [], "step 4: step_time_s='fast': a positive number"),
+    ([10.0] * 5, ["--warmup", "-1"], "--warmup=-1: an integer ≥ 0"),
+    ([10.0] * 5, ["--min-tokens-per-s-per-gpu", "-5"], "--min-tokens-per-s-per-gpu=-5.0: a positive number"),
+    ([10.0] * 5, ["--layout", "[1]", "--model", "llama2-13b"], "layout=[1]: a JSON object of layout fields"),
+    ([10.0] * 5, ["--layout", "{bad"], "--layout='{bad': layout JSON"),
+])
+def test_bad_logs_and_flags_are_refused_not_recorded(tmp_path, capsys, times, flags, says):
+    """A step log or flag that would poison a calibration record (a negative or non-numeric step time, a negative
+    warm-up or threshold, a layout that is no object) exits 2 naming it; no record is written, no traceback."""
+    lay = Layout(dp=8, sharding="zero3", micro_batch=1)
+    log = _log(tmp_path / "bad.jsonl", lay, 8, 1, [1.0] * len(times), gb=64)
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    for ev in lines:
+        if ev["event"] == "step":
+            ev["step_time_s"] = times[ev["step"] - 1]
+    log.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "rec.json"
+    assert ingest.main([str(log), "--out", str(out), "--warmup", "1", *flags]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and not out.exists()
+
+
+def test_out_must_be_a_writable_file_path(tmp_path, capsys):
+    log = _log(tmp_path / "ok.jsonl", Layout(dp=8, sharding="zero3", micro_batch=1), 8, 1, [10.0] * 5, gb=64)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for out in (tmp_path, afile / "x.json"):
+        assert ingest.main([str(log), "--out", str(out)]) == 2
+        assert "--out=" in capsys.readouterr().err
