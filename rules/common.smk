@@ -3,19 +3,24 @@ import json
 from pathlib import Path
 
 from trainplan import pkgdata
-from trainplan.config import config_slice, load_config, schema_path
+from trainplan.config import config_slice, load_config, read_yaml, schema_path
 from trainplan.provenance import code_version, study_hash
 from trainplan.proxy.slurm_resources import proxy_job_resources
 from trainplan.model.base import ConfigError
 
 try:
+    for _configfile in workflow.configfiles:
+        # the project's strict reader, as `trainplan plan` reads them: Snakemake's loader lets a duplicate key win
+        # silently and takes aliases
+        read_yaml(_configfile)
     STUDY = load_config(
         config
-    )  # defaults filled, specs resolved, pinned layout checked
+    )  # defaults filled, YAML 1.2 numbers (1e10) read, specs resolved, pinned layout checked
 except ConfigError as e:
     raise WorkflowError(f"Bad config: {e}") from None
-# the schema is package data (src/trainplan/config.schema.yaml; in the wheel), the one load_config uses
-validate(config, str(schema_path()), set_default=True)
+# the schema is package data (src/trainplan/config.schema.yaml; in the wheel), the one load_config uses; checked on
+# the resolved config, which load_config has validated already (on the raw one, 1e10 is still a YAML 1.1 string)
+validate(STUDY.raw, str(schema_path()), set_default=True)
 config.clear()
 config.update(STUDY.raw)
 

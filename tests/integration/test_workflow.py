@@ -23,6 +23,15 @@ DOWNSTREAM_OF_COST = {"cost_and_risk", "figures", "memo", "all"}
 DOWNSTREAM_OF_PRICE = DOWNSTREAM_OF_COST | {"launch_artifacts"}
 
 
+def test_a_yaml_1_2_number_is_read_as_trainplan_plan_reads_it(tmp_path):
+    """`dataset_tokens: 1e10` is a string to YAML 1.1 (Snakemake's loader), a number to the project's: the dry run
+    plans the study (it stopped at a raw jsonschema error while `trainplan plan` accepted the same overlay)."""
+    wf = copy_workflow(tmp_path)
+    (wf / "e10.yaml").write_text("training:\n  dataset_tokens: 1e10\n")
+    r = snakemake(wf, "-n", "--quiet", "rules", *TINY, "e10.yaml", timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
 def test_lint_passes():
     r = snakemake(ROOT, "--lint", "--configfile", "config/tiny.yaml", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -42,6 +51,8 @@ def test_default_study_dry_run_plans_the_whole_dag(tmp_path):
     ("layout: {dp: 8}\n", "layout"),
     ("training:\n  global_batch: -4\n", "training.global_batch"),
     ("cost:\n  pricee: 3\n", "cost.pricee"),
+    # Snakemake's own YAML loader lets the second key win: the project's strict reader refuses it, as `plan` does
+    ("training:\n  seq_len: 4096\n  seq_len: 2048\n", "configfile"),
 ])
 def test_bad_config_fails_at_parse_time_and_runs_nothing(tmp_path, override, key):
     wf = copy_workflow(tmp_path)
