@@ -117,6 +117,10 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         v = getattr(args, key)
         if not 1 <= v <= hi:
             raise ConfigError(key.replace("_", "-"), v, f"must be an integer in 1..{hi}")
+    for flag, v in (("model", args.model), ("arch", args.arch)):
+        if v is not None and not v.strip():  # an empty value is a mistake (an unset shell variable), not the default
+            raise ConfigError(flag, "(empty)", "a preset name, config.json path or repo id" if flag == "model" else
+                              "k=v pairs, e.g. layers=40,hidden=5120,heads=40,vocab=32000")
     arch = parse_arch(args.arch)
     if args.model is None and arch:  # a custom architecture: --arch alone, not overrides of the default model
         missing = [k for k in ("layers", "hidden", "heads", "vocab") if ARCH_KEYS[k] not in arch]

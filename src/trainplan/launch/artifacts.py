@@ -655,7 +655,6 @@ def study_hash_of(cfg: Any) -> str:
 
 def _plan_numbers(summary: str, cost: str | None, production: str | None) -> dict[str, float | None]:
     """checkpoint_interval_s (cost.json), step_time_s (summary's estimate), min tokens/s/GPU (production p10)."""
-
     results = Path(summary).resolve().parent.parent
 
     def num(path: Path | None, *keys: str) -> float | None:
@@ -670,11 +669,16 @@ def _plan_numbers(summary: str, cost: str | None, production: str | None) -> dic
         return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0 else None
 
     h = num(Path(cost) if cost else results / "cost" / "cost.json", "checkpoint_interval_h")
+    tps = num(Path(production) if production else results / "prediction" / "production.json",
+              "chosen", "tokens_per_s_per_gpu_p10")
+    # the study's own files are optional (the script then reads them at run time); a file named on purpose is not
+    if cost and h is None:
+        raise ConfigError("cost", cost, "a cost.json with checkpoint_interval_h > 0 (the cost_and_risk rule's)")
+    if production and tps is None:
+        raise ConfigError("production", production,
+                          "a production.json with chosen.tokens_per_s_per_gpu_p10 > 0 (the predict_production rule's)")
     return {"checkpoint_interval_s": h * 3600 if h else None,
-            "step_time_s": num(Path(summary), "estimate", "step_time_s"),
-            "min_tokens_per_s_per_gpu": num(Path(production) if production else
-                                            results / "prediction" / "production.json",
-                                            "chosen", "tokens_per_s_per_gpu_p10")}
+            "step_time_s": num(Path(summary), "estimate", "step_time_s"), "min_tokens_per_s_per_gpu": tps}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -419,6 +419,21 @@ def test_a_summary_that_is_not_this_configs_is_refused(tmp_path, capsys, doc, sa
     assert rc == 2 and says in capsys.readouterr().err and not (tmp_path / "p").exists()
 
 
+def test_a_cost_or_production_file_named_on_purpose_must_be_usable(tmp_path, capsys):
+    """The study's own cost.json/production.json are optional (the script reads them at run time); one passed with
+    --cost/--production that holds no interval or throughput is bad input, not silently ignored."""
+    summary, empty, listed = tmp_path / "summary.json", tmp_path / "empty.json", tmp_path / "list.json"
+    summary.write_text(json.dumps({"layout": FSDP.to_dict()}))
+    empty.write_text("{}")
+    listed.write_text("[1, 2]")
+    base = ["--summary", str(summary), "--config", "config/config.yaml", "--out", str(tmp_path / "o")]
+    assert launch.main([*base, "--cost", str(empty)]) == 2
+    assert "cost=" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    assert launch.main([*base, "--production", str(listed)]) == 2
+    assert "production=" in capsys.readouterr().err
+    assert launch.main(base) == 0  # neither named: the optional study files are looked up, and absent here
+
+
 def test_main_takes_a_variant_overlay_after_its_base(tmp_path, capsys):
     """`trainplan launch --config config/config.yaml config/lora.yaml` merges them in order, as the study does
     (config/lora.yaml alone has no model); the day-1 preflight command names both, in that order."""

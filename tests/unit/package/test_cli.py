@@ -119,6 +119,8 @@ def test_estimate_arch_overrides(capsys):
     (["--model", "/nonexistent/config.json"], "model"),
     (["--arch", "layers=x"], "arch.layers"),
     (["--arch", "depth=3"], "arch.depth"),
+    (["--model", ""], "model=(empty)"),  # an unset shell variable: not the default model
+    (["--arch", " "], "arch=(empty)"),
     # a layout problem names its own key and value (it parsed the key from the message: layout.1, layout.TP, ...)
     (["--gpus", "8", "--pp", "4", "--global-batch", "8", "--micro-batch", "4"], "layout.micro_batch=4"),
     (["--tp", "2", "--tp-overlap"], "layout.tp_overlap=True"),
