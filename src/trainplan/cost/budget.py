@@ -201,6 +201,19 @@ def schedule(tokens_per_s_per_gpu: Any, *, n_gpus: int, n_params: float, total_t
     }
 
 
+def point_usd(detail: dict[str, Any], tokens_per_s_per_gpu: float) -> float | None:
+    """The point cost (every assumption at its base value, as cost.json's ``point``) at another throughput, from
+    cost.json's ``detail``; None when it lacks what the schedule needs. What a technique that changes the
+    throughput by a factor saves: fixed costs (start-up) do not scale with it."""
+    try:
+        inputs = CostInputs(**{k: tuple(v) if isinstance(v, list) else v for k, v in detail["assumptions"].items()})
+        s = schedule(float(tokens_per_s_per_gpu), n_gpus=int(detail["n_gpus"]), n_params=float(detail["n_params"]),
+                     total_tokens=float(detail["total_tokens"]), d2h_Bps=float(detail["d2h_Bps"]), inputs=inputs)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return float(dollars(s["gpu_hours"], inputs.price_per_gpu_hour_usd))
+
+
 def duration_text(hours: float) -> str:
     """A duration as people read it: whole minutes below an hour (a 0.34 h checkpoint interval is "20 min"),
     hours to one decimal above. The memo and the launch checks print the checkpoint interval with it."""
@@ -251,7 +264,7 @@ def cost_and_risk(tokens_per_s_per_gpu: tuple[float, float, float], *, n_gpus: i
                     **kw)
     price_samples = span(i.price_range_usd, 6)
     out: dict[str, Any] = {
-        "calibration_source": calibration_source, "n_gpus": n_gpus, "n_params": n_params,
+        "calibration_source": calibration_source, "n_gpus": n_gpus, "n_params": n_params, "d2h_Bps": d2h_Bps,
         "total_tokens": total_tokens, "seed": seed, "n_samples": n_samples,
         "tokens_per_s_per_gpu": dict(zip(("p10", "p50", "p90"), map(float, tokens_per_s_per_gpu), strict=True)),
         "failure_rate_per_gpu_hour": i.failure_rate_per_gpu_hour, "failure_source": i.failure_source,

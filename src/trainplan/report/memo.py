@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from trainplan import pkgdata
-from trainplan.cost.budget import duration_text
+from trainplan.cost.budget import duration_text, point_usd
 from trainplan.io import read_json, write_bytes
 from trainplan.model.layout import SHARDINGS, Layout
 from trainplan.model.timing import STEP_PARTS, attention_kernel_rel
@@ -394,10 +394,19 @@ def _techniques(tech: pd.DataFrame | None, cost: dict[str, Any] | None) -> list[
         return None
     rows = _records(tech)
     priced = bool((cost or {}).get("dollars"))
+    detail = (cost or {}).get("detail") or {}
+    p50 = (detail.get("tokens_per_s_per_gpu") or {}).get("p50")
     for r in rows:
         r["used_by_best"] = str(r.get("used_by_best")).lower() == "true"
         r["fp8"] = str(r.get("technique") or "").startswith("FP8")
         r["fp8_priced"] = r["fp8"] and r.get("delta_frac") is not None and priced
+        r["fp8_saved_usd"] = None
+        if r["fp8_priced"] and p50:  # the cost model at the other throughput (start-up does not scale with it)
+            d = float(r["delta_frac"])
+            base = point_usd(detail, p50)
+            other = point_usd(detail, p50 / (1 + d) if r["used_by_best"] else p50 * (1 + d))
+            if base is not None and other is not None:
+                r["fp8_saved_usd"] = other - base if r["used_by_best"] else base - other
         for k in ("best_with", "best_without", "verdict", "note", "line", "compiled_note", "risk"):
             r[k] = "" if r.get(k) is None else str(r[k])
     return rows

@@ -139,3 +139,27 @@ def test_duration_text_reads_like_a_person():
 
     assert duration_text(0.3384) == "20 min" and duration_text(0.99) == "59 min"
     assert duration_text(1.0) == "1.0 h" and duration_text(18.26) == "18.3 h"
+
+
+def test_point_usd_is_the_point_cost_at_another_throughput_and_fp8_is_priced_with_it():
+    """cost.json's detail rebuilds the point schedule: at the p50 throughput it is cost.json's point cost; at
+    1.25× the throughput the saving is less than 20% of the cost (start-up does not scale), which the memo's FP8
+    sentence now states (it scaled the whole p50 cost)."""
+    import pandas as pd
+
+    from trainplan.report.memo import _techniques
+
+    inputs = C.CostInputs()
+    res = C.cost_and_risk((4500.0, 5000.0, 5600.0), n_gpus=32, n_params=N13B, total_tokens=1e10, d2h_Bps=50e9,
+                          inputs=inputs)
+    doc = C.memo_cost(res, inputs)
+    assert C.point_usd(res, 5000.0) == pytest.approx(res["point"]["usd"], rel=1e-12)
+    faster = C.point_usd(res, 6250.0)
+    assert faster < res["point"]["usd"] and res["point"]["usd"] - faster < 0.2 * res["point"]["usd"]
+    assert C.point_usd({}, 5000.0) is None
+    tech = pd.DataFrame([{"technique": "FP8 matmuls (tensorwise, torchao Float8)", "used_by_best": False,
+                          "delta_frac": 0.25, "verdict": "buys +25.0%"}])
+    (row,) = _techniques(tech, doc)
+    assert row["fp8_saved_usd"] == pytest.approx(res["point"]["usd"] - faster)
+    used = _techniques(tech.assign(used_by_best=True), doc)[0]
+    assert used["fp8_saved_usd"] == pytest.approx(C.point_usd(res, 4000.0) - res["point"]["usd"])
