@@ -634,9 +634,8 @@ def load_inputs(summary: str, config: str | Sequence[str]) -> tuple[Any, ModelSp
         raise ConfigError("summary", summary, "a summary.json with a 'layout' object") from None
     if doc.get("status", "ok") != "ok":
         raise ConfigError("summary.status", doc.get("status"), "'ok': the study found no layout to launch")
-    missing = [k for k in ("dp", "tp", "pp", "cp") if k not in layout_d]
-    if missing:
-        raise ConfigError("summary.layout", layout_d, "needs its degrees " + ", ".join(missing))
+    if "dp" not in layout_d:  # tp, pp, cp default to 1; a missing dp would silently become 1 too
+        raise ConfigError("summary.layout", layout_d, "needs its data-parallel degree dp")
     try:
         layout = Layout.from_dict(layout_d)
         # the summary must be this config's: a stale one (another cluster, model or batch) is refused, not launched

@@ -42,8 +42,7 @@ from trainplan.model.training import TrainingSpec
 from trainplan.proxy.aggregate import attn_kernel_of
 from trainplan.proxy.record import predicted_state_terms
 from trainplan.proxy.schema import RUN_DEFAULTS
-from trainplan.report.memo import fallback_entry, memory_fallback
-from trainplan.search.layouts import best_row
+from trainplan.report.memo import fit_fallback, memory_fallback
 
 __all__ = ["ACT_REL_TOL", "HEADROOM_FRAC", "PEAK_REL_TOL", "STATE_REL_TOL", "TIME_REL_TOL", "Check",
            "evaluate", "fallback_line", "format_report", "main", "memory_error_ratio", "preflight_fallback",
@@ -365,14 +364,7 @@ def preflight_fallback(candidates: str | Path, mem_ratio: float | None = None,
     chosen = ok.sort_values("rank").iloc[0].to_dict()
     if mem_ratio is None or not mem_ratio > 1.0:
         return memory_fallback(ok, chosen)
-    mem = ok["mem_total_gib"].astype(float)
-    hbm_gib = chosen["mem_total_gib"] / (1.0 - chosen["headroom_frac"])  # the search's headroom = 1 − mem / usable
-    fits = ok[(mem * mem_ratio <= max_hbm_frac * hbm_gib) & (ok["layout_text"] != chosen["layout_text"])]
-    if not len(fits):
-        return None
-    r = best_row(fits)
-    return fallback_entry(r, chosen) | {"mem_ratio": float(mem_ratio), "max_hbm_frac": float(max_hbm_frac),
-                                        "mem_expected_gib": float(r["mem_total_gib"]) * float(mem_ratio)}
+    return fit_fallback(ok, chosen, mem_ratio, max_hbm_frac)  # the memo names the same rule at the p90 error
 
 
 def fallback_line(fallback: dict[str, Any] | None) -> str:

@@ -17,6 +17,7 @@ import pandas as pd
 
 from trainplan.model.arch import ModelSpec
 from trainplan.model.efficiency import Efficiency
+from trainplan.model.estimate import DEFAULT_MAX_MEM_FRAC
 from trainplan.model.hardware import ClusterSpec
 from trainplan.model.layout import Layout
 from trainplan.model.memory import memory_breakdown
@@ -31,8 +32,11 @@ def predict_production(candidates: pd.DataFrame, model: ModelSpec, cluster: Clus
                        calibration: dict[str, Any], *, top: int = 5, seed: int = 0,
                        quantiles: tuple[float, float] = (0.1, 0.9),
                        step_time_fn: Callable[..., dict[str, Any]] | None = None,
-                       memory_fn: Callable[..., dict[str, Any]] | None = None) -> pd.DataFrame:
-    """Top feasible layouts with p10/p50/p90 of tokens/s, tokens/s/GPU, MFU and peak memory per GPU."""
+                       memory_fn: Callable[..., dict[str, Any]] | None = None,
+                       max_hbm_frac: float = DEFAULT_MAX_MEM_FRAC) -> pd.DataFrame:
+    """Top feasible layouts with p10/p50/p90 of tokens/s, tokens/s/GPU, MFU and peak memory per GPU; with how
+    many of the memory model's errors would put each above usable HBM and above the search's limit
+    (``max_hbm_frac`` of it)."""
     step_time_fn = step_time_fn or step_time
     memory_fn = memory_fn or memory_breakdown
     base = {k: v for k, v in (calibration.get("efficiency") or {}).items() if v is not None}
@@ -85,10 +89,11 @@ def predict_production(candidates: pd.DataFrame, model: ModelSpec, cluster: Clus
         # how many of those errors would put the run above usable HBM (an OOM at the preflight): the count behind
         # a p90 above HBM, which the memo states instead of a negative headroom alone
         over = int(np.sum(mem_pool > cluster.gpu.hbm_bytes))
+        over_limit = int(np.sum(mem_pool > max_hbm_frac * cluster.gpu.hbm_bytes))
         row = {"rank": r.get("rank", len(rows) + 1), "layout": layout.describe(), "family": layout.family,
                "interval_family": family_class(layout), "interval_errors_n": len(rel),
                "calibration_source": calibration.get("source", "defaults"),
-               "mem_over_hbm_errors": over, "mem_errors_n": int(len(mem_rel))}
+               "mem_over_hbm_errors": over, "mem_over_limit_errors": over_limit, "mem_errors_n": int(len(mem_rel))}
         for name, (lo, hi), point in (("tokens_per_s_per_gpu", tp_q, tp_point),
                                       ("tokens_per_s", tp_q * cluster.n_gpus, tp_point * cluster.n_gpus),
                                       ("mfu", mfu_q, mfu_point), ("mem_peak_bytes", mem_q, mem)):
@@ -99,13 +104,16 @@ def predict_production(candidates: pd.DataFrame, model: ModelSpec, cluster: Clus
 
 
 # ---------------------------------------------------------------------------- Snakemake stage glue
-def _memo_row(r: dict[str, Any], hbm_bytes: float) -> dict[str, Any]:
-    """A production row in the memo's shape: GiB quantiles, ``source``, headroom at the p90 memory."""
+def _memo_row(r: dict[str, Any], hbm_bytes: float, max_hbm_frac: float = DEFAULT_MAX_MEM_FRAC) -> dict[str, Any]:
+    """A production row in the memo's shape: GiB quantiles, ``source``, headroom at the p90 memory, and the
+    search's memory limit (``max_hbm_frac`` of usable HBM) that page 1, the preflight and its fallback hold."""
     out = dict(r)
     for q in ("p10", "p50", "p90"):
         out[f"mem_total_gib_{q}"] = r[f"mem_peak_bytes_{q}"] / 1024**3
     out["source"] = r.get("calibration_source", "defaults")
     out["headroom_frac"] = 1.0 - r["mem_peak_bytes_p90"] / hbm_bytes
+    out["max_hbm_frac"] = float(max_hbm_frac)
+    out["mem_limit_gib"] = max_hbm_frac * hbm_bytes / 1024**3
     return out
 
 
@@ -141,9 +149,11 @@ def stage_predict_production(candidates: pd.DataFrame, calibration: dict[str, An
                              cfg: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, Any]]:
     """production.csv rows and production.json (``chosen``, ``extrapolation`` curves) for the rule."""
     calib = cfg.get("calibration") or {}
+    frac = float(cfg["search"].get("max_hbm_frac", DEFAULT_MAX_MEM_FRAC))
     df = predict_production(candidates, model, cluster, training, calibration, top=int(cfg["search"]["top_k"]),
-                            seed=int(calib.get("seed", 0)), quantiles=tuple(calib.get("interval", (0.1, 0.9))))
-    rows = [_memo_row(r, cluster.gpu.hbm_bytes) for r in df.to_dict("records")]
+                            seed=int(calib.get("seed", 0)), quantiles=tuple(calib.get("interval", (0.1, 0.9))),
+                            max_hbm_frac=frac)
+    rows = [_memo_row(r, cluster.gpu.hbm_bytes, frac) for r in df.to_dict("records")]
     out = pd.DataFrame(rows)
     doc: dict[str, Any] = {
         "source": calibration.get("source", "defaults"), "source_detail": calibration.get("source_detail"),

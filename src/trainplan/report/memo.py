@@ -23,6 +23,7 @@ import pandas as pd
 from trainplan import pkgdata
 from trainplan.cost.budget import duration_text, point_usd
 from trainplan.io import read_json, write_bytes
+from trainplan.model.estimate import DEFAULT_MAX_MEM_FRAC
 from trainplan.model.layout import SHARDINGS, Layout
 from trainplan.model.timing import STEP_PARTS, attention_kernel_rel
 from trainplan.provenance import sidecar_path
@@ -66,7 +67,7 @@ PROXY_FAMILY_LABELS = {"all": "all runs", "depth": "depth slice (1–4 layers, s
 
 # ------------------------------------------------------------------------------------- formatting
 def fmt(value: Any, kind: str = "num") -> str:
-    """The one number formatter of the memo. kinds: int, num, gib, pct, spct (signed), usd, rate (a price: cents
+    """The one number formatter of the memo. kinds: int, num, gib, pct, pct0, spct (signed), ratio2, usd, rate (a price: cents
     unless whole dollars), h, dur (hours with the unit: minutes below one hour), frac3, sci, s, short (k/M/B/T)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
@@ -83,6 +84,10 @@ def fmt(value: Any, kind: str = "num") -> str:
         return f"{v:,.1f}"
     if kind == "pct":
         return f"{100 * v:.1f}%"
+    if kind == "pct0":  # a configured fraction: 90%
+        return f"{100 * v:.0f}%"
+    if kind == "ratio2":  # a factor: ×1.16
+        return f"{v:.2f}"
     if kind == "spct":  # signed: a change
         return f"{100 * v:+.1f}%"
     if kind == "usd":
@@ -474,10 +479,20 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         chosen_row = _records(ok.sort_values("rank").head(1))[0] if len(ok) else None
         rep = _records(representative_layouts(cand))
         fallback = memory_fallback(ok, chosen_row) if chosen_row else None
+        # the preflight's rule (memo.fit_fallback) at the memory model's p90 error, or, where that still fits, at the
+        # smallest error that fails the limit: what the preflight would switch to
+        pc = (prod or {}).get("chosen") or {}
+        mem_x = memory_interval_factors(pc)
+        if chosen_row and mem_x is not None and mem_x[1] > 1.0:
+            frac = float(pc.get("max_hbm_frac", DEFAULT_MAX_MEM_FRAC))
+            hbm_gib = float(chosen_row["mem_total_gib"]) / (1.0 - float(chosen_row["headroom_frac"]))
+            fails_at = frac * hbm_gib / float(chosen_row["mem_total_gib"])  # the measured error the preflight fails
+            at_p90 = float(pc["mem_total_gib_p90"]) > frac * hbm_gib  # page 1's AT RISK
+            fb = fit_fallback(ok, chosen_row, mem_x[1] if at_p90 else fails_at * (1 + 1e-9), frac)
+            fallback = fb | {"at": "p90" if at_p90 else "threshold"} if fb else None
         tie_won = tie_winner(ok, chosen_row) if chosen_row else None
     layout_str = None
     if summary and "layout" in summary:
-
         lay = {k: v for k, v in summary["layout"].items() if k in Layout.__dataclass_fields__}
         layout_str = Layout(**lay).describe()
     source = (calib or {}).get("source") or (prod or {}).get("source")
@@ -540,6 +555,24 @@ def memory_fallback(feasible: pd.DataFrame, chosen: dict[str, Any]) -> dict[str,
     if not len(c):
         return None
     return fallback_entry(best_row(c), chosen)  # the search's tie-aware rank (fastest, headroom, simplest)
+
+
+def fit_fallback(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: float,
+                 max_hbm_frac: float) -> dict[str, Any] | None:
+    """The layout to switch to when the memory model errs by ``mem_ratio`` (measured ÷ modelled peak): the fastest
+    other feasible layout (the search's tie-aware rank) whose modelled peak × ``mem_ratio`` is within
+    ``max_hbm_frac`` of usable HBM, i.e. what the search would have chosen knowing the error; None if none fits.
+    The memo names it at the p90 error, the preflight at the error it measured (one rule, one function)."""
+    if not len(feasible):
+        return None
+    mem = feasible["mem_total_gib"].astype(float)
+    hbm_gib = float(chosen["mem_total_gib"]) / (1.0 - float(chosen["headroom_frac"]))  # headroom = 1 − mem/usable
+    fits = feasible[(mem * mem_ratio <= max_hbm_frac * hbm_gib) & (feasible["layout_text"] != chosen["layout_text"])]
+    if not len(fits):
+        return None
+    r = best_row(fits)
+    return fallback_entry(r, chosen) | {"mem_ratio": float(mem_ratio), "max_hbm_frac": float(max_hbm_frac),
+                                        "mem_expected_gib": float(r["mem_total_gib"]) * float(mem_ratio)}
 
 
 def fallback_entry(r: pd.Series, chosen: dict[str, Any]) -> dict[str, Any]:

@@ -403,7 +403,7 @@ def test_main_writes_artifacts_from_the_study_config(tmp_path, capsys):
 
 @pytest.mark.parametrize(("doc", "says"), [
     ({"layout": {**FSDP.to_dict(), "dp": 7}}, "dp·tp·pp·cp = 7·1·1·1 = 7, but the cluster has 32 GPUs"),
-    ({"layout": {k: v for k, v in FSDP.to_dict().items() if k != "dp"}}, "needs its degrees dp"),
+    ({"layout": {k: v for k, v in FSDP.to_dict().items() if k != "dp"}}, "needs its data-parallel degree dp"),
     ({"status": "no feasible layout", "layout": FSDP.to_dict()}, "summary.status='no feasible layout'"),
 ])
 def test_a_summary_that_is_not_this_configs_is_refused(tmp_path, capsys, doc, says):

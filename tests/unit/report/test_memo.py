@@ -67,7 +67,9 @@ def test_page_one_states_the_decision_with_numbers_from_the_results(rendered):
             f"{100 * ch['mfu_p50']:.1f}%", f"{summary['hbm_gib']:.1f}",
             f"{cost['ask']['gpu_hours']:,.0f}GPU-hours", f"${cost['ask']['dollars']:,.0f}",
             f"{cost['ask']['window_h']:.1f}h",
-            f"≤{ch['mem_total_gib_p90']:.1f}GiB(p90prediction)", f"≥{ch['tokens_per_s_per_gpu_p10']:,.0f}(p10)"]
+            f"≤{ch['mem_limit_gib']:.1f}GiB(90%ofusableHBM,thesearch'srule;thep90predictionis"
+            f"{ch['mem_total_gib_p90']:.1f}GiB)", f"≤{ch['mem_limit_gib']:.1f}(90%of{summary['hbm_gib']:.1f})",
+            f"≥{ch['tokens_per_s_per_gpu_p10']:,.0f}(p10)"]
     for t in cost["targets"]:
         unit = t["unit"]
         f = (lambda v: f"${v:,.0f}") if unit == "$" else (lambda v: f"{v:.1f}") if unit == "h" else (lambda v: f"{v:,.0f}")
@@ -374,14 +376,18 @@ def test_memory_fallback_is_the_fastest_layout_with_clearly_more_headroom():
 
 
 def test_day1_memory_check_names_the_fallback(rendered):
+    """The fixture's memory p90 fits the limit: the day-1 switch is named at the smallest measured error that fails
+    it (the limit over the modelled peak), by the preflight's own rule."""
     import pandas as pd
 
     cand = pd.read_csv(rendered["root"] / "analytic" / "candidates.csv")
     ok = cand[cand["feasible"].astype(bool)]
-    fb = memo.memory_fallback(ok, ok.sort_values("rank").iloc[0].to_dict())
-    if fb is None:
-        pytest.skip("the fixture has no layout with clearly more headroom")
-    assert _squash(fb["layout"]) in _squash(rendered["text"])
+    chosen = ok.sort_values("rank").iloc[0].to_dict()
+    fails_at = 0.9 * chosen["mem_total_gib"] / (1 - chosen["headroom_frac"]) / chosen["mem_total_gib"]
+    fb = memo.fit_fallback(ok, chosen, fails_at * (1 + 1e-9), 0.9)
+    assert fb is not None and fb["mem_total_gib"] < chosen["mem_total_gib"]
+    assert _squash(f"at the smallest error that fails the limit (×{fails_at:.2f}), {fb['layout']}") in _squash(
+        rendered["text"])
 
 
 def test_provenance_lists_the_sidecars_of_the_inputs_only(tmp_path):
@@ -680,29 +686,40 @@ def test_page_one_names_a_global_batch_that_divides_when_it_is_clearly_faster(tm
     assert "rules out dp =" not in memo.render_html(ctx)
 
 
-def test_a_memory_p90_above_usable_hbm_is_at_risk_and_the_preflight_holds_it_to_the_hbm(tmp_path):
-    """The QLoRA variant's chosen layout: p50 71.3, p90 83.0 GiB on 79.6 usable. Page 1 said 'headroom -4.2% at
-    p90' and told the preflight to pass below 83.0 GiB, which no GPU can reach; it now says AT RISK with the count
-    of model errors behind it and holds the preflight to the usable HBM."""
+def test_a_memory_p90_above_the_searchs_limit_is_at_risk_and_names_the_preflights_switch(tmp_path):
+    """The search holds the modelled peak to 90% of usable HBM; the memory model's p90 error can put the chosen
+    layout above that (the default study: 65.9 → 76.7 GiB against 71.7). Page 1 then says AT RISK with the count of
+    model errors behind it, offers the runner-up whose p90 fits, and the day-1 preflight holds the same limit at the
+    error it measures, naming the layout it would switch to at the p90 error (memo.fit_fallback, the preflight's
+    own rule), not a fixed-margin layout of its own."""
     import html as html_mod
 
     root = tmp_path / "results"
     shutil.copytree(FIXTURE, root)
     prod = json.loads((root / "prediction/production.json").read_text())
-    prod["chosen"] |= {"mem_total_gib_p50": 71.3, "mem_total_gib_p90": 83.0, "headroom_frac": 1 - 83.0 / 79.6474609375,
-                       "mem_over_hbm_errors": 5, "mem_errors_n": 27}
+    prod["chosen"] |= {"mem_total_gib_p50": 60.0, "mem_total_gib_p90": 75.0, "headroom_frac": 1 - 75.0 / 79.6474609375,
+                       "mem_over_limit_errors": 5, "mem_errors_n": 27}
     (root / "prediction/production.json").write_text(json.dumps(prod))
     ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
     text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
-    assert "AT RISK : p90 above usable HBM (5 of 27 model errors)" in text
-    assert "peak reserved memory per GPU ≤ 79.6 GiB (usable HBM; the p90 prediction, 83.0 GiB, is above it)" in text
+    assert "AT RISK : p90 above the search's limit (5 of 27 model errors)" in text
+    assert "≤ 71.7 GiB (90% of usable HBM, the search's rule; the p90 prediction is 75.0 GiB, above it)" in text
     assert "headroom" not in text.split("memory per GPU (GiB)")[1].split("wall-clock")[0]
-    # the runner-up's p90 (its modelled peak × the same error factor, 83.0/71.3) fits: page 1 offers the trade
+    # the runner-up's p90 (its modelled peak × the same error factor, 75/60) fits: page 1 offers the trade
     ru = memo.runner_up(pd.read_csv(root / "analytic/families.csv"), prod["chosen"])
-    assert ru["mem_total_gib_p90"] == pytest.approx(ru["mem_total_gib"] * 83.0 / 71.3) and ru["mem_total_gib_p90"] < 79.6
-    assert (f"The chosen layout's memory p90 is above usable HBM, the runner-up's ({ru['mem_total_gib_p90']:.1f} GiB) "
-            f"is not: if giving up {100 * ru['slower_frac']:.1f}% of throughput is cheaper than a day-1 OOM, run the "
-            "runner-up.") in text
+    assert ru["mem_total_gib_p90"] == pytest.approx(ru["mem_total_gib"] * 75.0 / 60.0) and ru["mem_total_gib_p90"] < 71.7
+    assert (f"The chosen layout's memory p90 is above the search's limit (90% of usable HBM, 71.7 GiB), the "
+            f"runner-up's ({ru['mem_total_gib_p90']:.1f} GiB) is not: if giving up {100 * ru['slower_frac']:.1f}% of "
+            "throughput is cheaper than a day-1 re-plan, run the runner-up.") in text
+    # the day-1 switch is the preflight's rule at the p90 error: the same layout preflight_fallback names at ×1.25
+    from trainplan.launch.preflight import preflight_fallback
+
+    fb = ctx["fallback"]
+    assert fb["mem_ratio"] == pytest.approx(1.25)
+    assert fb["at"] == "p90" and preflight_fallback(root / "analytic/candidates.csv", mem_ratio=1.25) == {
+        k: v for k, v in fb.items() if k != "at"}
+    assert (f"at the p90 error (×1.25), {fb['layout']} ({fb['mem_expected_gib']:.1f} GiB, {100 * fb['slower_frac']:.1f}% "
+            "slower)") in text
 
 
 def test_families_ruled_out_for_one_reason_are_one_row_of_the_alternatives_table():
@@ -883,4 +900,4 @@ def test_risks_also_state_the_interruptions_at_the_p90_of_the_draws(tmp_path):
 def test_no_memory_trade_is_offered_when_the_chosen_p90_fits(rendered):
     chosen = _load("prediction/production.json")["chosen"]
     assert chosen["mem_total_gib_p90"] < _load("analytic/summary.json")["hbm_gib"]
-    assert _squash("The chosen layout's memory p90 is above usable HBM") not in _squash(rendered["text"])
+    assert _squash("The chosen layout's memory p90 is above") not in _squash(rendered["text"])
