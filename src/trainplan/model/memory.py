@@ -172,8 +172,9 @@ def model_states(model: ModelSpec, training: TrainingSpec, layout: Any, cluster:
     """Weights, gradients and optimizer bytes on one rank of ``stage`` (ZeRO §3.1 / FSDP2 / LoRA / QLoRA);
     ``on_device=False``: before CPU offload takes its part off HBM (host_offload_bytes).
 
-    Sharding: ZeRO-1/2 use the ZeRO paper's split (2+2+12 B/param); ZeRO-3/HSDP use the FSDP2 split
-    (fp32 sharded params + fp32 grads + fp32 m, v = 16/d B/param; the gathered bf16 units are ``buffers``).
+    Sharding: ZeRO-1/2 use the ZeRO paper's split (2+2+12 B/param), ZeRO-2's sharded gradients in fp32 (FSDP2's
+    reduce dtype: 4/d); ZeRO-3/HSDP use the FSDP2 split (fp32 sharded params + fp32 grads + fp32 m, v = 16/d
+    B/param; the gathered bf16 units are ``buffers``).
     CPU offload removes the optimizer (with the fp32 master) from HBM; under FSDP2 it also moves the
     sharded params and grads (``CPUOffloadPolicy``). LoRA/QLoRA: the frozen base is weights only (bf16, or
     NF4 for QLoRA's block matmuls), sharded by ZeRO-3/HSDP; adapters carry the full state.
@@ -189,6 +190,9 @@ def model_states(model: ModelSpec, training: TrainingSpec, layout: Any, cluster:
         zs = model_state_bytes(n, d, z, training.precision, opt, "zero")
         fs = model_state_bytes(n, d, z, training.precision, opt, "fsdp2")
         st = {k: np.where(conv_fsdp, fs[k], zs[k]) for k in zs}
+        # ZeRO-2 runs as FSDP2 without reshard after forward (torchtitan, Accelerate, train_entry): its sharded
+        # gradients are in the fp32 reduce dtype, 4/d B/param, not the ZeRO paper's bf16 2/d (FSDPMemTracker agrees)
+        st["gradients"] = np.where(z == 2, fs["gradients"], st["gradients"])
     else:
         adapters = _layers_per_stage(model, L.pp) * lora_params_per_layer(
             model, training.lora_rank, training.lora_targets, L.tp)

@@ -280,3 +280,23 @@ def test_hsdp_shard_group_gives_the_same_losses(job, reference):
     assert start["local_params_rank0"] == MODEL_PRESETS["debug"].n_params  # shard groups of one rank: replicas
     got = _losses(job / "hsdp.jsonl")
     assert got == pytest.approx({s: reference[s] for s in range(1, 5)}, rel=1e-6)
+
+
+def test_hf_rms_norms_become_torch_rms_norm_with_the_same_output(tmp_path):
+    """transformers' eager LlamaRMSNorm saves its fp32 input and x·rstd; torch.nn.RMSNorm (F.rms_norm, fused on
+    CUDA) the input and rstd, as the plan sizes: every block's two norms and the final one are swapped, and the
+    model computes the same logits."""
+    import torch
+
+    (tmp_path / "config.json").write_text(json.dumps(hf_config_dict(MODEL_PRESETS["debug"])))
+    model = te.build_hf_model(tmp_path / "config.json")
+    with torch.no_grad():  # weights other than 1, so a dropped weight would show
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    ids = torch.randint(0, 100, (2, 16))
+    before = model(input_ids=ids).logits
+    assert te.fused_rms_norms(model) == 2 * MODEL_PRESETS["debug"].layers + 1
+    assert not any(type(m).__name__ == "LlamaRMSNorm" for m in model.modules())
+    assert torch.allclose(model(input_ids=ids).logits, before, atol=1e-5, rtol=1e-5)
+    assert te.fused_rms_norms(model) == 0  # idempotent

@@ -74,12 +74,16 @@ def test_widening_the_shard_degree_never_raises_memory(model, training, layout, 
 @FAST
 @given(model=st.sampled_from(MODELS), training=trainings(), layout=layouts())
 def test_more_sharding_never_raises_model_states(model, training, layout) -> None:  # type: ignore[no-untyped-def]
-    """ZeRO stages are nested: none ≥ ZeRO-1 ≥ ZeRO-2 ≥ ZeRO-3 for the same degrees (ZeRO §5, Fig. 1)."""
+    """ZeRO stages are nested: none ≥ ZeRO-1 ≥ ZeRO-2 ≥ ZeRO-3 for the same degrees (ZeRO §5, Fig. 1). ZeRO-2 runs
+    as FSDP2, whose sharded gradients are fp32 (4/d B/param against ZeRO-1's whole bf16 2): nested once d ≥ 2."""
     totals = []
     for s in ("none", "zero1", "zero2", "zero3"):
         lay = replace(layout, sharding=s, shard_group=None, offload="none")
         totals.append(sum(M.model_states(model, training, lay, CLUSTER).values()))
-    assert all(x >= y * (1 - 1e-12) for x, y in zip(totals, totals[1:], strict=False))
+    pairs = list(zip(totals, totals[1:], strict=False))
+    if M.shard_degree(replace(layout, sharding="zero2", shard_group=None), CLUSTER) < 2:
+        pairs.pop(1)  # one rank: FSDP2's fp32 gradient "shard" is the whole model
+    assert all(x >= y * (1 - 1e-12) for x, y in pairs)
 
 
 @FAST
