@@ -260,6 +260,7 @@ TECHNIQUE_SHORT = {"sequence parallelism (SP)": "SP", ASYNC_TP_TECHNIQUE: "async
 
 
 TECHNIQUE_NEEDS = {"sequence parallelism (SP)": ("TP",), ASYNC_TP_TECHNIQUE: ("TP",), "interleaved pipeline": ("PP",)}
+NEEDS_DEGREE = {"TP": "tp", "PP": "pp"}  # the layout column a prerequisite needs above 1
 
 
 def _also_uses(df: pd.DataFrame, with_idx: Any, without_idx: Any, technique: str) -> list[str]:
@@ -641,6 +642,10 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
         if len(with_t) == 0:
             continue
         wf, without = with_t[with_t["feasible"]], feas[~sel(feas)]
+        for need in TECHNIQUE_NEEDS.get(name, ()):  # against the layouts that could use it: SP among TP layouts
+            col = NEEDS_DEGREE[need]
+            could = without[np.asarray(without[col]) > 1] if col in without else without
+            without = could if len(could) else without  # none without it has TP: against the best overall
         used = bool(sel(top).iloc[0]) if len(top) else False
         r, o = best_row(wf), best_row(without)
         row = {"technique": name, "used_by_best": used,

@@ -303,3 +303,19 @@ def test_mem_scale_tests_the_scaled_peak_and_keeps_the_modelled_columns(df):
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="mem_scale"):
             search(MODEL, CLUSTER, TRAIN, None, OPTS, mem_scale=bad)
+
+
+def test_a_technique_that_needs_tp_or_pp_is_judged_among_the_layouts_that_have_it(df):
+    """SP and interleaving only exist with TP and PP: their 'without' is the best TP (PP) layout without them, not the
+    best layout overall (tp1·pp1), which made SP read "costs 6%" — the price of TP — where it buys +13% among TP
+    layouts."""
+    from trainplan.search.layouts import TECHNIQUES, technique_verdicts
+
+    t = technique_verdicts(df).set_index("technique")
+    feas = df[df["feasible"]]
+    for name, col in (("sequence parallelism (SP)", "tp"), ("interleaved pipeline", "pp")):
+        row = t.loc[name]
+        base = feas[(feas[col] > 1) & ~TECHNIQUES[name](feas)]
+        best = base.sort_values("rank").iloc[0]
+        assert row["best_without"] == best["layout_text"] and row["tokens_per_s_per_gpu_without"] == pytest.approx(
+            best["tokens_per_s_per_gpu"]), name
