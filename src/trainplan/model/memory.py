@@ -524,9 +524,9 @@ def activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, stag
 def buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, dtype_bytes: int | None = None) -> Any:
     """Transient collective buffers: FSDP 2 gathered units + fp32 reduce-scatter, DDP buckets, TP/PP staging.
 
-    FSDP2/ZeRO-3: the current and the prefetched unit unsharded in the compute dtype (torchtitan wraps one
-    block per unit; the root unit holds the embedding/LM head, so unit = max(block, V·h/tp)) + the fp32
-    reduce-scatter of one unit's grads. DDP/ZeRO-1/2: two 25 MiB gradient buckets in flight (torch DDP
+    FSDP2/ZeRO-3: the root unit (embedding, LM head: FSDP2 keeps it gathered from forward through backward) + the
+    current and the prefetched block unit unsharded in the compute dtype (torchtitan wraps one block per unit) + the
+    fp32 reduce-scatter of one unit's grads. DDP/ZeRO-1/2: two 25 MiB gradient buckets in flight (torch DDP
     ``bucket_cap_mb``; at most the gradient bytes). TP: one full-sequence activation (SP all-gather / all-reduce staging). PP: send +
     recv of one stage-boundary activation. [I: sizes to be calibrated]
     """
@@ -540,12 +540,18 @@ def buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, dtype_by
         unit_bytes = mat * NF4_BYTES_PER_PARAM + other * d
     else:
         unit_bytes = (mat + other) * d
+    block_bytes = unit_bytes
     unit_bytes = np.maximum(unit_bytes, model.vocab * model.hidden / tp * d)
+    # the root unit (embedding, final norm, untied LM head) is not resharded after forward by FSDP2 (it would be
+    # gathered again at once for backward), so it stays gathered beside the two block units in flight; under PP a
+    # stage's root holds one of the two matrices (FSDPMemTracker, 13B widths: +0.61 GiB the terms missed)
+    vh = model.vocab * model.hidden / tp * d
+    root_bytes = vh * np.where((np.asarray(L.pp) == 1) & (not model.tied_embeddings), 2.0, 1.0)
     if training.finetune == "full":
         rs = np.maximum(mat + other, model.vocab * model.hidden / tp) * FP32
     else:
         rs = lora_params_per_layer(model, training.lora_rank, training.lora_targets, tp) * FP32
-    fsdp = np.where(z >= 3, 2 * unit_bytes + rs, 0.0)
+    fsdp = np.where(z >= 3, root_bytes + 2 * block_bytes + rs, 0.0)
     # FSDP2 under PyTorch pipelining (torchtitan): reshard_after_forward=False for every block of the stage,
     # and gradient sync only on the last micro-batch, so the whole stage stays gathered (compute dtype) and
     # its unsharded grads accumulate in the fp32 reduce dtype (FSDPParam.to_accumulated_grad_if_needed).

@@ -425,3 +425,15 @@ def test_zero2_gradient_shards_are_fp32_as_fsdp2_keeps_them() -> None:
     z3 = M.model_states(LLAMA13, TRAIN, Layout(dp=32, sharding="zero3"), c)
     assert z2["gradients"] == z3["gradients"] == 4 * LLAMA13.n_params / 32
     assert z2["weights"] == 2 * LLAMA13.n_params and z2["optimizer"] == 12 * LLAMA13.n_params / 32
+
+
+def test_fsdp2_keeps_the_root_unit_gathered_beside_two_block_units() -> None:
+    """FSDP2 does not reshard the root unit (embedding, final norm, untied LM head) after forward: its bf16 copy stays
+    gathered through backward beside the current and the prefetched block and one block's fp32 reduce-scatter
+    (FSDPMemTracker at the 13B widths on a fake 32-rank group: 2.974 GiB of buffers; the terms said 2.363)."""
+    lay = Layout(dp=32, sharding="zero3", micro_batch=1)
+    block = M.layer_matmul_params_per_rank(LLAMA13, 1) + M.layer_other_params_per_rank(LLAMA13, 1)
+    vh = LLAMA13.vocab * LLAMA13.hidden
+    want = 2 * vh * 2 + 2 * block * 2 + max(block, vh) * 4
+    assert float(M.buffer_bytes(LLAMA13, TRAIN, lay)) == pytest.approx(want, rel=1e-12)
+    assert float(M.buffer_bytes(LLAMA13, TRAIN, lay)) / 2**30 == pytest.approx(2.974, abs=0.01)
