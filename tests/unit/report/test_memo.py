@@ -765,6 +765,13 @@ def test_a_chosen_layout_that_won_a_tie_says_so_on_page_one(tmp_path):
     assert _squash(f"it ties with the fastest layout that fits ({won['layout']}, 0.2% faster) and needs 9.0 GiB less "
                    "memory") in _squash(text)
     assert "it is the fastest layout that fits" not in text
+    # a tie won on simplicity (headroom within HEADROOM_TIE): no "needs -0.4 GiB less memory"
+    cand.loc[second, "mem_total_gib"] = cand.loc[first, "mem_total_gib"] - 0.4
+    cand.to_csv(root / "analytic/candidates.csv", index=False)
+    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    assert _squash(f"({won['layout']}, 0.2% faster) and is simpler (fewer techniques at about the same memory)") in \
+        _squash(text) and "GiB less memory" not in text
 
 
 def test_launch_deviations_are_on_page_one_and_listed_in_appendix_a(tmp_path):
