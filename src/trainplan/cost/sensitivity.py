@@ -28,9 +28,10 @@ from trainplan.search.layouts import search
 TORNADO_COLUMNS = ("assumption", "base", "low", "high", "cost_base", "cost_low", "cost_high", "swing_usd",
                    "layout_base", "layout_low", "layout_high", "flips")
 Evaluate = Callable[[dict[str, Any]], tuple[float, str]]
-# The schedule's other assumptions (cost config key or name, CostInputs field, SI per config unit), each varied
-# across its range as the cost table's draws vary it: evaluation share, start-up, restart, checkpoint size.
-SCHEDULE_ASSUMPTIONS = (("eval_overhead_frac", "eval_frac", 1.0), ("startup_h", "startup_s", C.HOUR),
+# The schedule's assumptions (cost config key or name, CostInputs field, SI per config unit), each varied across
+# its range as the cost table's draws vary it: checkpoint bandwidth, evaluation share, start-up, restart, size.
+SCHEDULE_ASSUMPTIONS = (("checkpoint_write_GBps", "checkpoint_write_Bps", 1e9),
+                        ("eval_overhead_frac", "eval_frac", 1.0), ("startup_h", "startup_s", C.HOUR),
                         ("restart_h", "restart_s", C.HOUR), ("checkpoint_bytes_per_param", "bytes_per_param", 1.0))
 
 
@@ -62,8 +63,6 @@ def cost_evaluator(rank: Callable[[dict[str, Any]], tuple[str, float]], *, n_gpu
             return float("nan"), layout
         tps *= float(a.get("efficiency_x", 1.0))
         i = inputs
-        if "checkpoint_write_GBps" in a:
-            i = replace(i, checkpoint_write_Bps=float(a["checkpoint_write_GBps"]) * 1e9)
         for key, field, scale in SCHEDULE_ASSUMPTIONS:
             if key in a:
                 i = replace(i, **{field: float(a[key]) * scale})
@@ -79,15 +78,13 @@ def default_ranges(inputs: C.CostInputs, *, dataset_tokens: float, efficiency_x:
                    dataset_x: tuple[float, float] = (0.5, 2.0)) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
     """Base values and ranges from the cost inputs, the calibration interval and the cluster's bandwidth."""
     base: dict[str, Any] = {"efficiency_x": 1.0, "price_per_gpu_hour_usd": inputs.price_per_gpu_hour_usd,
-                            "failure_rate_x": 1.0, "dataset_tokens": dataset_tokens,
-                            "checkpoint_write_GBps": inputs.checkpoint_write_Bps / 1e9}
+                            "failure_rate_x": 1.0, "dataset_tokens": dataset_tokens}
     ranges: dict[str, tuple[Any, Any]] = {
         "efficiency_x": efficiency_x, "price_per_gpu_hour_usd": inputs.price_range_usd,
         "failure_rate_x": inputs.failure_rate_x_range,
         "dataset_tokens": (dataset_tokens * dataset_x[0], dataset_tokens * dataset_x[1]),
-        "checkpoint_write_GBps": tuple(x / 1e9 for x in inputs.checkpoint_write_Bps_range),
     }
-    for key, field, scale in SCHEDULE_ASSUMPTIONS:  # every other assumption the cost table's draws vary
+    for key, field, scale in SCHEDULE_ASSUMPTIONS:  # every assumption the cost table's draws vary
         base[key] = getattr(inputs, field) / scale
         ranges[key] = tuple(x / scale for x in getattr(inputs, field + "_range"))
     if inter_busbw_GBps is not None:

@@ -401,16 +401,16 @@ def _techniques(tech: pd.DataFrame | None, cost: dict[str, Any] | None) -> list[
     priced = bool((cost or {}).get("dollars"))
     detail = (cost or {}).get("detail") or {}
     p50 = (detail.get("tokens_per_s_per_gpu") or {}).get("p50")
+    base = point_usd(detail, p50) if p50 else None  # the point cost at the p50 throughput
     for r in rows:
         r["used_by_best"] = str(r.get("used_by_best")).lower() == "true"
         r["fp8"] = str(r.get("technique") or "").startswith("FP8")
         r["fp8_priced"] = r["fp8"] and r.get("delta_frac") is not None and priced
         r["fp8_saved_usd"] = None
-        if r["fp8_priced"] and p50:  # the cost model at the other throughput (start-up does not scale with it)
+        if r["fp8_priced"] and base is not None:  # the cost model at the other throughput (start-up does not scale)
             d = float(r["delta_frac"])
-            base = point_usd(detail, p50)
             other = point_usd(detail, p50 / (1 + d) if r["used_by_best"] else p50 * (1 + d))
-            if base is not None and other is not None:
+            if other is not None:
                 r["fp8_saved_usd"] = other - base if r["used_by_best"] else base - other
         for k in ("best_with", "best_without", "verdict", "note", "line", "compiled_note", "risk"):
             r[k] = "" if r.get(k) is None else str(r[k])
@@ -478,18 +478,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         ok = cand[cand["feasible"].astype(bool)]
         chosen_row = _records(ok.sort_values("rank").head(1))[0] if len(ok) else None
         rep = _records(representative_layouts(cand))
-        fallback = memory_fallback(ok, chosen_row) if chosen_row else None
-        # the preflight's rule (memo.fit_fallback) at the memory model's p90 error, or, where that still fits, at the
-        # smallest error that fails the limit: what the preflight would switch to
-        pc = (prod or {}).get("chosen") or {}
-        mem_x = memory_interval_factors(pc)
-        if chosen_row and mem_x is not None and mem_x[1] > 1.0:
-            frac = float(pc.get("max_hbm_frac", DEFAULT_MAX_MEM_FRAC))
-            hbm_gib = float(chosen_row["mem_total_gib"]) / (1.0 - float(chosen_row["headroom_frac"]))
-            fails_at = frac * hbm_gib / float(chosen_row["mem_total_gib"])  # the measured error the preflight fails
-            at_p90 = float(pc["mem_total_gib_p90"]) > frac * hbm_gib  # page 1's AT RISK
-            fb = fit_fallback(ok, chosen_row, mem_x[1] if at_p90 else fails_at * (1 + 1e-9), frac)
-            fallback = fb | {"at": "p90" if at_p90 else "threshold"} if fb else None
+        fallback = day1_fallback(ok, chosen_row, (prod or {}).get("chosen") or {}) if chosen_row else None
         tie_won = tie_winner(ok, chosen_row) if chosen_row else None
     layout_str = None
     if summary and "layout" in summary:
@@ -557,6 +546,27 @@ def memory_fallback(feasible: pd.DataFrame, chosen: dict[str, Any]) -> dict[str,
     return fallback_entry(best_row(c), chosen)  # the search's tie-aware rank (fastest, headroom, simplest)
 
 
+def _usable_hbm_gib(row: Mapping[str, Any]) -> float:
+    """Usable HBM in GiB from a candidates.csv row: the search's headroom is 1 − memory ÷ usable HBM."""
+    return float(row["mem_total_gib"]) / (1.0 - float(row["headroom_frac"]))
+
+
+def day1_fallback(feasible: pd.DataFrame, chosen_row: dict[str, Any],
+                  prod_chosen: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Page 1's day-1 switch: the preflight's rule (:func:`fit_fallback`) at the memory model's p90 error when that
+    is above the limit (``at: p90``, page 1's AT RISK), else at the smallest error that fails it (``at: threshold``);
+    without a memory interval, the fixed-margin :func:`memory_fallback`."""
+    mem_x = memory_interval_factors(prod_chosen)
+    if mem_x is None or not mem_x[1] > 1.0:
+        return memory_fallback(feasible, chosen_row)
+    frac = float(prod_chosen.get("max_hbm_frac", DEFAULT_MAX_MEM_FRAC))
+    limit = frac * _usable_hbm_gib(chosen_row)
+    at_p90 = float(prod_chosen["mem_total_gib_p90"]) > limit
+    fails_at = limit / float(chosen_row["mem_total_gib"])  # the measured error at which the preflight fails
+    fb = fit_fallback(feasible, chosen_row, mem_x[1] if at_p90 else fails_at * (1 + 1e-9), frac)
+    return fb | {"at": "p90" if at_p90 else "threshold"} if fb else None
+
+
 def fit_fallback(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: float,
                  max_hbm_frac: float) -> dict[str, Any] | None:
     """The layout to switch to when the memory model errs by ``mem_ratio`` (measured ÷ modelled peak): the fastest
@@ -566,8 +576,8 @@ def fit_fallback(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: floa
     if not len(feasible):
         return None
     mem = feasible["mem_total_gib"].astype(float)
-    hbm_gib = float(chosen["mem_total_gib"]) / (1.0 - float(chosen["headroom_frac"]))  # headroom = 1 − mem/usable
-    fits = feasible[(mem * mem_ratio <= max_hbm_frac * hbm_gib) & (feasible["layout_text"] != chosen["layout_text"])]
+    fits = feasible[(mem * mem_ratio <= max_hbm_frac * _usable_hbm_gib(chosen))
+                    & (feasible["layout_text"] != chosen["layout_text"])]
     if not len(fits):
         return None
     r = best_row(fits)
