@@ -173,7 +173,7 @@ def model_states(model: ModelSpec, training: TrainingSpec, layout: Any, cluster:
     ``on_device=False``: before CPU offload takes its part off HBM (host_offload_bytes).
 
     Sharding: ZeRO-1/2 use the ZeRO paper's split (2+2+12 B/param), ZeRO-2's sharded gradients in fp32 (FSDP2's
-    reduce dtype: 4/d); ZeRO-3/HSDP use the FSDP2 split (fp32 sharded params + fp32 grads + fp32 m, v = 16/d
+    reduce dtype: 4/d), fused kernels' no-ZeRO/ZeRO-1 Megatron's whole fp32 main grads (6+12/d); ZeRO-3/HSDP use the FSDP2 split (fp32 sharded params + fp32 grads + fp32 m, v = 16/d
     B/param; the gathered bf16 units are ``buffers``).
     CPU offload removes the optimizer (with the fp32 master) from HBM; under FSDP2 it also moves the
     sharded params and grads (``CPUOffloadPolicy``). LoRA/QLoRA: the frozen base is weights only (bf16, or
@@ -193,6 +193,11 @@ def model_states(model: ModelSpec, training: TrainingSpec, layout: Any, cluster:
         # ZeRO-2 runs as FSDP2 without reshard after forward (torchtitan, Accelerate, train_entry): its sharded
         # gradients are in the fp32 reduce dtype, 4/d B/param, not the ZeRO paper's bf16 2/d (FSDPMemTracker agrees)
         st["gradients"] = np.where(z == 2, fs["gradients"], st["gradients"])
+        if training.kernels == "fused" and training.half:
+            # Megatron (the fused class's engine) accumulates and reduces bf16 grads in an fp32 main-grad buffer
+            # that every rank holds whole, with or without its distributed optimizer: 6 + 12/d B/param for ZeRO-1,
+            # 18 without sharding (SOURCES.md); it has no ZeRO-2, and ZeRO-3/HSDP stay FSDP2's split
+            st["gradients"] = np.where(z <= 1, n * FP32, st["gradients"])
     else:
         adapters = _layers_per_stage(model, L.pp) * lora_params_per_layer(
             model, training.lora_rank, training.lora_targets, L.tp)

@@ -437,3 +437,17 @@ def test_fsdp2_keeps_the_root_unit_gathered_beside_two_block_units() -> None:
     want = 2 * vh * 2 + 2 * block * 2 + max(block, vh) * 4
     assert float(M.buffer_bytes(LLAMA13, TRAIN, lay)) == pytest.approx(want, rel=1e-12)
     assert float(M.buffer_bytes(LLAMA13, TRAIN, lay)) / 2**30 == pytest.approx(2.974, abs=0.01)
+
+
+@pytest.mark.parametrize(("sharding", "per_param"), [("zero1", 6 + 12 / 32), ("none", 18.0)])
+def test_fused_kernels_keep_megatrons_whole_fp32_main_grads(sharding: str, per_param: float) -> None:
+    """Megatron's distributed optimizer with fp32 gradient accumulation: 6 + 12/d B/param, 18 unsharded
+    (SOURCES.md); the eager/compiled classes (PyTorch DDP, ZeRO paper split) keep bf16 grads, 16 − 12 + 12/d."""
+    c = cluster()
+    fused = replace(TRAIN, kernels="fused")
+    st = M.model_states(LLAMA13, fused, Layout(dp=32, sharding=sharding), c)
+    assert sum(st.values()) == pytest.approx(per_param * LLAMA13.n_params, rel=1e-12)
+    eager = M.model_states(LLAMA13, TRAIN, Layout(dp=32, sharding=sharding), c)
+    assert st["gradients"] - eager["gradients"] == pytest.approx(2 * LLAMA13.n_params, rel=1e-12)
+    z3 = [M.model_states(LLAMA13, t, Layout(dp=32, sharding="zero3"), c) for t in (fused, TRAIN)]
+    assert z3[0] == z3[1]  # ZeRO-3 is FSDP2's split in every class
