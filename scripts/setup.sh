@@ -27,10 +27,16 @@ want="$(sha256sum pyproject.toml | cut -c1-16) $EXTRAS"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip
-  wheels=(); [ -d /opt/wheels ] && wheels=(--find-links /opt/wheels)
-  .venv/bin/pip install -q "${wheels[@]}" torch==2.13.0 \
-    || .venv/bin/pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
-  .venv/bin/python -c 'import sys, torch; sys.exit(f"CUDA torch installed: {torch.__version__}" if torch.version.cuda else 0)'
+  # the CPU wheel: from the local wheel folder where there is one, else PyTorch's CPU index (PyPI's Linux
+  # torch==2.13.0 is the CUDA build); a CUDA build left by an earlier attempt is replaced, not kept
+  if [ -d /opt/wheels ]; then src=(--find-links /opt/wheels)
+  else src=(--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple); fi
+  cuda() { .venv/bin/python -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)' 2>/dev/null; }
+  if cuda; then .venv/bin/pip uninstall -q -y torch; fi
+  .venv/bin/pip install -q "${src[@]}" torch==2.13.0
+  if cuda; then
+    echo "setup: pip installed a CUDA build of torch; install torch==2.13.0+cpu into .venv by hand" >&2; exit 1
+  fi
   .venv/bin/pip install -q -e ".[$EXTRAS]"
   echo "$want" > "$stamp"
 fi

@@ -3,5 +3,5 @@
 # Extra arguments go to snakemake, e.g.  ./scripts/study.sh --configfile config/lora.yaml
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TRAINPLAN_EXTRAS=${TRAINPLAN_EXTRAS:-workflow,launch} ./scripts/setup.sh
+./scripts/setup.sh  # the same extras as test.sh, so switching between them installs nothing
 exec .venv/bin/snakemake --cores "${CORES:-2}" "$@"

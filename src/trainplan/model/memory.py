@@ -115,11 +115,13 @@ def layer_params_per_rank(model: ModelSpec, tp: Any = 1) -> Any:
     return layer_matmul_params_per_rank(model, tp) + layer_other_params_per_rank(model, tp)
 
 
-def _layers_per_stage(model: ModelSpec, pp: Any) -> Any:
-    return np.ceil(model.layers / np.asarray(pp, dtype=float))
+def _layers_per_stage(model: ModelSpec, pp: Any, vpp: Any = 1) -> Any:
+    """Blocks on the busiest pipeline rank: ceil(L/(p·v))·v, as timing.busiest_stage_layers (uneven splits)."""
+    chunks = np.asarray(pp, dtype=float) * np.asarray(vpp, dtype=float)
+    return np.ceil(model.layers / chunks) * np.asarray(vpp, dtype=float)
 
 
-def stage_params(model: ModelSpec, tp: Any = 1, pp: Any = 1, stage: str = "first") -> dict[str, Any]:
+def stage_params(model: ModelSpec, tp: Any = 1, pp: Any = 1, stage: str = "first", vpp: Any = 1) -> dict[str, Any]:
     """Parameters per rank of a pipeline stage, split into block matmuls and the rest (embeddings, norms).
 
     Vocab-parallel embedding and LM head (V·h/tp; Shoeybi 2019 §3) sit on the first and last stage; a
@@ -128,7 +130,7 @@ def stage_params(model: ModelSpec, tp: Any = 1, pp: Any = 1, stage: str = "first
     _check("stage", stage, ("first", "last"))
     tp, pp = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
     h, V = model.hidden, model.vocab
-    n_layers = _layers_per_stage(model, pp)
+    n_layers = _layers_per_stage(model, pp, vpp)
     emb = V * h / tp
     pos = model.pos_params
     # the LM head's matrix (tied with the embedding: held once at pp=1) and its bias (vocab-parallel, GPT-J/Phi)
@@ -182,7 +184,7 @@ def model_states(model: ModelSpec, training: TrainingSpec, layout: Any, cluster:
     L = layout
     z = _zero_stage(L.sharding)
     d = shard_degree(L, cluster)
-    p = stage_params(model, L.tp, L.pp, stage)
+    p = stage_params(model, L.tp, L.pp, stage, L.vpp)
     conv_fsdp = z >= 3
     opt = training.optimizer
     if training.finetune == "full":
@@ -199,18 +201,18 @@ def model_states(model: ModelSpec, training: TrainingSpec, layout: Any, cluster:
             # 18 without sharding (SOURCES.md); it has no ZeRO-2, and ZeRO-3/HSDP stay FSDP2's split
             st["gradients"] = np.where(z <= 1, n * FP32, st["gradients"])
     else:
-        adapters = _layers_per_stage(model, L.pp) * lora_params_per_layer(
+        adapters = _layers_per_stage(model, L.pp, L.vpp) * lora_params_per_layer(
             model, training.lora_rank, training.lora_targets, L.tp)
         zs = model_state_bytes(adapters, d, z, training.precision, opt, "zero")
         fs = model_state_bytes(adapters, d, z, training.precision, opt, "fsdp2")
         st = {k: np.where(conv_fsdp, fs[k], zs[k]) for k in zs}
-        st["weights"] = st["weights"] + frozen_base_bytes(model, training, L.tp, L.pp, stage) / np.where(z >= 3, d, 1)
+        st["weights"] = st["weights"] + frozen_base_bytes(model, training, L.tp, L.pp, stage, L.vpp) / np.where(z >= 3, d, 1)
     if not on_device:
         return {k: _out(v) for k, v in st.items()}
     off = L.offload == "cpu"
     st["optimizer"] = np.where(off, 0.0, st["optimizer"])
-    if training.finetune == "full":
-        st["weights"] = np.where(off & conv_fsdp, 0.0, st["weights"])
+    # FSDP2's CPUOffloadPolicy moves every sharded parameter, a LoRA/QLoRA run's frozen base included
+    st["weights"] = np.where(off & conv_fsdp, 0.0, st["weights"])
     st["gradients"] = np.where(off & conv_fsdp, 0.0, st["gradients"])
     return {k: _out(v) for k, v in st.items()}
 
@@ -247,9 +249,9 @@ def host_ram_problem(model: ModelSpec, cluster: Any, training: TrainingSpec, lay
 
 
 def frozen_base_bytes(model: ModelSpec, training: TrainingSpec, tp: Any = 1, pp: Any = 1,
-                      stage: str = "first") -> Any:
+                      stage: str = "first", vpp: Any = 1) -> Any:
     """Frozen base of LoRA (bf16) or QLoRA (NF4 matmuls at 4.127 bit, Dettmers 2023 §2; rest bf16)."""
-    p = stage_params(model, tp, pp, stage)
+    p = stage_params(model, tp, pp, stage, vpp)
     half = 2 if training.half else FP32
     mat = NF4_BYTES_PER_PARAM if training.finetune == "qlora" else half
     return _out(p["matmul"] * mat + p["other"] * half)
@@ -513,7 +515,7 @@ def activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, stag
     m = grad_accum(training, L)
     inflight = pipeline_in_flight(L.pp, m, stage)
     factor = interleave_factor(L.pp, L.vpp, L.pp_schedule) if stage == "first" else 1.0
-    stored = np.asarray(per_layer) * _layers_per_stage(model, L.pp) * inflight * factor
+    stored = np.asarray(per_layer) * _layers_per_stage(model, L.pp, L.vpp) * inflight * factor
     # Recompute rebuilds what it dropped, one layer at a time, during that layer's backward: the whole
     # layer (full) or what the SAC policy did not keep (selective) — the working set on top of what is stored.
     one_layer = np.asarray(saved_activation_bytes_per_layer(model, training.seq_len, L.micro_batch, **kw))
@@ -561,12 +563,16 @@ def buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, dtype_by
     # and gradient sync only on the last micro-batch, so the whole stage stays gathered (compute dtype) and
     # its unsharded grads accumulate in the fp32 reduce dtype (FSDPParam.to_accumulated_grad_if_needed).
     if resolve_sp_impl(training) == "pytorch":
-        n_stage = _layers_per_stage(model, L.pp) * (mat + other)
-        trainable = n_stage if training.finetune == "full" else _layers_per_stage(model, L.pp) * (
+        n_stage = _layers_per_stage(model, L.pp, L.vpp) * (mat + other)
+        trainable = n_stage if training.finetune == "full" else _layers_per_stage(model, L.pp, L.vpp) * (
             lora_params_per_layer(model, training.lora_rank, training.lora_targets, tp))
         stage_unsharded = np.where(training.finetune == "qlora", mat * NF4_BYTES_PER_PARAM + other * d,
-                                   (mat + other) * d) * _layers_per_stage(model, L.pp) + trainable * FP32
+                                   (mat + other) * d) * _layers_per_stage(model, L.pp, L.vpp) + trainable * FP32
         fsdp = np.where((z >= 3) & (np.asarray(L.pp) > 1), np.maximum(fsdp, stage_unsharded + unit_bytes), fsdp)
+        # ZeRO-1/2 run as FSDP2 without reshard after forward (every launch path): under pipelining their gradient
+        # sync waits for the last micro-batch too, so the stage's unsharded fp32 grads accumulate beside the
+        # gathered bf16 stage that the weights term already holds (perform_reduce_grad once per step)
+        fsdp = np.where(((z == 1) | (z == 2)) & (np.asarray(L.pp) > 1), trainable * FP32, fsdp)
     grads = model_states(model, training, L)["gradients"]  # a bucket never exceeds the grads it packs
     ddp = np.where((z < 3) & (L.dp * L.cp > 1), 2 * np.minimum(DDP_BUCKET_BYTES, grads), 0.0)
     act = training.seq_len * L.micro_batch / cp * model.hidden * d

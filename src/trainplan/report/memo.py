@@ -32,7 +32,7 @@ from trainplan.published.intervals import memory_interval_factors
 from trainplan.published.tables import NEVER_FITTED
 from trainplan.report.figures import parity_table, representative_layouts, short_number
 from trainplan.report.labels import memo_labels as report_labels  # noqa: F401 (re-exported)
-from trainplan.search.layouts import TIE_FRAC, best_row, group_infeasible
+from trainplan.search.layouts import TIE_FRAC, best_row, group_infeasible, ranked
 
 # The template and stylesheet (package data; in a checkout symlinks to report/templates/, which the memo rule
 # declares as inputs and passes in): render_memo reads the paths it is given, these by default.
@@ -576,11 +576,15 @@ def fit_fallback(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: floa
     if not len(feasible):
         return None
     mem = feasible["mem_total_gib"].astype(float)
-    fits = feasible[(mem * mem_ratio <= max_hbm_frac * _usable_hbm_gib(chosen))
-                    & (feasible["layout_text"] != chosen["layout_text"])]
+    hbm = _usable_hbm_gib(chosen)
+    fits = feasible[(mem * mem_ratio <= max_hbm_frac * hbm) & (feasible["layout_text"] != chosen["layout_text"])]
     if not len(fits):
         return None
-    r = best_row(fits)
+    if {"tokens_per_s", "complexity"} <= set(fits.columns):  # rerank at the error: search(mem_scale=)'s choice
+        r = ranked(fits.assign(headroom_frac=1.0 - fits["mem_total_gib"].astype(float) * mem_ratio / hbm)).iloc[0]
+        r = fits.loc[r.name]
+    else:
+        r = best_row(fits)
     return fallback_entry(r, chosen) | {"mem_ratio": float(mem_ratio), "max_hbm_frac": float(max_hbm_frac),
                                         "mem_expected_gib": float(r["mem_total_gib"]) * float(mem_ratio)}
 

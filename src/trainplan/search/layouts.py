@@ -345,6 +345,15 @@ def tie_order(tput: np.ndarray, headroom: np.ndarray, complexity: np.ndarray, ti
     return order
 
 
+def ranked(feas: pd.DataFrame) -> pd.DataFrame:
+    """Feasible layouts (tokens_per_s, headroom_frac, complexity columns) in the search's tie-aware rank order;
+    the search ranks its candidates with it, and the memory fallback reranks what still fits at an error with it."""
+    feas = feas.sort_values(["tokens_per_s", "headroom_frac", "complexity"], ascending=[False, False, True],
+                            kind="stable")
+    return feas.iloc[tie_order(feas["tokens_per_s"].to_numpy(), feas["headroom_frac"].to_numpy(),
+                               feas["complexity"].to_numpy())]
+
+
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: Efficiency | None = None,
            options: dict[str, Any] | None = None, *, mem_scale: float = 1.0) -> pd.DataFrame:
     """Every enumerated layout with memory, time, feasibility and rank (analytic/candidates.csv).
@@ -400,10 +409,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: 
     df["layout_text"] = _describe(df)
     df["complexity"] = _complexity(df)
     df["grad_accum"] = np.maximum(1, training.global_batch // df["dp"] // df["micro_batch"])
-    feas = df[df["feasible"]].sort_values(["tokens_per_s", "headroom_frac", "complexity"],
-                                          ascending=[False, False, True], kind="stable")
-    feas = feas.iloc[tie_order(feas["tokens_per_s"].to_numpy(), feas["headroom_frac"].to_numpy(),
-                               feas["complexity"].to_numpy())]
+    feas = ranked(df[df["feasible"]])
     df["rank"] = 0
     df.loc[feas.index, "rank"] = np.arange(1, len(feas) + 1)
     df["pareto"] = False

@@ -451,3 +451,45 @@ def test_fused_kernels_keep_megatrons_whole_fp32_main_grads(sharding: str, per_p
     assert st["gradients"] - eager["gradients"] == pytest.approx(2 * LLAMA13.n_params, rel=1e-12)
     z3 = [M.model_states(LLAMA13, t, Layout(dp=32, sharding="zero3"), c) for t in (fused, TRAIN)]
     assert z3[0] == z3[1]  # ZeRO-3 is FSDP2's split in every class
+
+
+@pytest.mark.parametrize("sharding", ["zero1", "zero2"])
+def test_zero12_under_pipelining_hold_the_stages_unsharded_fp32_grads(sharding: str) -> None:
+    """PyTorch pipelining syncs FSDP2 gradients once per step (perform_reduce_grad after the last backward), so
+    ZeRO-1/2 (FSDP2 without reshard after forward) accumulate the whole stage's grads in fp32: 4 B per stage
+    parameter in the buffers; without PP, none of it."""
+    pp = Layout(dp=16, pp=2, sharding=sharding, micro_batch=1)
+    flat = Layout(dp=32, sharding=sharding, micro_batch=1)
+    stage = M.stage_params(LLAMA13, 1, 2, "first")
+    blocks = M._layers_per_stage(LLAMA13, 2) * M.layer_params_per_rank(LLAMA13, 1)
+    ddp_buckets, p2p = 2 * M.DDP_BUCKET_BYTES, 2 * TRAIN.seq_len * LLAMA13.hidden * 2
+    assert M.buffer_bytes(LLAMA13, TRAIN, pp) == pytest.approx(4 * blocks + ddp_buckets + p2p)
+    assert M.buffer_bytes(LLAMA13, TRAIN, flat) < 0.1 * GB
+    assert stage["matmul"] + stage["other"] > blocks  # the stage's weights term holds the gathered bf16 copy
+
+
+def test_uneven_interleaved_stages_size_the_busiest_rank_as_timing_does() -> None:
+    """40 layers on pp 4 × v 3: 12 chunks of 3–4 layers; the busiest rank runs ceil(40/12)·3 = 12 layers
+    (timing.busiest_stage_layers), so its weights and activations are 12 layers', not 40/4 = 10."""
+    from trainplan.model.timing import busiest_stage_layers
+    c = cluster()
+    v2, v3 = (Layout(dp=8, pp=4, pp_schedule="interleaved", vpp=v, sharding="zero1", micro_batch=1) for v in (2, 3))
+    assert busiest_stage_layers(LLAMA13.layers, 4, 3) == M._layers_per_stage(LLAMA13, 4, 3) == 12
+    w2, w3 = (M.model_states(LLAMA13, TRAIN, lay, c)["weights"] for lay in (v2, v3))
+    per_layer = 2 * M.layer_params_per_rank(LLAMA13, 1)
+    assert w3 - w2 == pytest.approx(2 * per_layer)
+    a2, a3 = (M.activation_bytes(LLAMA13, TRAIN, lay) / M.interleave_factor(4, v, "interleaved")
+              for lay, v in ((v2, 2), (v3, 3)))
+    assert a3 / a2 == pytest.approx(12 / 10, rel=1e-4)  # + a per-stage term that does not scale with layers
+
+
+@pytest.mark.parametrize("finetune", ["lora", "qlora"])
+def test_fsdp2_offload_moves_the_frozen_base_too(finetune: str) -> None:
+    """CPUOffloadPolicy offloads every sharded parameter: a LoRA/QLoRA run's frozen base leaves HBM under
+    ZeRO-3/HSDP offload (it counted on the GPU, so LoRA + offload needed more memory than a full fine-tune)."""
+    c = cluster()
+    t = replace(TRAIN, finetune=finetune)
+    on, off = (M.model_states(LLAMA13, t, Layout(dp=32, sharding="zero3", offload=o), c) for o in ("none", "cpu"))
+    assert off["weights"] == 0.0 and on["weights"] > 0
+    assert M.host_offload_bytes(LLAMA13, t, Layout(dp=32, sharding="zero3", offload="cpu"), c) == pytest.approx(
+        sum(on.values()))
