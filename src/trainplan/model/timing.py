@@ -537,6 +537,57 @@ def qlora_dequant_mb_s(model: ModelSpec, training: TrainingSpec, layout: LayoutL
     return passes * params * (NF4_BYTES_PER_PARAM + act_bytes) / (hbm_Bps * eff.membound_eff)
 
 
+# HBM passes over a LoRA target's output width per token in its epilogue: PEFT's ``result + lora_B(lora_A(x)) *
+# scaling`` runs the scale (read 1, write 1) and the add (read 2, write 1) as separate eager kernels; compiled or
+# fused, one kernel reads the two outputs and writes one [derived: peft.tuners.lora.layer.Linear.forward].
+LORA_EPILOGUE_PASSES = {"eager": 5.0, "compiled": 3.0, "fused": 0.0}
+# Backward passes (over the output width, over the input width) per token: the scale's backward (2 out, eager), B's
+# dgrad and wgrad reading the output gradient (2 out), A's dgrad writing the input gradient (1 in), its sum with the
+# base layer's input gradient (read 2, write 1 in), A's wgrad re-reading x (1 in); compiled, the scale and the sum
+# fuse into the neighbouring kernels' epilogues.
+LORA_BWD_PASSES = {"eager": (4.0, 5.0), "compiled": (2.0, 3.0), "fused": (0.0, 0.0)}
+# The fused class (Megatron/NeMo) is charged its adapters' FLOPs only: NeMo 24.07's LoRA rows already run ~17% faster
+# than the model predicts without any adapter cost (docs/timing-model.md §8), so their bytes are left uncharged
+# until a measurement says what NeMo's adapters cost.
+
+
+def lora_adapter_s(model: ModelSpec, training: TrainingSpec, tokens: Array, tp: Array, peak: float,
+                   hbm_Bps: float, eff: Efficiency, act_bytes: float) -> tuple[Array, Array]:
+    """(forward, backward) of one block's LoRA adapters on one TP rank. Forward, per target: x·A (tokens × in × r)
+    and (x·A)·B (tokens × r × out), each at its roofline — the FLOPs at the shape-aware GEMM efficiency (r the small
+    dimension) or the bytes (A re-reads the target's input, B writes its output) at the memory-bound rate, whichever
+    is slower — then the epilogue's passes over the output (LORA_EPILOGUE_PASSES). Backward: the dgrad and wgrad
+    GEMMs' FLOPs (2 × the forward's) or LORA_BWD_PASSES' bytes, whichever is slower. Tiny at r = 16 in FLOPs, not in
+    bytes. Column-parallel targets split their output over TP, row-parallel ones their input."""
+    if training.finetune == "full":
+        return 0.0, 0.0
+    r = float(training.lora_rank)
+    tp = np.asarray(tp, dtype=float)
+    kv_rank = model.kv_dim / np.minimum(tp, model.kv_heads)
+    qd = model.heads * model.head_dim
+    h, f = model.hidden, model.ffn_hidden
+    shapes = {"q": (h, qd / tp), "k": (h, kv_rank), "v": (h, kv_rank), "o": (qd / tp, h),
+              "gate": (h, f / tp), "up": (h, f / tp), "down": (f / tp, h)}
+    targets = [t for t in training.lora_targets if t != "gate" or model.mlp == "swiglu"]
+    adapters = [shapes[t] for t in targets]
+    if training.kernels == "fused":  # Megatron/NeMo fuse QKV and gate·up: one adapter each (NeMo's LoRA docs)
+        adapters = [shapes[t] for t in targets if t in ("o", "down")]
+        for group in (("q", "k", "v"), ("gate", "up")):
+            if any(t in targets for t in group):
+                adapters.append((h, sum(shapes[t][1] for t in group if t in targets)))
+    bw = hbm_Bps * eff.membound_eff
+    p_out, p_in = LORA_BWD_PASSES[training.kernels]
+    fwd = bwd = 0.0 * tp
+    for i, o in adapters:
+        fa, fb = _gemm_s(tokens, r, i, peak, eff), _gemm_s(tokens, o, r, peak, eff)
+        io = 0.0 if training.kernels == "fused" else 1.0
+        a = np.maximum(fa, io * tokens * (i + r) * act_bytes / bw)
+        b = np.maximum(fb, io * tokens * (r + o) * act_bytes / bw)
+        fwd = fwd + a + b + LORA_EPILOGUE_PASSES[training.kernels] * tokens * o * act_bytes / bw
+        bwd = bwd + np.maximum(2.0 * (fa + fb), tokens * (p_out * o + p_in * i) * act_bytes / bw)
+    return fwd, bwd
+
+
 # torch.autocast over fp32 parameters (``TrainingSpec.bf16_via='autocast'``, the proxy harness on one rank), bytes per
 # weight: the forward cast fp32 → bf16 (read 4, write 2), redone by recompute; the cast's backward turns the bf16 weight
 # gradient into fp32 (read 2, write 4); AccumulateGrad adds it into ``.grad`` from the second micro-batch of a step on
@@ -655,8 +706,9 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
         a = attn_fwd_s(model, tokens, s, tp, peak, eff, s / attn_keys_per_call(s, layout))
         a_bwd = a * ATTN_BWD_FACTOR
     k0 = KERNELS_PER_BLOCK[kernels] * eff.kernel_overhead_s
-    fwd = g + a + e + k0 + cast_f
-    bwd = g * (1.0 + wgrad) + a_bwd + MEMBOUND_BWD_FACTOR * e + KERNEL_BWD_FACTOR * k0 + cast_b
+    lora_f, lora_b = lora_adapter_s(model, training, tokens, tp, peak, hbm, eff, act)
+    fwd = g + a + e + k0 + cast_f + lora_f
+    bwd = g * (1.0 + wgrad) + a_bwd + MEMBOUND_BWD_FACTOR * e + KERNEL_BWD_FACTOR * k0 + cast_b + lora_b
     redo = np.where(rc == "full", fwd, np.where(rc == "selective", selective_redo_s(g, a, e, kernels), 0.0))
     shard = np.asarray(shard_degree(layout, cluster))
     copy = fsdp_copy_mb_s(model, training, layout, hbm, eff)

@@ -431,3 +431,34 @@ def test_compute_parts_are_inside_compute_and_only_where_their_technique_is():
     # each part is the compute it adds: FSDP's copies are all of ZeRO-3's extra compute over ZeRO-2 here
     z2, z3 = (step_time(MODEL, CLUSTER, TRAIN, Layout(dp=32, sharding=s)) for s in ("zero2", "zero3"))
     assert z3["compute_s"] - z2["compute_s"] == pytest.approx(z3["fsdp_copy_s"], rel=1e-9)
+
+
+ALL_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+@pytest.mark.parametrize("rank", [16, 1024, 5120])
+def test_lora_adapters_take_time_so_mfu_stays_under_the_gemm_ceiling(rank: int):
+    """MFU counts the adapters' 6·N_adapters FLOPs; the step must spend time on them too. Without an adapter term
+    rank 5120 on every projection read MFU 105% (throughput flat in the rank)."""
+    eff = Efficiency.for_gpu(CLUSTER.gpu)
+    t = TrainingSpec(seq_len=4096, global_batch=256, finetune="lora", lora_rank=rank, lora_targets=ALL_TARGETS)
+    r = step_time(MODEL, CLUSTER, t, Layout(dp=32, micro_batch=1), eff)
+    assert r["mfu"] < eff.gemm_eff_max
+    small = step_time(MODEL, CLUSTER, TrainingSpec(seq_len=4096, global_batch=256, finetune="lora", lora_rank=1,
+                                                   lora_targets=ALL_TARGETS), Layout(dp=32, micro_batch=1), eff)
+    assert r["step_time_s"] > small["step_time_s"] * {16: 1.0, 1024: 1.05, 5120: 1.5}[rank]
+
+
+def test_peft_lora_rereads_the_input_and_passes_over_the_output():
+    """Eager PEFT at r = 16: each target re-reads its input (x·A) and writes its output (·B), then scales and adds
+    (5 passes over the output); the backward 4 passes over the output and 5 over the input: bytes, not FLOPs."""
+    eff = Efficiency.for_gpu(CLUSTER.gpu)
+    g = CLUSTER.gpu
+    tok, h, act = 4096, MODEL.hidden, 2.0
+    t = TrainingSpec(seq_len=4096, global_batch=256, finetune="lora", lora_rank=16, lora_targets=("q",))
+    fwd, bwd = timing.lora_adapter_s(MODEL, t, tok, 1, g.peak_bf16_flops, g.hbm_bw_Bps, eff, act)
+    bw = g.hbm_bw_Bps * eff.membound_eff
+    assert fwd == pytest.approx(tok * ((h + 16) + (16 + h) + 5 * h) * act / bw, rel=1e-9)
+    assert bwd == pytest.approx(tok * (4 * h + 5 * h) * act / bw, rel=1e-9)
+    full = TrainingSpec(seq_len=4096, global_batch=256)
+    assert timing.lora_adapter_s(MODEL, full, tok, 1, g.peak_bf16_flops, g.hbm_bw_Bps, eff, act) == (0.0, 0.0)
