@@ -448,9 +448,9 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
     for fam, g in df.groupby("family", sort=False):
         gf = g[g["feasible"]]
         if len(gf) == 0:
-            oom = g["reason"].str.startswith("OOM")
+            oom = g["reason"].str.startswith(("OOM", "host RAM"))  # HBM, or the host RAM its offload needs
             if oom.any():
-                r = g[oom].sort_values("mem_total_gib").iloc[0]
+                r = g[oom].sort_values("mem_total_gib").iloc[0]  # the leanest on HBM, whichever limit it hits
                 verdict, line = "OOM", f"every layout runs out of memory; the leanest ({r['layout_text']}) {r['reason']}"
             else:  # the reason of the family's simplest layout (dp alone, micro-batch 1), not the commonest one
                 simplest = g.sort_values(["complexity", "cp", "micro_batch"], kind="stable").iloc[0]

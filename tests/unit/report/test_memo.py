@@ -63,7 +63,8 @@ def test_page_one_states_the_decision_with_numbers_from_the_results(rendered):
     want = [Layout(**summary["layout"]).describe(), summary["family"],
             f"{ch['tokens_per_s_per_gpu_p50']:,.0f}", f"{ch['tokens_per_s_per_gpu_p10']:,.0f}",
             f"{ch['tokens_per_s_per_gpu_p90']:,.0f}", f"{ch['mem_total_gib_p50']:.1f}",
-            f"{ch['mem_total_gib_p10']:.1f}", f"{ch['mem_total_gib_p90']:.1f}", f"{100 * ch['headroom_frac']:.1f}%",
+            f"{ch['mem_total_gib_p10']:.1f}", f"{ch['mem_total_gib_p90']:.1f}",
+            f"PASS:p90{ch['mem_limit_gib'] - ch['mem_total_gib_p90']:.1f}GiBunderthelimit",
             f"{100 * ch['mfu_p50']:.1f}%", f"{summary['hbm_gib']:.1f}",
             f"{cost['ask']['gpu_hours']:,.0f}GPU-hours", f"${cost['ask']['dollars']:,.0f}",
             f"{cost['ask']['window_h']:.1f}h",
@@ -135,7 +136,7 @@ def test_runner_up_is_no_tie_that_only_shards_the_states_differently(rendered):
 
     ctx = memo.build_context(memo.memo_inputs(rendered["root"]), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
     text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx | {"runner_up": r}))).split())
-    assert "DDP, HSDP tie with it: the same layout with the states sharded differently, so no fallback." in text
+    assert "DDP, HSDP tie with it: the same layout with the states sharded differently, so no throughput fallback." in text
     assert "switch to the runner-up, FSDP ( dp32·tp1·pp1·cp1 zero3 rc=none mb=1 )" in text
     tie_other = fam.assign(best_layout=fam["best_layout"].where(fam["family"] != "DDP", "dp16·tp2(sp)·pp1·cp1 none rc=none mb=1"))
     assert memo.runner_up(tie_other, ch)["family"] == "DDP"  # a tie of another structure is a real alternative

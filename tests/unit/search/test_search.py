@@ -336,3 +336,16 @@ def test_the_memory_fallback_is_what_the_search_chooses_at_that_error(ratio: flo
     fb = fit_fallback(feas, chosen, ratio, 0.9)
     scaled = search(MODEL, CLUSTER, TRAIN, eff, mem_scale=ratio)
     assert fb["layout"] == scaled[scaled["feasible"]].iloc[0]["layout_text"]
+
+
+def test_a_family_out_of_host_ram_names_its_leanest_layout_and_the_host_ram_limit():
+    """405B on one node: FSDP's offload layouts fit HBM but not the node's host RAM. The verdict names the leanest
+    layout on HBM and the limit it hits, not a heavier layout's HBM OOM."""
+    big = resolve_model("llama3.1-405b")
+    c = ClusterSpec(nodes=1, gpus_per_node=8, gpu=CLUSTER.gpu)
+    t = TrainingSpec(seq_len=4096, global_batch=16)
+    d = search(big, c, t, Efficiency.for_gpu(c.gpu), {**OPTS, "offload": ["none", "cpu"], "shardings": ["zero3"]})
+    fam = family_verdicts(d).set_index("family")
+    line = fam.loc["FSDP", "line"]
+    leanest = d[d["family"] == "FSDP"].sort_values("mem_total_gib").iloc[0]
+    assert leanest["reason"].startswith("host RAM") and f"({leanest['layout_text']}) host RAM:" in line
