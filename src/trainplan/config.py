@@ -13,6 +13,7 @@ This module imports neither torch nor snakemake.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import re
 import sys
@@ -478,3 +479,79 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any] | Iterable[str | Pa
         calibration=raw["calibration"], cost=raw["cost"], targets=raw["targets"], memo=raw["memo"],
         study=raw["study"], launch=raw["launch"], raw=raw, warnings=tuple(notes),
     )
+
+
+# ------------------------------------------------------------------------------------- reference
+REFERENCE_HEADER = """# Config reference
+
+Generated from `src/trainplan/config.schema.yaml` by `python -m trainplan.config > docs/config-reference.md`
+(a unit test fails when this file and the schema disagree). Every key of a study config, with its type or
+allowed values, its default (filled in before any rule runs; "required" where there is none) and what it means.
+Units are in the key names (GB/s, µs, h, $). Overlays (`config/lora.yaml`, …) change a few keys of
+`config/config.yaml`: `snakemake --configfile config/lora.yaml`, `trainplan plan config/config.yaml config/lora.yaml`.
+"""
+
+
+def _ref_type(node: Mapping[str, Any]) -> str:
+    """A schema node's type in a few words: enum values, type with bounds, array of items, or its alternatives."""
+    if "enum" in node:
+        return " \\| ".join(f"`{v}`" for v in node["enum"])
+    if "oneOf" in node:
+        return " or ".join(_ref_type(n) for n in node["oneOf"])
+    t = node.get("type", "any")
+    t = " or ".join(str(x) for x in t) if isinstance(t, list) else str(t)
+    if t == "array" and isinstance(node.get("items"), Mapping):
+        t = f"list of {_ref_type(node['items'])}"
+    bounds = [f"≥ {node['minimum']}" if "minimum" in node else "", f"> {node['exclusiveMinimum']}"
+              if "exclusiveMinimum" in node else "", f"≤ {node['maximum']}" if "maximum" in node else ""]
+    bounds = [b for b in bounds if b]
+    if "pattern" in node:
+        bounds.append(f"matching `{node['pattern']}`")
+    return t + (f" ({', '.join(bounds)})" if bounds else "")
+
+
+def _ref_rows(node: Mapping[str, Any], prefix: str, required: Iterable[str] = ()) -> list[tuple[str, str, str, str]]:
+    rows = []
+    need = set(required)
+    for key, sub in (node.get("properties") or {}).items():
+        name = f"{prefix}.{key}" if prefix else key
+        if "default" in sub:
+            default = "`" + json.dumps(sub["default"], ensure_ascii=False) + "`"
+        else:
+            default = "required" if key in need else "—"
+        desc = " ".join(str(sub.get("description", "")).split()).replace("|", "\\|")
+        props = sub.get("properties") or next((o.get("properties") for o in sub.get("oneOf", [])
+                                               if isinstance(o, Mapping) and o.get("properties")), None)
+        kind = "mapping, below" if props and prefix else _ref_type(sub)
+        if not prefix:
+            continue
+        rows.append((f"`{name}`", kind, default, desc))
+        if props:
+            inner = sub if sub.get("properties") else next(o for o in sub["oneOf"] if isinstance(o, Mapping)
+                                                          and o.get("properties"))
+            rows += _ref_rows(inner, name, inner.get("required", ()))
+    return rows
+
+
+def reference_markdown(schema: Mapping[str, Any] | None = None) -> str:
+    """docs/config-reference.md: one table per top-level section of the schema (key, type, default, meaning)."""
+    schema = schema or load_schema()
+    out = [REFERENCE_HEADER]
+    need = set(schema.get("required", ()))
+    for section, node in schema["properties"].items():
+        desc = " ".join(str(node.get("description", "")).split())
+        out.append(f"## `{section}`{' (required)' if section in need else ''}\n\n{desc}\n")
+        rows = _ref_rows(node, section, node.get("required", ()))
+        if not rows:
+            alts = [o for o in node.get("oneOf", []) if isinstance(o, Mapping)]
+            obj = next((o for o in alts if o.get("properties")), None)
+            rows = _ref_rows(obj, section, obj.get("required", ())) if obj else []
+        if rows:
+            out.append("| key | type | default | meaning |\n|---|---|---|---|")
+            out += [f"| {k} | {t} | {d} | {m} |" for k, t, d, m in rows]
+            out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(reference_markdown())

@@ -294,3 +294,34 @@ def test_zero_interruptions_is_a_finite_wall_clock():
     # no failures: MTBF and checkpoint interval are +inf in every sample, and so is their p10–p90 (it read NaN)
     for k in ("job_mtbf_h", "checkpoint_interval_h"):
         assert doc["detail"]["intervals"][k] == {"p10": math.inf, "p50": math.inf, "p90": math.inf}, k
+
+
+SCHEMA_KEYWORDS = {"type", "description", "default", "enum", "minimum", "maximum", "exclusiveMinimum", "minLength",
+                   "maxLength", "items", "minItems", "maxItems", "uniqueItems", "properties", "additionalProperties",
+                   "required", "oneOf", "pattern", "$schema", "title"}
+
+
+def _property_nodes(node, path=""):
+    for key, sub in (node.get("properties") or {}).items():
+        yield f"{path}.{key}".lstrip("."), sub
+        yield from _property_nodes(sub, f"{path}.{key}")
+        for alt in sub.get("oneOf", []):
+            yield from _property_nodes(alt, f"{path}.{key}")
+
+
+def test_every_schema_key_is_described_and_uses_only_schema_keywords():
+    """An unquoted YAML flow value stops at its first comma: 'description: bandwidth, GB/s.' made 'GB/s.' a key of
+    its own and cut the description (five such keys). Every property has a description for the reference."""
+    for path, node in _property_nodes(load_schema()):
+        assert set(node) <= SCHEMA_KEYWORDS, (path, set(node) - SCHEMA_KEYWORDS)
+        assert str(node.get("description", "")).strip(), f"{path}: no description"
+
+
+def test_the_config_reference_is_generated_from_the_schema():
+    """docs/config-reference.md is `python -m trainplan.config`'s output: regenerate it when the schema changes."""
+    from trainplan.config import reference_markdown
+
+    committed = (ROOT / "docs/config-reference.md").read_text(encoding="utf-8")
+    assert committed == reference_markdown(), "stale: python -m trainplan.config > docs/config-reference.md"
+    for path, _ in _property_nodes(load_schema()):
+        assert f"`{path}`" in committed
