@@ -480,6 +480,8 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         rep = _records(representative_layouts(cand))
         fallback = day1_fallback(ok, chosen_row, (prod or {}).get("chosen") or {}) if chosen_row else None
         tie_won = tie_winner(ok, chosen_row) if chosen_row else None
+    if fallback and fallback.get("at") == "p90" and cost and summary:
+        fallback = fallback | {"extra_gpu_hours": switch_extra_gpu_hours(cost, fallback, summary.get("n_gpus"))}
     layout_str = None
     if summary and "layout" in summary:
         lay = {k: v for k, v in summary["layout"].items() if k in Layout.__dataclass_fields__}
@@ -565,6 +567,16 @@ def day1_fallback(feasible: pd.DataFrame, chosen_row: dict[str, Any],
     fails_at = limit / float(chosen_row["mem_total_gib"])  # the measured error at which the preflight fails
     fb = fit_fallback(feasible, chosen_row, mem_x[1] if at_p90 else fails_at * (1 + 1e-9), frac)
     return fb | {"at": "p90" if at_p90 else "threshold"} if fb else None
+
+
+def switch_extra_gpu_hours(cost: Mapping[str, Any], fallback: Mapping[str, Any], n_gpus: Any) -> float | None:
+    """GPU-hours the day-1 switch adds to the ask: the ask's training hours (p90) run ``slower_frac`` slower, the
+    overheads unchanged; None without the figures."""
+    train = ((cost.get("train_hours") or {}).get("p90"))
+    slower = fallback.get("slower_frac")
+    if train is None or slower is None or not n_gpus or not slower < 1.0:
+        return None
+    return float(train) * float(n_gpus) * (1.0 / (1.0 - float(slower)) - 1.0)
 
 
 def fit_fallback(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: float,

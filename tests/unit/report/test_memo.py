@@ -717,9 +717,14 @@ def test_a_memory_p90_above_the_searchs_limit_is_at_risk_and_names_the_preflight
             f"the search would choose {fb['layout']} ({fb['mem_expected_gib']:.1f} GiB at p90, "
             f"{100 * fb['slower_frac']:.1f}% slower; day-1 check 1's switch): if giving up "
             f"{100 * fb['slower_frac']:.1f}% of throughput is cheaper than a day-1 re-plan, run it.") in text
+    # the ask says what it covers and what the switch would add: its training hours run slower_frac slower
+    cost = json.loads((root / "cost/cost.json").read_text())
+    extra = cost["train_hours"]["p90"] * ctx["summary"]["n_gpus"] * (1 / (1 - fb["slower_frac"]) - 1)
+    assert extra > 1 and (f"window, for the recommended layout; the memory switch ({100 * fb['slower_frac']:.1f}% "
+                          f"slower) would need about {extra:,.0f} GPU-hours more.") in text
     assert fb["mem_ratio"] == pytest.approx(1.25)
     assert fb["at"] == "p90" and preflight_fallback(root / "analytic/candidates.csv", mem_ratio=1.25) == {
-        k: v for k, v in fb.items() if k != "at"}
+        k: v for k, v in fb.items() if k not in ("at", "extra_gpu_hours")}
     assert (f"at the p90 error (×1.25), {fb['layout']} ({fb['mem_expected_gib']:.1f} GiB, {100 * fb['slower_frac']:.1f}% "
             "slower)") in text
 
