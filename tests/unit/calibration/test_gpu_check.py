@@ -221,3 +221,22 @@ def test_a_second_h200_session_reproduces_the_records():
         assert a["loss"][0] == b["loss"][0]
     env = json.loads((H200_B / "environment.json").read_text())
     assert env["git_commit"] != json.loads((H200 / "environment.json").read_text())["git_commit"]
+
+
+def test_gpu_peak_readings_replace_the_cpu_term_checks_in_the_memory_pool():
+    """The CPU proxies' saved-activation errors check one term (exact zeros), not the peak: once GPU max-reserved
+    readings are in the pool they leave it (reported apart), so the interval is made of peak-memory errors only."""
+    from trainplan.calibration.sources import CPU_MEMORY_SOURCE, _peak_memory_pool
+
+    doc = {"memory_relative_errors": [-0.2, 0.0, 0.0, 0.01, -0.05, -0.06, -0.1, -0.12],
+           "memory_error_sources": {"fitted GPU runs (max reserved memory, leave-one-out)": 1, CPU_MEMORY_SOURCE: 3,
+                                    "published memory readings": 2, "own NVIDIA H200 runs (max reserved memory)": 2}}
+    _peak_memory_pool(doc)
+    assert doc["memory_relative_errors"] == [-0.2, -0.05, -0.06, -0.1, -0.12]
+    assert CPU_MEMORY_SOURCE not in doc["memory_error_sources"]
+    assert doc["memory_term_checks"] == {CPU_MEMORY_SOURCE: {"n": 3, "max_abs_err": 0.01}}
+    # without GPU readings the CPU checks stay the pool's stand-in beside the published ones
+    alone = {"memory_relative_errors": [0.0, 0.0, -0.05], "memory_error_sources": {CPU_MEMORY_SOURCE: 2,
+                                                                                "published memory readings": 1}}
+    _peak_memory_pool(alone)
+    assert alone["memory_relative_errors"] == [0.0, 0.0, -0.05] and "memory_term_checks" not in alone
