@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -171,7 +172,15 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     if layout.sharding == "hsdp" and layout.shard_group is None:  # the default group named: hsdp/8, not hsdp/None
         layout = replace(layout, shard_group=shard_degree(layout, cluster))
     check_lora_targets(model, training, key="lora-targets")
-    check_layout(model, cluster, training, layout)
+    try:
+        check_layout(model, cluster, training, layout)
+    except ConfigError as e:  # auto builds with micro-batch 1: the batch, not a micro-batch nobody chose, is wrong
+        if not (args.auto_micro_batch and e.key == "layout.micro_batch" and "not a multiple of dp" in str(e.valid)):
+            raise
+        nearest = re.search(r"\(the nearest that (?:are|is): [^)]*\)", str(e.valid))
+        raise ConfigError("global-batch", args.global_batch,
+                          f"must be a multiple of dp = {layout.dp} (--gpus / (tp·pp·cp)) for any micro-batch"
+                          + (f" {nearest.group(0)}" if nearest else "")) from None
     for line in link_default_notes(cluster, "--intra-busbw", "--inter-busbw"):  # after the checks: an error stays
         warn(line)  # one line
     if training.fp8 and training.kernels == "eager":

@@ -577,3 +577,14 @@ def test_plan_on_24_gpus_says_once_why_pure_data_parallelism_is_out_and_what_bat
     assert re.search(r"Global batch: 256 sequences do not divide over 24 GPUs \(no layout with dp = 24\); at 264 "
                      r"\(or 240\) the best would be ZeRO-2 \(dp24·tp1·pp1·cp1 zero2 rc=none mb=1\), [\d,]+ "
                      r"tokens/s/GPU, 1\d\.\d% faster", text)
+
+
+def test_estimate_auto_micro_batch_blames_the_global_batch_not_a_micro_batch(capsys):
+    """24 GPUs, batch 256: no micro-batch can divide it; with --micro-batch auto (the default) the error names
+    --global-batch and the nearest batches that divide, not 'layout.micro_batch=1', a value nobody chose."""
+    assert main(["estimate", "--model", "llama2-13b", "--gpus", "24", "--global-batch", "256"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("trainplan: error: global-batch=256: must be a multiple of dp = 24 (--gpus / (tp·pp·cp)) for any "
+                   "micro-batch (the nearest that are: 240, 264)")
+    assert main(["estimate", "--model", "llama2-13b", "--gpus", "24", "--global-batch", "256", "--micro-batch", "2"]) == 2
+    assert "layout.micro_batch=2" in capsys.readouterr().err  # a micro-batch the user chose is named as before
