@@ -145,7 +145,7 @@ def stage_params(model: ModelSpec, tp: Any = 1, pp: Any = 1, stage: str = "first
 
 
 _LORA_SHAPES = {  # (in, out, column-parallel?) per target projection
-    "q": ("h", "h", True), "k": ("h", "kv", True), "v": ("h", "kv", True), "o": ("h", "h", False),
+    "q": ("h", "q", True), "k": ("h", "kv", True), "v": ("h", "kv", True), "o": ("q", "h", False),
     "gate": ("h", "f", True), "up": ("h", "f", True), "down": ("f", "h", False),
 }
 
@@ -157,7 +157,7 @@ def lora_params_per_layer(model: ModelSpec, rank: int, targets: tuple[str, ...],
     With a GELU MLP, ``up`` is fc1, ``down`` is fc2 and ``gate`` does not exist (skipped).
     """
     tp = np.asarray(tp, dtype=float)
-    dims = {"h": model.hidden, "kv": model.kv_dim, "f": model.ffn_hidden}
+    dims = {"h": model.hidden, "q": model.q_dim, "kv": model.kv_dim, "f": model.ffn_hidden}  # q = heads·head_dim
     n = 0.0 * tp
     for t in targets:
         if t == "gate" and model.mlp != "swiglu":

@@ -493,3 +493,14 @@ def test_fsdp2_offload_moves_the_frozen_base_too(finetune: str) -> None:
     assert off["weights"] == 0.0 and on["weights"] > 0
     assert M.host_offload_bytes(LLAMA13, t, Layout(dp=32, sharding="zero3", offload="cpu"), c) == pytest.approx(
         sum(on.values()))
+
+
+def test_lora_adapter_count_agrees_with_flops_when_q_is_not_h_wide() -> None:
+    """Gemma-style heads·head_dim ≠ hidden: q's adapter is r·(h + q_dim) and o's r·(q_dim + h), as
+    flops.adapter_params counts them (memory counted h for q_dim)."""
+    from trainplan.model.flops import adapter_params
+
+    m = replace(LLAMA13, head_dim_override=256)  # 40 heads × 256 = 10240 ≠ 5120
+    assert m.q_dim != m.hidden
+    targets = ("q", "k", "v", "o", "gate", "up", "down")
+    assert M.lora_params_per_layer(m, 16, targets) * m.layers == adapter_params(m, 16, targets)
