@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +18,7 @@ from trainplan.model.efficiency import Efficiency
 from trainplan.model.estimate import MAX_MICRO_BATCH, estimate, fastest_micro_batch, memory_fix
 from trainplan.model.flops import adapter_params
 from trainplan.model.hardware import ClusterSpec, link_default_notes, resolve_gpu
-from trainplan.model.layout import Layout, check_layout, check_lora_targets, shard_degree
+from trainplan.model.layout import Layout, batch_multiples, check_layout, check_lora_targets, shard_degree
 from trainplan.model.memory import host_ram_per_node
 from trainplan.model.timing import COMPUTE_PARTS, STEP_PARTS
 from trainplan.model.training import LORA_TARGETS, TrainingSpec
@@ -175,12 +174,11 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     try:
         check_layout(model, cluster, training, layout)
     except ConfigError as e:  # auto builds with micro-batch 1: the batch, not a micro-batch nobody chose, is wrong
-        if not (args.auto_micro_batch and e.key == "layout.micro_batch" and "not a multiple of dp" in str(e.valid)):
+        if not (args.auto_micro_batch and e.key == "layout.micro_batch" and training.global_batch % layout.dp):
             raise
-        nearest = re.search(r"\(the nearest that (?:are|is): [^)]*\)", str(e.valid))
         raise ConfigError("global-batch", args.global_batch,
-                          f"must be a multiple of dp = {layout.dp} (--gpus / (tp·pp·cp)) for any micro-batch"
-                          + (f" {nearest.group(0)}" if nearest else "")) from None
+                          f"must be a multiple of dp = {layout.dp} (--gpus / (tp·pp·cp)) for any micro-batch "
+                          f"(the nearest that are: {batch_multiples(training.global_batch, layout.dp)})") from None
     for line in link_default_notes(cluster, "--intra-busbw", "--inter-busbw"):  # after the checks: an error stays
         warn(line)  # one line
     if training.fp8 and training.kernels == "eager":

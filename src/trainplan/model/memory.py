@@ -16,6 +16,7 @@ import numpy as np
 
 from trainplan.model.arch import ModelSpec
 from trainplan.model.base import ConfigError, GiB
+from trainplan.model.flops import lora_dims
 from trainplan.model.hardware import GPUSpec
 from trainplan.model.layout import grad_accum, shard_degree
 from trainplan.model.training import TrainingSpec
@@ -144,27 +145,24 @@ def stage_params(model: ModelSpec, tp: Any = 1, pp: Any = 1, stage: str = "first
             "other": n_layers * layer_other_params_per_rank(model, tp) + ends}
 
 
-_LORA_SHAPES = {  # (in, out, column-parallel?) per target projection
-    "q": ("h", "q", True), "k": ("h", "kv", True), "v": ("h", "kv", True), "o": ("q", "h", False),
-    "gate": ("h", "f", True), "up": ("h", "f", True), "down": ("f", "h", False),
-}
-
-
 def lora_params_per_layer(model: ModelSpec, rank: int, targets: tuple[str, ...], tp: Any = 1) -> Any:
-    """LoRA adapter parameters of one block on one TP rank: r·(in + out) per target (Hu 2021 §4.1).
+    """LoRA adapter parameters of one block on one TP rank: r·(in + out) per target (Hu 2021 §4.1), the (in, out)
+    of ``flops.lora_dims``.
 
-    Column-parallel targets shard B (r×out), row-parallel ones shard A (in×r), as PEFT-on-Megatron does.
+    Column-parallel targets shard B (r×out), row-parallel ones (o, down) shard A (in×r), as PEFT-on-Megatron does.
     With a GELU MLP, ``up`` is fc1, ``down`` is fc2 and ``gate`` does not exist (skipped).
     """
     tp = np.asarray(tp, dtype=float)
-    dims = {"h": model.hidden, "q": model.q_dim, "kv": model.kv_dim, "f": model.ffn_hidden}  # q = heads·head_dim
+    dims = lora_dims(model)
     n = 0.0 * tp
     for t in targets:
         if t == "gate" and model.mlp != "swiglu":
             continue
-        i, o, col = _LORA_SHAPES[t]
-        out_shards = _kv_shards(model, tp) if o == "kv" else tp
-        n = n + (rank * dims[i] + rank * dims[o] / out_shards if col else rank * dims[i] / tp + rank * dims[o])
+        i, o = dims[t]
+        if t in ("o", "down"):
+            n = n + rank * i / tp + rank * o
+        else:
+            n = n + rank * i + rank * o / (_kv_shards(model, tp) if t in ("k", "v") else tp)
     return n
 
 

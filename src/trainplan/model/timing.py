@@ -563,11 +563,11 @@ def lora_adapter_s(model: ModelSpec, training: TrainingSpec, tokens: Array, tp: 
         return 0.0, 0.0
     r = float(training.lora_rank)
     tp = np.asarray(tp, dtype=float)
-    kv_rank = model.kv_dim / np.minimum(tp, model.kv_heads)
-    qd = model.heads * model.head_dim
-    h, f = model.hidden, model.ffn_hidden
-    shapes = {"q": (h, qd / tp), "k": (h, kv_rank), "v": (h, kv_rank), "o": (qd / tp, h),
-              "gate": (h, f / tp), "up": (h, f / tp), "down": (f / tp, h)}
+    out_split = {"q": tp, "k": np.minimum(tp, model.kv_heads), "v": np.minimum(tp, model.kv_heads), "gate": tp,
+                 "up": tp}  # column-parallel targets split their output; o and down (row-parallel) their input
+    shapes = {t: (i if t in out_split else i / tp, o / out_split[t] if t in out_split else o)
+              for t, (i, o) in flops.lora_dims(model).items()}
+    h = model.hidden
     targets = [t for t in training.lora_targets if t != "gate" or model.mlp == "swiglu"]
     adapters = [shapes[t] for t in targets]
     if training.kernels == "fused":  # Megatron/NeMo fuse QKV and gate·up: one adapter each (NeMo's LoRA docs)
@@ -577,10 +577,10 @@ def lora_adapter_s(model: ModelSpec, training: TrainingSpec, tokens: Array, tp: 
                 adapters.append((h, sum(shapes[t][1] for t in group if t in targets)))
     bw = hbm_Bps * eff.membound_eff
     p_out, p_in = LORA_BWD_PASSES[training.kernels]
+    io = 0.0 if training.kernels == "fused" else 1.0  # the fused class: FLOPs only (LORA_BWD_PASSES' note)
     fwd = bwd = 0.0 * tp
     for i, o in adapters:
         fa, fb = _gemm_s(tokens, r, i, peak, eff), _gemm_s(tokens, o, r, peak, eff)
-        io = 0.0 if training.kernels == "fused" else 1.0
         a = np.maximum(fa, io * tokens * (i + r) * act_bytes / bw)
         b = np.maximum(fb, io * tokens * (r + o) * act_bytes / bw)
         fwd = fwd + a + b + LORA_EPILOGUE_PASSES[training.kernels] * tokens * o * act_bytes / bw
