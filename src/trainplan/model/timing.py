@@ -26,7 +26,7 @@ from trainplan.model.arch import ModelSpec
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.hardware import ClusterSpec
 from trainplan.model.layout import Layout, LayoutTable, check_precision, grad_accum, shard_degree
-from trainplan.model.memory import FP32, NF4_BYTES_PER_PARAM, layer_matmul_params_per_rank
+from trainplan.model.memory import FP32, NF4_BYTES_PER_PARAM, layer_matmul_params_per_rank, model_states
 from trainplan.model.training import TrainingSpec
 
 __all__ = ["step_time", "gemm_eff", "attn_eff_at", "TIMING_KEYS", "COMPUTE_PARTS"]
@@ -440,9 +440,12 @@ def cp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, tokens: Array, layout: 
 
 
 def fsdp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayoutLike,
-                   shard: Array, compute_mb: Array, eff: Efficiency, side_s: Array = 0.0) -> Array:
+                   shard: Array, compute_mb: Array, eff: Efficiency, side_s: Array = 0.0,
+                   pcie_s: tuple[Array, Array] = (0.0, 0.0)) -> Array:
     """ZeRO-3/FSDP per micro-batch: all-gather fwd + bwd, reduce-scatter grads (Rajbhandari 2019 §5: 3Ψ);
-    prefetch hides fsdp_overlap of it behind compute; the first unit's all-gather is exposed."""
+    prefetch hides fsdp_overlap of it behind compute; the first unit's all-gather is exposed. ``pcie_s``: CPU
+    offload's (H2D, D2H) copies (``fsdp_offload_pcie_mb_s``), on copy engines beside NCCL, each hidden the same way;
+    the first unit's H2D precedes its all-gather."""
     tp, pp = np.asarray(layout.tp), np.asarray(layout.pp)
     unit = model.n_params_per_layer / tp
     units = model.n_params / (tp * pp) / unit
@@ -458,7 +461,9 @@ def fsdp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     rbw, rlat = comm.group_link(cluster, replicas, tp * shard)
     ar = comm.all_reduce_s(unit * GRAD_REDUCE_BYTES * _trainable_frac(model, training) / shard, replicas, rbw, rlat, eff)
     total = units * (2.0 * ag + rs + ar) + side_s  # side_s: work on the comm streams (FSDP2 RS copy-in)
-    exposed = ag + np.maximum(0.0, total - eff.fsdp_overlap * compute_mb)
+    h2d, d2h = pcie_s
+    total = np.maximum(total, np.maximum(h2d, d2h))
+    exposed = ag + np.asarray(h2d) / (2.0 * units) + np.maximum(0.0, total - eff.fsdp_overlap * compute_mb)
     return np.where(np.isin(layout.sharding, ("zero3", "hsdp")), exposed, 0.0)
 
 
@@ -646,10 +651,29 @@ def optimizer_s(local_params: Array, hbm_Bps: float, eff: Efficiency, impl: str 
     return local_params * (ADAMW_STEP_BYTES / (hbm_Bps * stream_frac(OPTIMIZER_STREAM[impl])) + copy / rest)
 
 
-def offload_s(local_params: Array, cluster: ClusterSpec, eff: Efficiency) -> Array:
-    """CPU optimizer: fp32 grads D2H + bf16 params H2D over PCIe, plus CPU Adam (Ren 2021, ZeRO-Offload §4)."""
-    pcie = local_params * (GRAD_REDUCE_BYTES + 2.0) / cluster.host_to_device_Bps
+def offload_s(local_params: Array, cluster: ClusterSpec, eff: Efficiency, fsdp: Array = False,
+              sync_d2h_s: Array = 0.0) -> Array:
+    """CPU optimizer once per step. ZeRO-Offload (ZeRO-1/2, optimizer-only): fp32 grads D2H + bf16 params H2D over
+    PCIe, plus CPU Adam (Ren 2021, ZeRO-Offload §4). FSDP2's ``CPUOffloadPolicy`` (ZeRO-3/HSDP, ``fsdp``) moves its
+    traffic per micro-batch instead (``fsdp_offload_pcie_mb_s``): here CPU Adam plus ``sync_d2h_s``, the gradient
+    copies the accumulating micro-batches make synchronously."""
+    pcie = np.where(fsdp, sync_d2h_s, local_params * (GRAD_REDUCE_BYTES + 2.0) / cluster.host_to_device_Bps)
     return pcie + local_params / eff.cpu_optimizer_params_per_s
+
+
+def fsdp_offload_pcie_mb_s(model: ModelSpec, training: TrainingSpec, layout: LayoutLike,
+                           cluster: ClusterSpec) -> tuple[Array, Array]:
+    """(H2D, D2H) seconds per micro-batch of FSDP2's ``CPUOffloadPolicy`` (ZeRO-3/HSDP with ``offload=cpu``; 0
+    elsewhere), the last pipeline stage's rank. Every all-gather first copies the rank's sharded parameters to the
+    GPU in their stored dtype (fp32 master; a LoRA/QLoRA frozen base as bf16/NF4), forward and backward: twice per
+    micro-batch (torch ``FSDPParam.all_gather_inputs``, on the all-gather copy-in stream). Each micro-batch's
+    reduce-scattered fp32 gradient shard is copied to the host (``foreach_reduce``). The bytes are the states
+    ``memory.model_states`` keeps on the host; PCIe is full duplex, each direction at ``host_to_device_Bps``."""
+    host = model_states(model, training, layout, cluster, "last", on_device=False)
+    on = (np.asarray(layout.offload) == "cpu") & np.isin(layout.sharding, ("zero3", "hsdp"))
+    bw = cluster.host_to_device_Bps
+    return (np.where(on, 2.0 * np.asarray(host["weights"], dtype=float) / bw, 0.0),
+            np.where(on, np.asarray(host["gradients"], dtype=float) / bw, 0.0))
 
 
 def _trainable_frac_full(training: TrainingSpec) -> float:
@@ -721,7 +745,8 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     tp_mb = tp_comm_mb_s(model, cluster, tokens, layout, layers, eff, act, g)
     cp_mb = cp_comm_mb_s(model, cluster, tokens, layout, layers, a + a_bwd, eff, act, kernels)
     rs_copy = fsdp_copy_mb_s(model, training, layout, hbm, eff, stream=1)
-    fsdp_mb = fsdp_comm_mb_s(model, cluster, training, layout, shard, compute_mb, eff, rs_copy)
+    pcie = fsdp_offload_pcie_mb_s(model, training, layout, cluster)
+    fsdp_mb = fsdp_comm_mb_s(model, cluster, training, layout, shard, compute_mb, eff, rs_copy, pcie)
     p2p_mb = pp_p2p_mb_s(model, cluster, tokens, layout, eff, act)
     dp = dp_comm_step_s(model, cluster, training, layout, layers * bwd, eff, m, layers * fwd)
 
@@ -732,7 +757,12 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     cpu = np.asarray(layout.offload) == "cpu"
     opt = np.where(cpu, 0.0, optimizer_s(local, hbm, eff, training.optimizer_impl,
                                          measured=gpu.generation == "h100" and training.optimizer == "adamw"))
-    off = np.where(cpu, offload_s(local, cluster, eff), 0.0)
+    # FSDP2 offload: micro-batches after the first accumulate into a host gradient, so their D2H copies block
+    # (torch foreach_reduce: non_blocking only without a gradient to add to; the CPU add itself is not charged).
+    # Under pipelining FSDP2 reduces once per step (schedules' perform_reduce_grad): nothing to accumulate.
+    fsdp2 = np.isin(layout.sharding, ("zero3", "hsdp"))
+    sync_d2h = np.where(pp > 1, 0.0, (m - 1) * pcie[1])
+    off = np.where(cpu, offload_s(local, cluster, eff, fsdp2, sync_d2h), 0.0)
 
     compute = m * compute_mb + accum_step + fp8_weight_step
     exposed = m * (tp_mb + cp_mb + fsdp_mb + p2p_mb) + dp

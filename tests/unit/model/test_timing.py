@@ -462,3 +462,29 @@ def test_peft_lora_rereads_the_input_and_passes_over_the_output():
     assert bwd == pytest.approx(tok * (4 * h + 5 * h) * act / bw, rel=1e-9)
     full = TrainingSpec(seq_len=4096, global_batch=256)
     assert timing.lora_adapter_s(MODEL, full, tok, 1, g.peak_bf16_flops, g.hbm_bw_Bps, eff, act) == (0.0, 0.0)
+
+
+def test_fsdp2_cpu_offload_moves_the_shard_over_pcie_every_micro_batch():
+    """FSDP2's CPUOffloadPolicy copies each rank's fp32 parameter shard H2D before both all-gathers of a micro-batch
+    and its fp32 gradient shard D2H after each reduce-scatter; ZeRO-Offload (ZeRO-1/2) moves them once per step."""
+    bw = CLUSTER.host_to_device_Bps
+    shard = MODEL.n_params / 32
+    z3 = Layout(dp=32, sharding="zero3", offload="cpu")
+    h2d, d2h = timing.fsdp_offload_pcie_mb_s(MODEL, TRAIN, z3, CLUSTER)
+    assert h2d == pytest.approx(2 * shard * 4 / bw, rel=0.01) and d2h == pytest.approx(shard * 4 / bw, rel=0.01)
+    # a LoRA run's frozen base moves too (bf16, no gradients) though only its adapters train
+    lora = TrainingSpec(seq_len=4096, global_batch=256, finetune="lora")
+    h2d_l, d2h_l = timing.fsdp_offload_pcie_mb_s(MODEL, lora, z3, CLUSTER)
+    assert h2d_l == pytest.approx(2 * shard * 2 / bw, rel=0.02) and d2h_l < d2h / 100
+    for lay in (Layout(dp=32, sharding="zero3"), Layout(dp=32, sharding="zero2", offload="cpu")):
+        assert timing.fsdp_offload_pcie_mb_s(MODEL, TRAIN, lay, CLUSTER) == (0.0, 0.0)
+    # micro-batches after the first add into a host gradient: their D2H copies block (pipelining reduces once)
+    step = {mb: step_time(MODEL, CLUSTER, TRAIN, Layout(dp=32, sharding="zero3", offload="cpu", micro_batch=mb))
+            for mb in (1, 8)}  # 8 and 1 micro-batches per step
+    cpu_adam = shard / Efficiency().cpu_optimizer_params_per_s
+    assert step[8]["offload_s"] == pytest.approx(cpu_adam, rel=1e-6)
+    assert step[1]["offload_s"] == pytest.approx(cpu_adam + 7 * d2h, rel=1e-6)
+    pp = step_time(MODEL, CLUSTER, TRAIN, Layout(dp=16, pp=2, sharding="zero3", offload="cpu"))
+    assert pp["offload_s"] == pytest.approx(cpu_adam, rel=1e-6)  # dp16·pp2: the same 13B/32 shard per rank
+    zero2 = step_time(MODEL, CLUSTER, TRAIN, Layout(dp=32, sharding="zero2", offload="cpu"))
+    assert zero2["offload_s"] == pytest.approx(shard * 6 / bw + cpu_adam, rel=1e-6)
