@@ -261,7 +261,7 @@ def stage_calibrate(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any],
         if own:
             doc["memory_relative_errors"] = doc["memory_relative_errors"] + own
             names = check["environment"].get("device_names") or check["devices"]
-            doc["memory_error_sources"][f"own {', '.join(names)} runs (max reserved memory)"] = len(own)
+            doc["memory_error_sources"][f"own {', '.join(names)} runs {GPU_PEAK_READING}"] = len(own)
     _peak_memory_pool(doc)
     doc["efficiency_sources"] = _efficiency_sources(eff, eff0, source, doc.get("source_detail"), gpu, baseline,
                                                     fit_params)
@@ -269,6 +269,8 @@ def stage_calibrate(records: pd.DataFrame, eff0: Any, cfg: dict[str, Any],
 
 
 CPU_MEMORY_SOURCE = "CPU proxy runs (saved activation bytes)"
+# What a GPU source of peak-memory errors reads; every such source's name in ``memory_error_sources`` ends in it.
+GPU_PEAK_READING = "(max reserved memory)"
 
 
 def _peak_memory_pool(doc: dict[str, Any]) -> None:
@@ -278,7 +280,7 @@ def _peak_memory_pool(doc: dict[str, Any]) -> None:
     readings they remain the pool's stand-in beside the published ones."""
     src = doc["memory_error_sources"]
     n_cpu = int(src.get(CPU_MEMORY_SOURCE, 0))
-    if not n_cpu or not any("max reserved" in k for k in src):
+    if not n_cpu or not any(k.endswith(GPU_PEAK_READING) for k in src):
         return
     start = 0
     for k, n in src.items():  # the list holds each source's errors in the dict's order
@@ -332,7 +334,7 @@ def _apply_gpu(doc: dict[str, Any], heldout: pd.DataFrame, gpu: dict[str, Any], 
             doc["fits"][p] = {"value": float(doc["efficiency"][p]), "r2": mem["fit"]["r2"],
                               "loo_mape": mem["fit"]["loo_mape"], "n": mem["fit"]["n"], "fitted_on": gpu["label"]}
         doc["memory_relative_errors"] = mem["reserved_rel_errors"] + doc["memory_relative_errors"]
-        doc["memory_error_sources"] = {"fitted GPU runs (max reserved memory, leave-one-out)":
+        doc["memory_error_sources"] = {f"fitted GPU runs, leave-one-out {GPU_PEAK_READING}":
                                        len(mem["reserved_rel_errors"]), **doc["memory_error_sources"]}
     doc["source_detail"] = gpu["label"]
     doc["loo_relative_errors"] = gpu["throughput_rel_errors"]

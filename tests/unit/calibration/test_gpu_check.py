@@ -226,11 +226,11 @@ def test_a_second_h200_session_reproduces_the_records():
 def test_gpu_peak_readings_replace_the_cpu_term_checks_in_the_memory_pool():
     """The CPU proxies' saved-activation errors check one term (exact zeros), not the peak: once GPU max-reserved
     readings are in the pool they leave it (reported apart), so the interval is made of peak-memory errors only."""
-    from trainplan.calibration.sources import CPU_MEMORY_SOURCE, _peak_memory_pool
+    from trainplan.calibration.sources import CPU_MEMORY_SOURCE, GPU_PEAK_READING, _peak_memory_pool
 
     doc = {"memory_relative_errors": [-0.2, 0.0, 0.0, 0.01, -0.05, -0.06, -0.1, -0.12],
-           "memory_error_sources": {"fitted GPU runs (max reserved memory, leave-one-out)": 1, CPU_MEMORY_SOURCE: 3,
-                                    "published memory readings": 2, "own NVIDIA H200 runs (max reserved memory)": 2}}
+           "memory_error_sources": {f"fitted GPU runs, leave-one-out {GPU_PEAK_READING}": 1, CPU_MEMORY_SOURCE: 3,
+                                    "published memory readings": 2, f"own NVIDIA H200 runs {GPU_PEAK_READING}": 2}}
     _peak_memory_pool(doc)
     assert doc["memory_relative_errors"] == [-0.2, -0.05, -0.06, -0.1, -0.12]
     assert CPU_MEMORY_SOURCE not in doc["memory_error_sources"]
