@@ -405,11 +405,18 @@ def _techniques(tech: pd.DataFrame | None, cost: dict[str, Any] | None) -> list[
     for r in rows:
         r["used_by_best"] = str(r.get("used_by_best")).lower() == "true"
         r["fp8"] = str(r.get("technique") or "").startswith("FP8")
+    # the FP8 recipe the plan runs, if any: another recipe's bf16 comparison is then not a comparison with the plan
+    plan_fp8 = next((r for r in rows if r["fp8"] and r["used_by_best"]), None)
+    for r in rows:
         r["fp8_priced"] = r["fp8"] and r.get("delta_frac") is not None and priced
-        r["fp8_saved_usd"] = None
+        r["fp8_saved_usd"] = r["fp8_vs_plan"] = None
         if r["fp8_priced"] and base is not None:  # the cost model at the other throughput (start-up does not scale)
             d = float(r["delta_frac"])
-            other = point_usd(detail, p50 / (1 + d) if r["used_by_best"] else p50 * (1 + d))
+            ratio = 1 + d  # this recipe against bf16 on the same layout: the plan, when the plan runs bf16
+            if plan_fp8 is not None and not r["used_by_best"]:
+                ratio = float(r["tokens_per_s_per_gpu_with"]) / float(plan_fp8["tokens_per_s_per_gpu_with"])
+                r["fp8_vs_plan"] = ratio - 1
+            other = point_usd(detail, p50 / ratio if r["used_by_best"] else p50 * ratio)
             if other is not None:
                 r["fp8_saved_usd"] = other - base if r["used_by_best"] else base - other
         for k in ("best_with", "best_without", "verdict", "note", "line", "compiled_note", "risk"):
@@ -515,6 +522,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         # the nccl-tests day-1 check and its threshold (launch.artifacts.all_gpus_busbw), as the manifest states it
         "nccl_check": next((d for d in (manifest or {}).get("day1") or [] if "min_busbw_GBps" in d), None),
         "training_attn_kernel": (config.get("training") or {}).get("attn_kernel", "fa2") if config else None,
+        "training_seq_len": (config.get("training") or {}).get("seq_len") if config else None,
         "cudnn_attention_rel": attention_kernel_rel("cudnn"),
         "proxy_family_labels": PROXY_FAMILY_LABELS,
         "assumptions": _assumptions(config) if config else [],
@@ -556,17 +564,19 @@ def _usable_hbm_gib(row: Mapping[str, Any]) -> float:
 def day1_fallback(feasible: pd.DataFrame, chosen_row: dict[str, Any],
                   prod_chosen: Mapping[str, Any]) -> dict[str, Any] | None:
     """Page 1's day-1 switch: the preflight's rule (:func:`fit_fallback`) at the memory model's p90 error when that
-    is above the limit (``at: p90``, page 1's AT RISK), else at the smallest error that fails it (``at: threshold``);
-    without a memory interval, the fixed-margin :func:`memory_fallback`."""
+    is above the limit (``at: p90``, page 1's AT RISK), else at the error where the chosen layout would run out of
+    usable HBM (``at: oom``): a switch that holds over the whole band of errors that fail the preflight, not one
+    that fits only just past its threshold (LoRA's ZeRO-2, 0.1 GiB under its ZeRO-1, fitted a 0.2% band); without a
+    memory interval, the fixed-margin :func:`memory_fallback`."""
     mem_x = memory_interval_factors(prod_chosen)
     if mem_x is None or not mem_x[1] > 1.0:
         return memory_fallback(feasible, chosen_row)
     frac = float(prod_chosen.get("max_hbm_frac", DEFAULT_MAX_MEM_FRAC))
-    limit = frac * _usable_hbm_gib(chosen_row)
-    at_p90 = float(prod_chosen["mem_total_gib_p90"]) > limit
-    fails_at = limit / float(chosen_row["mem_total_gib"])  # the measured error at which the preflight fails
-    fb = fit_fallback(feasible, chosen_row, mem_x[1] if at_p90 else fails_at * (1 + 1e-9), frac)
-    return fb | {"at": "p90" if at_p90 else "threshold"} if fb else None
+    hbm = _usable_hbm_gib(chosen_row)
+    at_p90 = float(prod_chosen["mem_total_gib_p90"]) > frac * hbm
+    oom_at = hbm / float(chosen_row["mem_total_gib"])  # the error at which the chosen layout exhausts usable HBM
+    fb = fit_fallback(feasible, chosen_row, mem_x[1] if at_p90 else oom_at, frac)
+    return fb | {"at": "p90" if at_p90 else "oom"} if fb else None
 
 
 def switch_extra_gpu_hours(cost: Mapping[str, Any], fallback: Mapping[str, Any], n_gpus: Any) -> float | None:

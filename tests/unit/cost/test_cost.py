@@ -163,3 +163,31 @@ def test_point_usd_is_the_point_cost_at_another_throughput_and_fp8_is_priced_wit
     assert row["fp8_saved_usd"] == pytest.approx(res["point"]["usd"] - faster)
     used = _techniques(tech.assign(used_by_best=True), doc)[0]
     assert used["fp8_saved_usd"] == pytest.approx(C.point_usd(res, 4000.0) - res["point"]["usd"])
+
+
+def test_an_fp8_recipe_the_plan_does_not_run_is_priced_against_the_plan_not_bf16():
+    """With one FP8 recipe opted in, the other recipe's change is measured against bf16 on the same layout, but the
+    p50 throughput is the opted-in recipe's: its cost is the plan's at that recipe's own throughput (the fp8 study's
+    rowwise row was priced at the p50 × its bf16 ratio, $273 instead of $669 over the plan)."""
+    import pandas as pd
+
+    from trainplan.report.memo import _techniques
+
+    inputs = C.CostInputs()
+    res = C.cost_and_risk((6800.0, 7465.0, 8500.0), n_gpus=32, n_params=N13B, total_tokens=1e10, d2h_Bps=50e9,
+                          inputs=inputs)
+    doc = C.memo_cost(res, inputs)
+    tech = pd.DataFrame([
+        {"technique": "FP8 matmuls (tensorwise, torchao Float8)", "used_by_best": True, "delta_frac": 7465 / 5832 - 1,
+         "tokens_per_s_per_gpu_with": 7465.0, "tokens_per_s_per_gpu_without": 5832.0, "verdict": "buys +28.0%"},
+        {"technique": "FP8 matmuls (rowwise, torchao Float8)", "used_by_best": False, "delta_frac": 4703 / 5832 - 1,
+         "tokens_per_s_per_gpu_with": 4703.0, "tokens_per_s_per_gpu_without": 5832.0, "verdict": "costs 19.3%"}])
+    used, other = _techniques(tech, doc)
+    assert used["fp8_vs_plan"] is None
+    assert used["fp8_saved_usd"] == pytest.approx(C.point_usd(res, 5832.0) - res["point"]["usd"])
+    assert other["fp8_vs_plan"] == pytest.approx(4703 / 7465 - 1)
+    assert other["fp8_saved_usd"] == pytest.approx(res["point"]["usd"] - C.point_usd(res, 4703.0))
+    # without an opted-in recipe both are against bf16, which is then the plan
+    (row,) = _techniques(tech.iloc[[1]].assign(used_by_best=False), doc)
+    assert row["fp8_vs_plan"] is None
+    assert row["fp8_saved_usd"] == pytest.approx(res["point"]["usd"] - C.point_usd(res, 7465.0 * 4703 / 5832))

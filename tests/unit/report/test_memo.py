@@ -380,17 +380,18 @@ def test_memory_fallback_is_the_fastest_layout_with_clearly_more_headroom():
 
 
 def test_day1_memory_check_names_the_fallback(rendered):
-    """The fixture's memory p90 fits the limit: the day-1 switch is named at the smallest measured error that fails
-    it (the limit over the modelled peak), by the preflight's own rule."""
+    """The fixture's memory p90 fits the limit: the day-1 switch is named, by the preflight's own rule, at the error
+    where the chosen layout would exhaust usable HBM (usable over the modelled peak), so that it holds over every
+    error that fails the preflight, not just past its threshold."""
     import pandas as pd
 
     cand = pd.read_csv(rendered["root"] / "analytic" / "candidates.csv")
     ok = cand[cand["feasible"].astype(bool)]
     chosen = ok.sort_values("rank").iloc[0].to_dict()
-    fails_at = 0.9 * chosen["mem_total_gib"] / (1 - chosen["headroom_frac"]) / chosen["mem_total_gib"]
-    fb = memo.fit_fallback(ok, chosen, fails_at * (1 + 1e-9), 0.9)
-    assert fb is not None and fb["mem_total_gib"] < chosen["mem_total_gib"]
-    assert _squash(f"at the smallest error that fails the limit, ×{fails_at:.2f}, {fb['layout']}") in _squash(
+    oom_at = 1 / (1 - chosen["headroom_frac"])  # usable HBM / modelled peak
+    fb = memo.fit_fallback(ok, chosen, oom_at, 0.9)
+    assert fb is not None and fb["mem_expected_gib"] <= 0.9 * chosen["mem_total_gib"] * oom_at
+    assert _squash(f"at the error where this layout would run out of usable HBM, ×{oom_at:.2f}, {fb['layout']}") in _squash(
         rendered["text"])
 
 
@@ -918,3 +919,24 @@ def test_no_memory_trade_is_offered_when_the_chosen_p90_fits(rendered):
     chosen = _load("prediction/production.json")["chosen"]
     assert chosen["mem_total_gib_p90"] < _load("analytic/summary.json")["hbm_gib"]
     assert _squash("The chosen layout's memory p90 is above") not in _squash(rendered["text"])
+
+
+def test_risk_table_measures_memory_against_page_ones_limit_and_names_seq8k_only_below_8k(rendered):
+    """The OOM risk row states the p90 against the search's limit page 1 holds (it printed the headroom to all of
+    usable HBM: 0.7% where page 1 said 7.4 GiB over), and suggests the 8k-token study only to a shorter study."""
+    import html as html_mod
+
+    ch = _load("prediction/production.json")["chosen"]
+    gap = ch["mem_limit_gib"] - ch["mem_total_gib_p90"]
+    want = (f"p90 memory {ch['mem_total_gib_p90']:.1f} GiB, {abs(gap):.1f} GiB {'under' if gap >= 0 else 'over'} the "
+            f"limit (90% of usable HBM, {ch['mem_limit_gib']:.1f} GiB)")
+    assert _squash(want) in _squash(rendered["text"])
+    ctx = memo.build_context(memo.memo_inputs(rendered["root"]), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    risks = {}
+    for seq in (4096, 8192):
+        html = memo.render_html(dict(ctx, training_seq_len=seq))
+        risks[seq] = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", html)).split())
+    assert "config/seq8k.yaml , is one such study" in risks[4096] and "seq8k.yaml" not in risks[8192]
+    over = dict(ctx, chosen=dict(ctx["chosen"], mem_total_gib_p90=ch["mem_limit_gib"] + 2.5))
+    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(over))).split())
+    assert "GiB, 2.5 GiB over the limit (90% of usable HBM" in text
