@@ -7,6 +7,7 @@ from trainplan.config import config_slice, load_config, read_yaml, schema_path
 from trainplan.provenance import code_version, study_hash
 from trainplan.proxy.slurm_resources import proxy_job_resources
 from trainplan.model.base import ConfigError
+from trainplan.search.layouts import pinned_options, require_feasible, search
 
 try:
     for _configfile in workflow.configfiles:
@@ -16,6 +17,18 @@ try:
     STUDY = load_config(
         config
     )  # defaults filled, YAML 1.2 numbers (1e10) read, specs resolved, pinned layout checked
+    # a study no layout fits (every one OOM, an empty search space, a pinned layout too big) is refused here, not by
+    # the cost stage after the proxies ran: the search takes about a second
+    require_feasible(
+        search(
+            STUDY.model,
+            STUDY.cluster,
+            STUDY.training,
+            STUDY.efficiency,
+            pinned_options(STUDY.search, STUDY.layout),
+        ),
+        STUDY.layout,
+    )
 except ConfigError as e:
     raise WorkflowError(f"Bad config: {e}") from None
 # the schema is package data (src/trainplan/config.schema.yaml; in the wheel), the one load_config uses; checked on

@@ -27,7 +27,13 @@ import yaml
 
 from trainplan import pkgdata
 from trainplan.io import InputFileError, check_depth, read_text_checked
-from trainplan.model.arch import ModelSpec, resolve_model
+from trainplan.model.arch import (
+    CPU_PROXY_HEAD_DIM,
+    ModelSpec,
+    cpu_proxy_heads,
+    hf_unsupported_reason,
+    resolve_model,
+)
 from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.hardware import ClusterSpec, link_default_notes, resolve_gpu
@@ -261,6 +267,9 @@ def validate_raw(raw: dict) -> dict:
     schema = load_schema()
     _check_size(raw)
     raw = _yaml12_numbers(copy.deepcopy(raw), schema)  # before the finiteness check: "1e999" reads as inf
+    eff = raw.get("efficiency")
+    if isinstance(eff, dict):  # Efficiency's fields are numbers (the schema lists none: they are its to_dict())
+        raw["efficiency"] = {k: _yaml12_numbers(v, {"type": "number"}) for k, v in eff.items()}
     _check_finite(raw)
     raw = _fill_defaults(raw, schema)
     validator = jsonschema.Draft202012Validator(schema)
@@ -367,8 +376,19 @@ def seq_len_notes(model: ModelSpec, seq_len: int, *, key: str = "training.seq_le
             "(long-context fine-tuning needs RoPE scaling or position interpolation)"]
 
 
-def _check_proxies(px: Mapping[str, Any], cluster: ClusterSpec) -> None:
+def _check_proxies(px: Mapping[str, Any], cluster: ClusterSpec, model: ModelSpec) -> None:
     """Proxy settings that would otherwise fail (or silently drop runs) inside a job."""
+    if px.get("model_impl") == "hf":
+        why = hf_unsupported_reason(model)
+        if why:
+            raise ConfigError("proxies.model_impl", "hf", f"{model.name} is not expressible as transformers' "
+                                                          f"LlamaForCausalLM: {why}; use trainplan")
+    if px.get("device", "cpu") == "cpu":
+        for h in px.get("width_hidden", []):
+            if h % cpu_proxy_heads(h):
+                raise ConfigError("proxies.width_hidden", h, "each divisible by its CPU proxy's heads, max(1, "
+                                  f"width // {CPU_PROXY_HEAD_DIM}): {h} has {cpu_proxy_heads(h)} (multiples of "
+                                  f"{CPU_PROXY_HEAD_DIM} always are)")
     if px["warmup"] >= px["steps"]:
         raise ConfigError("proxies.warmup", px["warmup"], f"must be < proxies.steps={px['steps']}")
     if px["nproc_per_node"] > cluster.gpus_per_node:
@@ -401,13 +421,15 @@ def _check_layout_flags(lay: Mapping[str, Any] | None) -> None:
                           f"only applies to sharding: hsdp (sharding is {lay.get('sharding', 'zero3')})")
     if lay.get("cp_kind", "ring") != "ring" and lay.get("cp", 1) == 1:
         raise ConfigError("layout.cp_kind", lay["cp_kind"], "only applies with cp > 1")
+    if lay.get("pp_schedule", "1f1b") != "1f1b" and lay.get("pp", 1) == 1:
+        raise ConfigError("layout.pp_schedule", lay["pp_schedule"], "only applies with pp > 1")
 
 
 def _check_semantics(raw: Mapping[str, Any], model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> None:
     check_relative_dir("study.results_dir", raw["study"]["results_dir"])
     check_precision(cluster, training)  # FP8 only on GPUs with FP8 tensor cores
     check_lora_targets(model, training)
-    _check_proxies(raw["proxies"], cluster)
+    _check_proxies(raw["proxies"], cluster, model)
     lo, hi = raw["cost"]["price_range_usd"]
     p = raw["cost"]["price_per_gpu_hour_usd"]
     if not lo <= p <= hi:
@@ -433,11 +455,31 @@ def _proxy_defaults(raw: dict) -> dict:
 
 
 def _model_ref(ref: Any, seq_len: int) -> Any:
-    """A custom architecture (a mapping without ``preset``) without ``max_seq_len`` has no context cap: its
-    window is the study's sequence (learned positions get exactly the rows the sequence needs)."""
+    """A custom architecture (a mapping without ``preset``, or with ``preset: null``: an overlay cannot delete the
+    base config's preset) without ``max_seq_len`` has no context cap: its window is the study's sequence (learned
+    positions get exactly the rows the sequence needs)."""
+    if isinstance(ref, Mapping) and "preset" in ref and ref["preset"] is None:
+        ref = {k: v for k, v in ref.items() if k != "preset"}
     if isinstance(ref, Mapping) and "preset" not in ref and "max_seq_len" not in ref:
         return {**ref, "max_seq_len": seq_len}
     return ref
+
+
+# The fields that make a model another architecture; given all with a preset, the preset's other shape fields stay.
+_ARCH_CORE = ("layers", "hidden", "heads", "vocab")
+
+
+def model_preset_notes(ref: Any, model: ModelSpec) -> list[str]:
+    """A warning when a model mapping gives a whole new shape (layers, hidden, heads, vocab) on top of a preset
+    (config/config.yaml's ``preset: llama2-13b``, merged under every overlay): the preset's MLP width and KV heads
+    stay unless given, which a custom architecture rarely means."""
+    if not (isinstance(ref, Mapping) and ref.get("preset") and all(k in ref for k in _ARCH_CORE)):
+        return []
+    kept = [f"{k}={getattr(model, k)}" for k in ("ffn_hidden", "kv_heads") if k not in ref]
+    if not kept:
+        return []
+    return [f"model: layers, hidden, heads and vocab are given over preset {ref['preset']}, whose {' and '.join(kept)} "
+            "are kept; give them, or set model.preset: null for an architecture of your own"]
 
 
 def load_config(path_or_dict: str | Path | Mapping[str, Any] | Iterable[str | Path], *,
@@ -462,7 +504,7 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any] | Iterable[str | Pa
     model = _section("model", resolve_model, _model_ref(raw["model"], tr["seq_len"]))
     cluster = _section("cluster", build_cluster, raw["cluster"])
     training = _section("training", TrainingSpec, **{**tr, "lora_targets": tuple(tr["lora_targets"])})
-    notes = seq_len_notes(model, training.seq_len) + link_default_notes(
+    notes = model_preset_notes(raw["model"], model) + seq_len_notes(model, training.seq_len) + link_default_notes(
         cluster, "cluster.intra_busbw_GBps", "cluster.inter_busbw_GBps")
     layout = None
     if raw.get("layout") is not None:

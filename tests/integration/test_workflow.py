@@ -53,6 +53,10 @@ def test_default_study_dry_run_plans_the_whole_dag(tmp_path):
     ("cost:\n  pricee: 3\n", "cost.pricee"),
     # Snakemake's own YAML loader lets the second key win: the project's strict reader refuses it, as `plan` does
     ("training:\n  seq_len: 4096\n  seq_len: 2048\n", "configfile"),
+    # no layout fits (every one OOM) or none is left to size: refused before the proxies run, not by cost_and_risk
+    ("model: {preset: llama2-70b}\nsearch: {offloads: [none]}\n", "search='"),
+    ("search: {shardings: [none], offloads: [cpu]}\n", "search='0 layouts'"),
+    ("model: {preset: llama2-70b}\nlayout: {dp: 2, sharding: none}\n", "layout='dp2"),
 ])
 def test_bad_config_fails_at_parse_time_and_runs_nothing(tmp_path, override, key):
     wf = copy_workflow(tmp_path)

@@ -143,6 +143,8 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         raise ConfigError("shard-group", args.shard_group, f"must be an integer in 1..{args.gpus} (--gpus)")
     if args.cp_kind != "ring" and args.cp == 1:
         raise ConfigError("cp-kind", args.cp_kind, "only applies with --cp > 1")
+    if args.pp_schedule != "1f1b" and args.pp == 1:
+        raise ConfigError("pp-schedule", args.pp_schedule, "only applies with --pp > 1")
     for line in seq_len_notes(model, args.seq_len, key="seq-len"):
         warn(line)
     gpn = min(args.gpus_per_node, args.gpus)

@@ -17,6 +17,7 @@ from trainplan.search.layouts import (
     family_verdicts,
     group_infeasible,
     impossible_techniques,
+    infeasible_summary,
     pinned_options,
     search,
     technique_verdicts,
@@ -38,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
     eff = cfg.efficiency  # the generation's fitted Efficiency with the config's overrides (config.build_efficiency)
     options = pinned_options(cfg.search, cfg.layout)
     df = search(cfg.model, cfg.cluster, cfg.training, eff, options)
+    if not len(df):  # nothing to size, rank or explain: a config error, before any file is written
+        raise ConfigError("layout" if cfg.layout is not None else "search", f"{len(df)} layouts",
+                          f"needs at least one; {infeasible_summary(df)}")
     con = console()
     feas = df[df["feasible"]]
     t = Table(title=f"{cfg.model.name} on {cfg.cluster.n_gpus}× {cfg.cluster.gpu.name}, seq {cfg.training.seq_len}, "
@@ -86,10 +90,7 @@ def run(args: argparse.Namespace) -> int:
                       + f" the best would be {alt['family']} ({alt['layout']}), {alt['tokens_per_s_per_gpu']:,.0f} "
                       f"tokens/s/GPU, {alt['gain_frac']:.1%} faster (a training choice: learning rate, steps)",
                       highlight=False)
-    if not len(feas):  # say why in one line: the commonest kinds of first reason (numbers aside), an example each
-        first = df["reason"].astype(str).str.split(";").str[0].str.strip()
-        kind = first.str.replace(r"\d+(\.\d+)?", "#", regex=True)
-        top = kind.value_counts().head(3)
-        warn(f"no feasible layout of {len(df)}; commonest reasons: "
-              + "; ".join(f"{first[kind == k].iloc[0]} (and alike: {n} layouts)" for k, n in top.items()))
+    why = infeasible_summary(df)
+    if why:  # say why in one line: the commonest kinds of first reason (numbers aside), an example each
+        warn(why)
     return 0

@@ -574,6 +574,15 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     return model_from_hf_dict(cfg, where=p.name, name=cfg.get("_name_or_path") or own or "hf-model")
 
 
+# The CPU proxies' head width (proxy.select.cpu_model): a debug-width model of hidden h has max(1, h // 16) heads.
+CPU_PROXY_HEAD_DIM = 16
+
+
+def cpu_proxy_heads(hidden: int) -> int:
+    """Attention heads of a CPU proxy model of width ``hidden`` (the config check and proxy.select agree on it)."""
+    return max(1, int(hidden) // CPU_PROXY_HEAD_DIM)
+
+
 def resolve_model(ref: str | dict | ModelSpec) -> ModelSpec:
     """A preset name, a path to config.json, a dict of fields, or a ModelSpec."""
     if isinstance(ref, ModelSpec):
@@ -589,7 +598,14 @@ def resolve_model(ref: str | dict | ModelSpec) -> ModelSpec:
                                   "unknown key; valid: " + ", ".join(sorted(known | {"head_dim"})))
             if "hidden" in over or "heads" in over:  # a new width: the preset's head_dim no longer applies
                 over.setdefault("head_dim_override", None)
-            return replace(base, **over)
+            try:
+                return replace(base, **over)
+            except ConfigError as e:  # a field the mapping did not give: say it came from the preset
+                key = str(e.key).removeprefix("model.")
+                if key in over or key not in known:
+                    raise
+                raise ConfigError(e.key, e.value, f"{e.valid} (kept from preset {ref['preset']}: give model.{key}, or "
+                                                  "set model.preset: null for an architecture of your own)") from None
         return ModelSpec.from_dict(ref)
     if isinstance(ref, str):
         if ref in MODEL_PRESETS:

@@ -22,13 +22,12 @@ from typing import Any
 
 import pandas as pd
 
-from trainplan.model.arch import ModelSpec, hf_unsupported_reason
+from trainplan.model.arch import ModelSpec, cpu_proxy_heads, hf_unsupported_reason
 from trainplan.model.base import ConfigError
 from trainplan.model.layout import Layout
 from trainplan.model.training import TrainingSpec
 
 CPU_VOCAB = 256
-CPU_HEAD_DIM = 16
 
 
 def cpu_model(model: ModelSpec, hidden: int, layers: int, seq_len: int, tp: int = 1) -> ModelSpec:
@@ -37,7 +36,7 @@ def cpu_model(model: ModelSpec, hidden: int, layers: int, seq_len: int, tp: int 
     ``tp``: the proxy's TP degree, which must divide the KV heads too: the GQA group shrinks to the largest one
     that leaves a multiple of ``tp`` KV heads (Llama 3's group of 4 at 4 heads would leave one KV head, which
     no TP proxy can split)."""
-    heads = max(1, hidden // CPU_HEAD_DIM)
+    heads = cpu_proxy_heads(hidden)
     group = max(1, model.heads // model.kv_heads)
     fits = [g for g in range(min(group, heads), 0, -1) if heads % g == 0 and (heads // g) % max(1, tp) == 0]
     kv = heads // fits[0] if fits else heads

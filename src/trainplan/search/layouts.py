@@ -39,7 +39,8 @@ from trainplan.model.layout import (
 )
 from trainplan.model.training import TrainingSpec
 
-__all__ = ["best_row", "row_layout", "pinned_options", "search", "tie_order", "enumerate_layouts", "family_verdicts", "technique_verdicts", "structural_reasons", "OPTION_KEYS"]
+__all__ = ["best_row", "row_layout", "pinned_options", "search", "tie_order", "enumerate_layouts", "family_verdicts", "technique_verdicts", "structural_reasons", "OPTION_KEYS",
+           "infeasible_summary", "require_feasible"]
 
 OPTION_KEYS = ("tp", "pp", "cp", "vpp", "micro_batch", "sp", "pp_schedule", "cp_kind", "sharding", "recompute",
                "offload", "shard_group", "max_mem_frac", "tp_overlap")
@@ -438,6 +439,34 @@ def _describe(df: pd.DataFrame) -> list[str]:
     b = _per_unique(df, ["sharding", "shard_group"], shard)
     c = _per_unique(df, ["recompute", "micro_batch", "offload"], rest)
     return [x + y + z for x, y, z in zip(a, b, c, strict=True)]
+
+
+def infeasible_summary(df: pd.DataFrame) -> str | None:
+    """None when the search found a layout that fits; else one line saying why not: an empty search space, or the
+    commonest kinds of first reason (numbers aside) with an example of each."""
+    if not len(df):
+        return ("the search space has no layout: each combination of the search lists (or of the pinned layout) is "
+                "ruled out before sizing (e.g. offload needs a sharding other than none; tp, pp, cp must divide the "
+                "GPUs)")
+    if df["feasible"].astype(bool).any():
+        return None
+    first = df["reason"].astype(str).str.split(";").str[0].str.strip()
+    kind = first.str.replace(r"\d+(\.\d+)?", "#", regex=True)
+    top = kind.value_counts().head(3)
+    return (f"no feasible layout of {len(df)}; commonest reasons: "
+            + "; ".join(f"{first[kind == k].iloc[0]} (and alike: {n} layouts)" for k, n in top.items()))
+
+
+def require_feasible(df: pd.DataFrame, pinned: Layout | None = None) -> None:
+    """ConfigError unless ``df`` (a ``search`` result) holds a feasible layout: what a study needs before any of its
+    jobs runs (cost, launch and memo all need a chosen layout). Names the pinned ``layout``, else ``search``."""
+    why = infeasible_summary(df)
+    if why is None:
+        return
+    if pinned is not None:
+        raise ConfigError("layout", pinned.describe(), f"must fit; {why}")
+    raise ConfigError("search", f"{len(df)} layouts", f"needs one that fits; {why}; change the model, cluster, "
+                                                      "training batch or the search lists")
 
 
 def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:

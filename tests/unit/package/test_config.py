@@ -140,6 +140,12 @@ BAD = [
     ("training.global_batch", lambda r: r["training"].update(global_batch="2.55e1")),  # 25.5: not integral
     ("training.global_batch", lambda r: r["training"].update(global_batch="2e")),  # not a number at all
     ("training.dataset_tokens", lambda r: r["training"].update(dataset_tokens="1e999")),  # reads as inf
+    ("layout.pp_schedule", lambda r: r.update(layout={"dp": 32, "pp_schedule": "interleaved"})),  # was ignored
+    ("proxies.width_hidden", lambda r: r["proxies"].update(width_hidden=[64, 100])),  # 6 heads: failed in a job
+    ("proxies.model_impl", lambda r: r.update(model={"preset": "llama2-13b", "mlp": "gelu"}) or r["proxies"].update(
+        model_impl="hf")),  # transformers' Llama has no GELU MLP: failed in the select_proxies job
+    ("model.kv_heads", lambda r: r.update(model={"preset": "llama2-13b", "layers": 32, "hidden": 2560, "heads": 16,
+                                                 "vocab": 32000})),  # the preset's 40 KV heads
 ]
 
 
@@ -169,6 +175,30 @@ def test_yaml12_exponent_numbers_are_numbers_whichever_loader_read_them(tmp_path
                  .replace("dataset_tokens: X", "dataset_tokens: 1.0e9"))
     assert yaml.safe_load(f.read_text())["training"]["dataset_tokens"] == "1.0e9"  # what YAML 1.1 makes of it
     assert load_config(f).training.total_tokens == 1e9
+
+
+def test_efficiency_overrides_read_exponent_numbers():
+    """The efficiency section has no per-key schema (its keys are Efficiency's fields), so ``2e9`` reached
+    Efficiency.from_dict as the string YAML 1.1 made of it: 'must be a number'."""
+    r = raw()
+    r["efficiency"] = {"cpu_optimizer_params_per_s": "2e9", "runtime_overhead_bytes": "2.5e9"}
+    c = load_config(r)
+    assert c.efficiency.cpu_optimizer_params_per_s == 2e9 and c.efficiency.runtime_overhead_bytes == 2.5e9
+
+
+def test_a_new_shape_over_a_preset_warns_and_preset_null_drops_it():
+    """An overlay's model mapping merges onto config/config.yaml's ``preset: llama2-13b``: a whole new shape keeps the
+    preset's MLP width and KV heads (a 2.7B planned as 4.4B), so that is a warning naming them, and ``preset: null``
+    (which an overlay can write; it cannot delete a key) makes the mapping the whole architecture."""
+    shape = {"name": "my-2.7b", "layers": 32, "hidden": 2560, "heads": 40, "vocab": 32000}
+    r = raw()
+    r["model"] = {"preset": "llama2-13b", **shape}
+    c = load_config(r, warn=False)
+    assert c.model.ffn_hidden == 13824 and any("ffn_hidden=13824 and kv_heads=40 are kept" in w for w in c.warnings)
+    r["model"] = {"preset": None, **shape}
+    c = load_config(r, warn=False)
+    assert c.model.ffn_hidden == 6912 and c.model.kv_heads == 40 and not any("preset" in w for w in c.warnings)
+    assert c.model.n_params == pytest.approx(2.7e9, rel=0.02)
 
 
 def test_tp_not_dividing_heads_is_rejected_with_the_reason():
