@@ -130,8 +130,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="predict the GPU proxy RECORDs in DIR (scripts/device_proxies.sh output, e.g. "
                          "data/calibration/h200-2026-12-04) with the shipped fit, nothing fitted on them")
     va.add_argument("--h100-peak-tflops", type=float, default=None,
-                    help="peak BF16 TFLOP/s for torchtitan's 96 GB / 500 W H100s (default 989, the SXM spec; "
-                         "torchtitan puts it between NVL 835 and SXM 989)")
+                    help="peak BF16 TFLOP/s for torchtitan's 96 GB / 500 W H100s (default: the fitted fraction of "
+                         "989 in trainplan/data/efficiency_fits.json, h100_500w_peak_frac; torchtitan puts it between "
+                         "NVL 835 and SXM 989)")
     for name, (_, help_) in DELEGATED.items():
         sub.add_parser(name, help=help_, add_help=False)
     return p

@@ -75,6 +75,7 @@ DECODER_LAYER_CLS = "LlamaDecoderLayer"  # transformers' Llama block; FSDP2 wrap
 DEFAULT_TRAIN_SCRIPT = None  # None: ``-m trainplan.train_entry`` (the thin entry point); or a script path
 ENTRY_MODULE = "trainplan.train_entry"
 RDZV_PORT = 29500  # torchrun's default c10d port
+DAY1_THROUGHPUT_STEPS = 50  # the day-1 throughput job's steps (sbatch TRAINPLAN_MODE=day1-throughput; memo, manifest)
 LAUNCH_OPTIONS = frozenset({"job_name", "partition", "account", "time_limit_h", "master_port"})
 SHORT_MAX_LINES = 45  # artifacts up to this many lines are inlined in the memo; longer ones attached
 
@@ -389,7 +390,7 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     """The Slurm batch script for nodes x gpus_per_node: runs the chosen trainer (:func:`trainers.choose_trainer`).
 
     ``TRAINPLAN_MODE`` = train (resumes from the last checkpoint; requeues itself when told to stop),
-    day1-throughput (50 steps; the step log becomes a record checked against ``min_tokens_per_s_per_gpu``),
+    day1-throughput (DAY1_THROUGHPUT_STEPS; the step log becomes a record checked against ``min_tokens_per_s_per_gpu``),
     day1-checkpoint (save at step 5, stop, restore, continue). ``partition``/``account`` of None leave a
     disabled, marked PLACEHOLDER directive. ``train_args`` go to the accelerate line before the mode's own.
     """
@@ -421,6 +422,7 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         peak_tflops=f"{cluster.gpu.peak_bf16_flops / 1e12:g}", optimizer_impl=training.optimizer_impl,
         finetune=entry_finetune(training), lora_rank=training.lora_rank, lora_targets=",".join(training.lora_targets),
         steps=total_steps(training),
+        day1_steps=DAY1_THROUGHPUT_STEPS,
         ckpt_interval_s=int(round(checkpoint_interval_s)) if checkpoint_interval_s else 0,
         ckpt_interval_note=("" if checkpoint_interval_s else " (no cost.json given: 0 = every "
                             f"{ckpt_steps} steps)") + (f"; torchtitan: {ckpt_steps} steps of the predicted "
@@ -497,7 +499,7 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
                     "--device cuda",
          "passes_when": "exit 0 (PASS): state and activation bytes, peak reserved memory and step time within "
                         "tolerance of the plan"},
-        {"check": "first 50 steps on all GPUs",
+        {"check": f"first {DAY1_THROUGHPUT_STEPS} steps on all GPUs",
          "command": f"sbatch --export=ALL,TRAINPLAN_MODE=day1-throughput {sb}",
          "passes_when": f"the job exits 0: it ends with `trainplan ingest {run}/day1-throughput-<job>/steps.jsonl "
                         f"--min-tokens-per-s-per-gpu {round(min_tokens_per_s_per_gpu or 0)}` (median tokens/s/GPU "

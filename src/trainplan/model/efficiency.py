@@ -68,8 +68,9 @@ class Efficiency:
     torch_gemm_rel: float = 1.0
     # FP8 GEMMs of the block linears (training.precision fp8-*), as a fraction of the dense FP8 peak (2 × BF16 on
     # Hopper), the same shape factor applied: tensorwise (cuBLAS scaled GEMM) and rowwise (CUTLASS rowwise-scaled
-    # GEMM) recipes of torchao. Fitted on torchtitan's float8 rows (H100 generation fit); NeMo's FP8 tables are
-    # held out to check them [F].
+    # GEMM) recipes of torchao. Fitted on torchtitan's float8 rows (H100 generation fit: 0.79 / 0.35 in
+    # efficiency_fits.json, which for_gpu returns); NeMo's FP8 tables are held out to check them. These class values
+    # are placeholders for a GPU with no fit (FP8 needs Hopper, which has one) [F].
     fp8_gemm_eff_tensorwise: float = 0.55
     fp8_gemm_eff_rowwise: float = 0.40
     # Fraction of nccl-tests bus bandwidth reached inside a training step (message sizes, contention) [I]. Fitted on
@@ -83,7 +84,8 @@ class Efficiency:
     tp_overlap: float = 0.0  # TP/SP collectives sit on the critical path (no async TP)
     # With ``Layout.tp_overlap`` (torchtitan async TP, Megatron --tp-comm-overlap): the fraction of each TP
     # collective that the decomposed AG→GEMM / GEMM→RS pipeline hides behind its GEMM, capped by that GEMM's
-    # time (timing.tp_comm_mb_s). Fitted on the vanilla/async pairs of torchtitan_asynctp_H100_202506 [F].
+    # time (timing.tp_comm_mb_s). Fitted on the vanilla/async pairs of torchtitan_asynctp_H100_202506 (the H100 fit
+    # in efficiency_fits.json, 0.41, is what for_gpu returns; this class value is the placeholder without a fit) [F].
     tp_async_overlap: float = 0.7
     # Ring attention overlaps the K/V pass with the block's attention (Megatron/TE p2p ring, kernels=fused). PyTorch's
     # pass-KV CP (eager/compiled) is timed from its code instead: the all-gather hides behind one ring step only

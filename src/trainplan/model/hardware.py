@@ -41,9 +41,12 @@ GPUS: dict[str, GPUSpec] = {
                 source="NVIDIA H100 datasheet (PCIe: dense BF16 756 TFLOP/s, 2.0 TB/s; NVLink bridge 600 GB/s, "
                        "pairs of GPUs only)", nvlink_GBps=600.0),
         GPUSpec(name="h200-141gb", peak_bf16_flops=989e12, hbm_bytes=143771 * 1024**2, hbm_bw_Bps=4.8e12,
-                source="NVIDIA H200 datasheet (H100 compute; 141 GB HBM3e, 4.8 TB/s)"),
+                source="NVIDIA H200 datasheet (H100 compute; 141 GB HBM3e, 4.8 TB/s); 143,771 MiB: nvidia-smi's "
+                       "memory.total on the H200 this project measured (data/calibration/h200-2026-12-04/"
+                       "environment.json)"),
         GPUSpec(name="a100-80gb", peak_bf16_flops=312e12, hbm_bytes=81251 * 1024**2, hbm_bw_Bps=2.039e12,
-                source="NVIDIA A100 datasheet (312 TFLOP/s BF16, 2.0 TB/s; NVLink3 600 GB/s; no FP8 tensor cores)",
+                source="NVIDIA A100 datasheet (312 TFLOP/s BF16, 2.0 TB/s; NVLink3 600 GB/s; no FP8 tensor cores); "
+                       "81,251 MiB usable [I]: 80 GiB less a driver reserve like H100's, not measured here",
                 generation="a100", fp8=False, nvlink_GBps=600.0),
     ]
 }
@@ -63,7 +66,9 @@ def resolve_gpu(name: str | GPUSpec) -> GPUSpec:
 # ------------------------------------------------------------------------------------------- cluster
 # The fabric ClusterSpec's link defaults were measured on: DGX H100 (NVLink4, 900 GB/s per GPU; 8 × 400G NICs).
 DGX_LINKS_NVLINK_GBps = 900.0
-DGX_INTRA_BUSBW_GBps, DGX_INTER_BUSBW_GBps = 360.0, 46.0  # ClusterSpec's defaults (nccl-tests #212, #290, #309)
+# ClusterSpec's defaults: nccl-tests #212, #290 measure 365–370 GB/s for the ring in a node and #290, #309 46–48 per
+# rail across nodes (SOURCES.md); each taken at its low end, rounded down [I]
+DGX_INTRA_BUSBW_GBps, DGX_INTER_BUSBW_GBps = 360.0, 46.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +83,7 @@ class ClusterSpec:
     intra_latency_s: float = 30e-6  # NCCL tuning.cc / nccl-tests #232
     inter_latency_s: float = 50e-6
     nics_per_node: int = 8
-    host_to_device_Bps: float = 50e9  # PCIe 5 x16, each way
+    host_to_device_Bps: float = 50e9  # PCIe 5 x16, each way: ~80% of its 64 GB/s line rate [I], not measured here
     host_mem_bytes: int = 2 * 1000**4  # DGX H100: 2 TB
 
     def __post_init__(self) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from trainplan.model.arch import ModelSpec
-from trainplan.model.base import ConfigError, GiB
+from trainplan.model.base import ConfigError
+from trainplan.model.efficiency import Efficiency
 from trainplan.model.flops import lora_dims
 from trainplan.model.hardware import GPUSpec
 from trainplan.model.layout import grad_accum, shard_degree
@@ -27,9 +28,6 @@ ATTN_IMPLS = ("flash", "math")
 NORM_IMPLS = ("fused", "composite")
 CONVENTIONS = ("zero", "fsdp2")
 
-# Assumptions used only when the Efficiency object lacks the attribute (it normally carries them).
-DEFAULT_RUNTIME_OVERHEAD_BYTES = 4 * GiB  # CUDA context + NCCL + cuBLAS workspace [I: to be calibrated]
-DEFAULT_ALLOC_FRAG_FRAC = 0.05  # caching-allocator fragmentation, fraction of the dynamic peak [I]
 DDP_BUCKET_BYTES = 25 * MiB  # torch DDP bucket_cap_mb default
 # QLoRA NF4 (Dettmers 2023 §2): 4 bits + double-quantised absmax constants 8/64 + 32/(64·256) bits.
 NF4_BYTES_PER_PARAM = (4 + 8 / 64 + 32 / (64 * 256)) / 8
@@ -580,15 +578,17 @@ def buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, dtype_by
 
 
 def reserved_bytes(breakdown: dict[str, Any], eff: Any = None) -> Any:
-    """What ``torch.cuda.max_memory_reserved`` reports: the total less the runtime overhead outside the caching allocator."""
-    base = getattr(eff, "runtime_overhead_bytes", DEFAULT_RUNTIME_OVERHEAD_BYTES)
+    """What ``torch.cuda.max_memory_reserved`` reports: the total less the runtime overhead outside the caching
+    allocator (``eff``'s; without one, Efficiency's default, the planner's)."""
+    base = (eff or Efficiency()).runtime_overhead_bytes
     return _out(np.asarray(breakdown["total"], dtype=float) - base)
 
 
 def overhead_bytes(dynamic_bytes: Any, eff: Any = None) -> Any:
-    """Runtime overhead (CUDA context, NCCL, workspaces) + allocator fragmentation × dynamic peak [I: calibrated]."""
-    base = getattr(eff, "runtime_overhead_bytes", DEFAULT_RUNTIME_OVERHEAD_BYTES)
-    frag = getattr(eff, "alloc_frag_frac", DEFAULT_ALLOC_FRAG_FRAC)
+    """Runtime overhead (CUDA context, NCCL, workspaces) + allocator fragmentation × dynamic peak [I: calibrated];
+    ``eff``'s, or without one Efficiency's defaults (one copy of the assumption: the planner's)."""
+    eff = eff or Efficiency()
+    base, frag = eff.runtime_overhead_bytes, eff.alloc_frag_frac
     return _out(base + frag * np.asarray(dynamic_bytes, dtype=float))
 
 

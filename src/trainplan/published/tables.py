@@ -18,7 +18,13 @@ from trainplan.model import flops, memory, timing
 from trainplan.model.arch import ModelSpec, resolve_model
 from trainplan.model.base import ConfigError, GiB
 from trainplan.model.efficiency import Efficiency, generation_fits
-from trainplan.model.hardware import ClusterSpec, GPUSpec, resolve_gpu
+from trainplan.model.hardware import (
+    ClusterSpec,
+    DGX_INTER_BUSBW_GBps,
+    DGX_INTRA_BUSBW_GBps,
+    GPUSpec,
+    resolve_gpu,
+)
 from trainplan.model.layout import Layout, layout_problems
 from trainplan.model.training import TrainingSpec
 from trainplan.published.intervals import family_class  # noqa: F401  (re-exported)
@@ -36,8 +42,10 @@ NEVER_FITTED = ("nemo2407_h100", "nemo_longseq_h100")
 
 # --- clusters the sources ran on --------------------------------------------------------------------------
 # Selene (Narayanan 2021 §5.1): DGX A100 nodes, NVLink3/NVSwitch, 8 × 200 Gb/s HDR InfiniBand per node.
-# Bus bandwidths [I]: 8×A100 NVLink3 ring ≈ 230 GB/s (300 GB/s each way × the ~0.77 nccl-tests reaches
-# on H100's 450); per-rail HDR ≈ 23 GB/s (200 Gb/s line rate × 0.92, the ratio 46/50 seen on 400G, SOURCES).
+# Bus bandwidths [I]: 8×A100 NVLink3 ring ≈ 230 GB/s (300 GB/s each way × 0.77, a round ratio a little below the
+# 0.80 the default H100 figure is of its 450, 360/450: no A100 nccl-tests reading is in the open set; the A100 fit's
+# comm_bw_eff, at its bound 1.0 ± 0.17, says the rows need no less); per-rail HDR ≈ 23 GB/s (200 Gb/s line rate ×
+# 0.92, the ratio 46/50 seen on 400G, SOURCES).
 A100_INTRA_BUSBW_Bps = 230e9
 HDR_RAIL_BUSBW_Bps = 23e9
 # torchtitan's H100s (benchmarks/llama3_h100_202412): 96 GB HBM2e, 500 W parts; torchtitan computes MFU
@@ -49,7 +57,8 @@ H100_96GB_500W = GPUSpec(name="h100-96gb-500w", peak_bf16_flops=989e12, hbm_byte
 # ``validate_all(h100_peak_flops=...)`` / ``trainplan validate --h100-peak-tflops`` scores the rows at another
 # value in that bracket: a sensitivity check on the hardware, not a fit.
 H100_NVL_PEAK_BF16 = 835e12
-ROCE_RAIL_BUSBW_Bps = 46e9  # 400 Gb/s per GPU rail (SOURCES: nccl-tests #290, #309); Meta's RoCE fabric [I]
+ROCE_RAIL_BUSBW_Bps = DGX_INTER_BUSBW_GBps * 1e9  # 400 Gb/s per GPU rail (SOURCES: nccl-tests #290, #309); Meta's RoCE [I]
+H100_INTRA_BUSBW_Bps = DGX_INTRA_BUSBW_GBps * 1e9  # 8×H100 NVLink4 ring (the planner's default, hardware.py)
 # Micro-batch for Narayanan 2021 Table 1 is not published: 1 sequence (the paper's §5.x default for PP) [I].
 MEGATRON_T1_MICRO_BATCH = 1
 # torchtitan splits each rank's local batch into micro-batches of 1 under PP (pipeline_parallel_microbatch_size).
@@ -228,7 +237,7 @@ def torchtitan_h100(eff: Efficiency, h100_peak_flops: float | None = None) -> li
     for r in load_table("torchtitan_h100_202412.csv").itertuples():
         m = resolve_model(r.model.lower())
         seq = int(str(r.seq_len).rstrip("*"))
-        c = _cluster(r.num_gpus, part, 360e9, ROCE_RAIL_BUSBW_Bps)
+        c = _cluster(r.num_gpus, part, H100_INTRA_BUSBW_Bps, ROCE_RAIL_BUSBW_Bps)
         gb = int(r.local_batch) * int(r.fsdp)
         compiled = r.compile == "yes"
         t = TrainingSpec(seq_len=seq, global_batch=gb, precision="fp8-tensorwise" if r.float8 == "yes" else "bf16",
@@ -264,7 +273,7 @@ def torchtitan_asynctp_h100(eff: Efficiency, h100_peak_flops: float | None = Non
     rows = []
     for r in load_table("torchtitan_asynctp_H100_202506.csv").itertuples():
         m = resolve_model(names[r.model])
-        c = _cluster(r.gpus, part, 360e9, ROCE_RAIL_BUSBW_Bps)
+        c = _cluster(r.gpus, part, H100_INTRA_BUSBW_Bps, ROCE_RAIL_BUSBW_Bps)
         precision = {"bf16": "bf16", "float8 tensorwise": "fp8-tensorwise", "float8 rowwise": "fp8-rowwise"}
         t = TrainingSpec(seq_len=8192, global_batch=int(r.local_batch) * int(r.fsdp),
                          precision=precision[r.quantization], **TORCHTITAN_COMPILED)
@@ -303,7 +312,7 @@ def megatron2024_h100(eff: Efficiency) -> list[dict]:
         m = ModelSpec(name=f"gpt-{r.model_size}", layers=int(r.num_layers), hidden=int(r.hidden_size),
                       heads=int(r.attention_heads), vocab=MEGATRON2024_VOCAB, mlp="gelu", norm="layernorm",
                       bias="all", pos_embedding="rope", tied_embeddings=False, max_seq_len=MEGATRON2024_SEQ)
-        c = _cluster(r.num_gpus, h100, 360e9, ROCE_RAIL_BUSBW_Bps)
+        c = _cluster(r.num_gpus, h100, H100_INTRA_BUSBW_Bps, ROCE_RAIL_BUSBW_Bps)
         t = TrainingSpec(seq_len=MEGATRON2024_SEQ, global_batch=int(r.global_batch_size), kernels="fused",
                          attn_impl="flash")
         pp, tp = int(r.pipeline_mp), int(r.tensor_mp)
@@ -330,7 +339,7 @@ def llama3_405b_h100(eff: Efficiency) -> list[dict]:
     h100 = resolve_gpu("h100-sxm-80gb")
     m = resolve_model("llama3.1-405b")
     for r in load_table("llama3_405b_table4_H100.csv").itertuples():
-        c = _cluster(r.gpus, h100, 360e9, ROCE_RAIL_BUSBW_Bps)
+        c = _cluster(r.gpus, h100, H100_INTRA_BUSBW_Bps, ROCE_RAIL_BUSBW_Bps)
         dp, pp, tp, cp = int(r.dp), int(r.pp), int(r.tp), int(r.cp)
         t = TrainingSpec(seq_len=int(r.seq_len), global_batch=int(r.batch_size_per_dp) * dp, kernels="fused",
                          attn_impl="flash")
@@ -354,7 +363,7 @@ def torchtitan_a100(eff: Efficiency, h100_peak_flops: float | None = None,
         m = resolve_model(names[r.model])
         h100 = str(r.gpu).startswith("H100")
         gpu = part if h100 else resolve_gpu("a100-80gb")
-        c = _cluster(r.gpus, gpu, 360e9 if h100 else A100_INTRA_BUSBW_Bps,
+        c = _cluster(r.gpus, gpu, H100_INTRA_BUSBW_Bps if h100 else A100_INTRA_BUSBW_Bps,
                      ROCE_RAIL_BUSBW_Bps if h100 else HDR_RAIL_BUSBW_Bps)
         tp = 8 if "TP8" in r.parallelism else 1
         dp = int(r.gpus) // tp
@@ -406,7 +415,7 @@ def nemo2407_h100(eff: Efficiency) -> list[dict]:
         vp = int(r.vp) if r.vp == r.vp else 1
         dp = int(r.num_gpus) // (tp * pp * cp)
         lora = r.task == "LoRA"
-        c = _cluster(r.num_gpus, h100, 360e9, ROCE_RAIL_BUSBW_Bps)
+        c = _cluster(r.num_gpus, h100, H100_INTRA_BUSBW_Bps, ROCE_RAIL_BUSBW_Bps)
         t = TrainingSpec(seq_len=int(r.seq_len), global_batch=int(r.gbs), kernels="fused", attn_impl="flash",
                          precision="fp8-tensorwise", finetune="lora" if lora else "full", lora_rank=NEMO_LORA_RANK,
                          lora_targets=("q", "k", "v"))
@@ -436,7 +445,7 @@ def nemo_longseq_h100(eff: Efficiency) -> list[dict]:
     for r in load_table("nemo_long_sequence_llama2_7b_H100_fp8.csv").itertuples():
         seq = int(r.seq_len_k) * 1024
         tp, pp, dp, cp = int(r.cp_tp), int(r.cp_pp), int(r.cp_dp), int(r.cp_cp)
-        c = _cluster(r.num_gpus, h100, 360e9, ROCE_RAIL_BUSBW_Bps)
+        c = _cluster(r.num_gpus, h100, H100_INTRA_BUSBW_Bps, ROCE_RAIL_BUSBW_Bps)
         t = TrainingSpec(seq_len=seq, global_batch=NEMO_LONGSEQ_GLOBAL_BATCH, kernels="fused", attn_impl="flash",
                          precision="fp8-tensorwise")
         lay = Layout(dp=dp, tp=tp, pp=pp, cp=cp, sp=tp > 1, tp_overlap=tp > 1, sharding="zero1", recompute="none",

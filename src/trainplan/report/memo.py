@@ -23,6 +23,7 @@ import pandas as pd
 from trainplan import pkgdata
 from trainplan.cost.budget import duration_text, point_usd
 from trainplan.io import read_json, write_bytes
+from trainplan.launch.artifacts import DAY1_THROUGHPUT_STEPS
 from trainplan.model.estimate import DEFAULT_MAX_MEM_FRAC
 from trainplan.model.layout import SHARDINGS, Layout
 from trainplan.model.timing import STEP_PARTS, attention_kernel_rel
@@ -521,6 +522,8 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         "config_rows": _flatten(config),
         # the nccl-tests day-1 check and its threshold (launch.artifacts.all_gpus_busbw), as the manifest states it
         "nccl_check": next((d for d in (manifest or {}).get("day1") or [] if "min_busbw_GBps" in d), None),
+        "family_bias_target_pct": HELDOUT_TARGETS["family_bias_pct"],
+        "day1_steps": DAY1_THROUGHPUT_STEPS,
         "training_attn_kernel": (config.get("training") or {}).get("attn_kernel", "fa2") if config else None,
         "training_seq_len": (config.get("training") or {}).get("seq_len") if config else None,
         "cudnn_attention_rel": attention_kernel_rel("cudnn"),

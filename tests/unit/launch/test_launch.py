@@ -15,7 +15,7 @@ from trainplan.launch import artifacts as launch
 from trainplan.launch import trainers
 from trainplan.model.arch import resolve_model
 from trainplan.model.base import ConfigError
-from trainplan.model.hardware import ClusterSpec
+from trainplan.model.hardware import ClusterSpec, resolve_gpu
 from trainplan.model.layout import Layout
 from trainplan.model.memory import memory_breakdown
 from trainplan.model.training import TrainingSpec
@@ -451,3 +451,15 @@ def test_main_takes_a_variant_overlay_after_its_base(tmp_path, capsys):
     capsys.readouterr()
     assert launch.main(["--summary", str(summary), "--config", "config/lora.yaml", "--out", str(tmp_path / "p")]) == 2
     assert "model=None" in capsys.readouterr().err
+
+
+def test_qlora_deviation_quotes_the_plans_own_memory():
+    """The QLoRA-as-LoRA note compares with the plan's modelled peak: the planner's Efficiency (memory_breakdown
+    without one fell back to its own 4 GiB / 0.05 overhead assumptions: '70.0 GiB' where the plan says 71.6)."""
+    from trainplan.model.efficiency import Efficiency
+
+    m, c = resolve_model("llama2-13b"), ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
+    t = TrainingSpec(seq_len=4096, global_batch=256, finetune="qlora")
+    lay = Layout(dp=32, sharding="zero3", micro_batch=2)
+    plan = memory_breakdown(m, c, t, lay, Efficiency.for_gpu(c.gpu))["total"] / 2**30
+    assert f"against the plan's {plan:.1f} GiB" in launch.qlora_as_lora_note(m, c, t, lay)
