@@ -73,7 +73,7 @@ def test_day1_modes_run_the_entry_point_and_judge_it(tmp_path, mode):
     assert not (tmp_path / "scontrol.log").exists()  # day-1 runs never requeue
 
 
-def test_torchtitan_launch_line_parses_in_torchtitans_config_manager(tmp_path):
+def test_torchtitan_launch_line_parses_in_torchtitans_config_manager(tmp_path, monkeypatch):
     """The sbatch's torchtitan node command, run with a fake torchrun: its module arguments (the job module, the
     step/interval/timeout overrides the script adds) are what torchtitan.train would parse."""
     pytest.importorskip("torchtitan")
@@ -92,7 +92,13 @@ def test_torchtitan_launch_line_parses_in_torchtitans_config_manager(tmp_path):
     (tmp_path / "analytic" / "summary.json").write_text(json.dumps({"estimate": {"step_time_s": 6.0}}))
     rec = tmp_path / "argv"
     (tmp_path / "hf").mkdir()
+    (tmp_path / "data.jsonl").write_text('{"text": "a"}\n')
     env = _env(tmp_path, out, TRAINPLAN_MODE="train", TRAINPLAN_HF_ASSETS=str(tmp_path / "hf"))
+    # the fine-tune data is required: without it the script stops before the nodes start
+    r = subprocess.run(["bash", str(out / "sbatch_1x2.sh")], env=env, cwd=out, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "TRAINPLAN_DATASET_PATH=(empty)" in r.stderr, r.stderr
+    env["TRAINPLAN_DATASET_PATH"] = str(tmp_path / "data.jsonl")
     _fake_bin(tmp_path / "bin", "torchrun", f'printf "%s\\0" "$@" > {rec}; echo "PYTHONPATH=$PYTHONPATH" >> '
               f'{tmp_path / "pp"}')
     r = subprocess.run(["bash", str(out / "sbatch_1x2.sh")], env=env, cwd=out, capture_output=True, text=True,
@@ -102,13 +108,37 @@ def test_torchtitan_launch_line_parses_in_torchtitans_config_manager(tmp_path):
     assert str(out) in (tmp_path / "pp").read_text()  # the job module's directory is importable
     titan_args = argv[argv.index("-m") + 2:]
     sys.path.insert(0, str(out))
+    monkeypatch.setenv("TRAINPLAN_DATASET_PATH", env["TRAINPLAN_DATASET_PATH"])  # as the job's nodes have it
     try:
         cfg = ConfigManager().parse_args(titan_args)
     finally:
         sys.path.remove(str(out))
         sys.modules.pop("trainplan_torchtitan", None)
     assert cfg.training.steps == 20 and cfg.parallelism.tensor_parallel_degree == 2
+    # the fine-tune data, registered under a name torchtitan's text loader accepts (it knows only c4's otherwise)
+    from torchtitan.hf_datasets.text_datasets import DATASETS
+    assert cfg.dataloader.dataset == "trainplan" and DATASETS["trainplan"].path.endswith("data.jsonl")
     assert cfg.comm.init_timeout_seconds == 1800 and cfg.comm.train_timeout_seconds == 1800  # not torchtitan's 100 s
     assert cfg.checkpoint.interval == 300 and "checkpoint every 1800 s" in r.stdout  # 0.5 h / 6 s per step
     # the fake trainer wrote no checkpoint and was not told to stop: no requeue, exit 0
     assert r.returncode == 0 and not (tmp_path / "scontrol.log").exists()
+
+
+def test_a_training_run_without_base_weights_stops_before_the_nodes_start(tmp_path):
+    """The sbatch's default TRAINPLAN_MODEL_CONFIG is the launch folder's config.json, from which train_entry builds a
+    randomly initialised model: a 'fine-tune' from random weights. The train mode refuses it (exit 2, saying what to
+    export) unless TRAINPLAN_ALLOW_RANDOM_INIT=1; a checkpoint directory with safetensors passes the guard."""
+    out = _write(tmp_path, Layout(dp=2, sharding="zero3", micro_batch=2))
+    sb = str(out / "sbatch_1x2.sh")
+    env = _env(tmp_path, out, TRAINPLAN_MODE="train", TRAINPLAN_DATA=str(_tokens(tmp_path)))
+    _fake_bin(tmp_path / "bin", "srun", "exit 0")  # the guard must stop the job before srun
+    r = subprocess.run(["bash", sb], env=env, cwd=out, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "no *.safetensors there" in r.stderr, r.stdout + r.stderr
+    ckpt = tmp_path / "base"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    (ckpt / "model.safetensors").write_bytes(b"")
+    for extra in ({"TRAINPLAN_ALLOW_RANDOM_INIT": "1"}, {"TRAINPLAN_MODEL_CONFIG": str(ckpt)}):
+        r = subprocess.run(["bash", sb], env={**env, **extra}, cwd=out, capture_output=True, text=True, timeout=60)
+        assert "safetensors" not in r.stderr, r.stderr
+    assert "#SBATCH --mem=0" in Path(sb).read_text() and '--cpus-per-task="${SLURM_CPUS_ON_NODE:-1}"' in Path(sb).read_text()

@@ -59,6 +59,7 @@ def test_sbatch_stops_checkpoints_requeues_and_resumes(tmp_path):
     venv_bin = str(Path(sys.executable).parent)
     export = ",".join(["ALL", "NCCL_IB_HCA=none", "NCCL_SOCKET_IFNAME=lo", "OMP_NUM_THREADS=1",
                        f"TRAINPLAN_DATA={tmp_path / 'tokens.npy'}", "TRAINPLAN_SLEEP_PER_STEP_S=0.5",
+                       "TRAINPLAN_ALLOW_RANDOM_INIT=1",  # a debug model from its config.json: no base weights
                        f"PATH={venv_bin}:{os.environ['PATH']}"])
     with local_slurm(tmp_path) as env:
         r = subprocess.run(["sbatch", "--parsable", f"--export={export}", "sbatch_1x2.sh"], cwd=out, env=env,

@@ -35,7 +35,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
@@ -58,7 +58,7 @@ from trainplan.launch.trainers import (
     total_steps,
 )
 from trainplan.model import comm
-from trainplan.model.arch import ModelSpec, hf_config_dict, hf_unsupported_reason
+from trainplan.model.arch import MODEL_PRESETS, ModelSpec, hf_config_dict, hf_unsupported_reason
 from trainplan.model.base import ConfigError
 from trainplan.model.hardware import ClusterSpec
 from trainplan.model.layout import Layout, check_layout, grad_accum
@@ -153,7 +153,8 @@ def _accelerate_parts(cluster: ClusterSpec, training: TrainingSpec, layout: Layo
         "fsdp_activation_checkpointing": L.recompute != "none",
         "fsdp_offload_params": L.offload == "cpu",
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-        "fsdp_cpu_ram_efficient_loading": True,
+        # Accelerate refuses torchao FP8 with FSDP2's cpu_ram_efficient_loading (1.16 Accelerator.__init__)
+        "fsdp_cpu_ram_efficient_loading": not training.fp8,
         "fsdp_sync_module_states": True,
     }
     alone = L.dp * L.cp == 1  # one data-parallel rank: FSDP2 shards nothing, so it runs what was planned
@@ -432,6 +433,7 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         torchtitan_why=_one_line("; ".join(titan_no)).replace('"', "'"),
         min_tps=round(min_tokens_per_s_per_gpu or 0), rdzv_port=master_port,
         own_entry=not train_script,  # the data guard knows what trainplan.train_entry reads, not a custom script
+        fp8_accelerate=training.fp8 == "tensorwise",
         accelerate_node_command=shlex.quote(accelerate_node_command(cluster, train_script=train_script,
                                                                     train_args=train_args,
                                                                     accelerate_file=accelerate_file)),
@@ -486,12 +488,24 @@ def _config_args(config_path: str | Sequence[str]) -> str:
 def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "results/analytic/summary.json",
                   config_path: str | Sequence[str] = "config/config.yaml",
                   min_tokens_per_s_per_gpu: float | None = None,
-                  checkpoint_interval_s: float | None = None, study_hash: str | None = None) -> list[dict[str, Any]]:
+                  checkpoint_interval_s: float | None = None, study_hash: str | None = None,
+                  titan_ingest: str = "") -> list[dict[str, Any]]:
     """The memo's day-1 go/no-go checks as commands: [{check, command, passes_when}] (manifest.json ``day1``; the
-    nccl-tests check also carries its threshold, ``min_busbw_GBps``)."""
+    nccl-tests check also carries its threshold, ``min_busbw_GBps``). The sbatch commands run in the study's launch
+    folder (beside ``summary_path``'s analytic/), as the script says; the others from the project root, so the
+    paths into the launch folder name it. ``titan_ingest``: the flags ``trainplan ingest`` needs for a torchtitan
+    console log (model, layout, shapes), which has no record of them."""
     sb = sbatch_name(cluster)
     tps = f"{min_tokens_per_s_per_gpu:,.0f}" if min_tokens_per_s_per_gpu else "the p10 prediction"
-    run = f"run-{study_hash[:12]}" if study_hash else "run-<study hash[:12]>"  # the sbatch's TRAINPLAN_RUN_DIR
+    launch_dir = str(PurePosixPath(summary_path).parent.parent / "launch")
+    run = (f"{launch_dir}/run-{study_hash[:12]}" if study_hash  # the sbatch's TRAINPLAN_RUN_DIR
+           else f"{launch_dir}/run-<study hash[:12]>")
+    if trainer == "accelerate":
+        record = f"trainplan ingest {run}/day1-throughput-<job>/steps.jsonl"
+        resume = "(`trainplan ingest --check-resume` on its step log)"
+    else:  # torchtitan writes no steps.jsonl: its console log (%x-%j.out in the launch folder) is the record
+        record = f"trainplan ingest {launch_dir}/<job name>-<job>.out --format torchtitan {titan_ingest}".rstrip()
+        resume = "(its log shows the second launch loading the step-5 checkpoint and training to step 10)"
     busbw = all_gpus_busbw(cluster)
     out = [
         {"check": "one-node preflight",
@@ -506,17 +520,19 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
                         f">= {tps}, losses finite)" if trainer == "accelerate" else
                         f"torchtitan's log shows tps per GPU >= {tps} after warm-up and finite losses"},
         {"check": "nccl-tests all-reduce across all nodes" if cluster.nodes > 1 else "nccl-tests all-reduce on the node",
-         "command": f"srun --nodes={cluster.nodes} --ntasks-per-node={cluster.gpus_per_node} "
+         # one MPI job of one GPU per rank (nccl-tests built with MPI=1): without --mpi each task is its own 1-GPU test
+         "command": f"srun --mpi=pmix --nodes={cluster.nodes} --ntasks-per-node={cluster.gpus_per_node} "
                     f"--gpus-per-node={cluster.gpus_per_node} all_reduce_perf -b 1G -e 8G -f 2 -g 1",
-         "passes_when": f"busbw at 8 GB >= {busbw['busbw_GBps']:g} GB/s: {busbw['why']}",
+         "passes_when": f"busbw at 8 GB >= {busbw['busbw_GBps']:g} GB/s: {busbw['why']} (nccl-tests built with "
+                        "MPI=1; --mpi=pmi2 where Slurm has no PMIx; the header must say nranks "
+                        f"{cluster.n_gpus})",
          "min_busbw_GBps": busbw["busbw_GBps"], "why": busbw["why"], "nodes": cluster.nodes},
         {"check": "save and restore one sharded (DCP) checkpoint",
          "command": f"sbatch --export=ALL,TRAINPLAN_MODE=day1-checkpoint {sb}",
          "passes_when": "the job exits 0: a checkpoint at step 5, a fresh launch restores it and reaches step 10 "
-                        "(`trainplan ingest --check-resume` on its step log)"},
+                        + resume},
         {"check": "measurements flow back",
-         "command": f"trainplan ingest {run}/day1-throughput-<job>/steps.jsonl --out "
-                    "data/calibration/gpu/day1-production.json",
+         "command": f"{record} --out data/calibration/gpu/day1-production.json",
          "passes_when": "the record is written; rerun the study: calibrate fits the efficiencies to it"},
     ]
     if cluster.n_gpus == 1:  # one GPU: no collective for nccl-tests to measure
@@ -525,6 +541,16 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
         ckpt = next(d for d in out if d["check"].startswith("save and restore"))
         ckpt["passes_when"] += f"; production checkpoints every {duration_text(checkpoint_interval_s / 3600)} (Young/Daly)"
     return out
+
+
+def titan_ingest_flags(model: ModelSpec, training: TrainingSpec, layout: Layout, cluster: ClusterSpec,
+                       summary_path: str) -> str:
+    """``trainplan ingest`` flags for a torchtitan console log of this plan: the model (a preset name, else the launch
+    folder's model_config.json), the layout as JSON, the shapes and the world size."""
+    from_launch = str(PurePosixPath(summary_path).parent.parent / "launch" / "model_config.json")
+    ref = model.name if MODEL_PRESETS.get(model.name) == model else from_launch
+    return (f"--model {shlex.quote(ref)} --layout {shlex.quote(json.dumps(layout.to_dict(), sort_keys=True))} "
+            f"--seq-len {training.seq_len} --global-batch {training.global_batch} --world-size {cluster.n_gpus}")
 
 
 STUDY_CONFIG_NAME = "study_config.yaml"  # the resolved config the workflow writes beside the launch files
@@ -614,7 +640,8 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                       f"{trainer})") if ds is not None else deepspeed_unsupported_reason(layout),
         "day1": day1_commands(cluster, trainer=trainer, summary_path=summary_path, config_path=config_path,
                               min_tokens_per_s_per_gpu=min_tokens_per_s_per_gpu,
-                              checkpoint_interval_s=checkpoint_interval_s, study_hash=study_hash),
+                              checkpoint_interval_s=checkpoint_interval_s, study_hash=study_hash,
+                              titan_ingest=titan_ingest_flags(model, training, layout, cluster, summary_path)),
         "artifacts": [{"filename": a.filename, "short": a.short, "description": a.description} for a in arts]})
     return [(a.filename, a.short) for a in arts]
 

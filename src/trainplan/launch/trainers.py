@@ -109,8 +109,7 @@ def choose_trainer(model: ModelSpec, training: TrainingSpec, layout: Layout) -> 
                               + ("; torch.compile through Accelerate's dynamo settings"
                                  if training.kernels == "compiled" else ""))
     if needs and not titan_no:
-        named = [("cp as ring attention (torchtitan has no Ulysses; see deviations)"
-                  if n == "cp" and L.cp_kind == "ulysses" else n) for n in needs]
+        named = [("cp (as torchtitan's all-gather CP; see deviations)" if n == "cp" else n) for n in needs]
         return "torchtitan", (f"the layout uses {', '.join(named)}, which torchtitan {TORCHTITAN_VERSION} runs "
                               "natively (Accelerate 1.x has no PP; its TP needs a transformers tp_plan)")
     if needs:
@@ -157,9 +156,17 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
     if L.tp > 1 and not L.sp:
         notes.append("tp without sp: torchtitan's llama3 TP plan always shards the norms' sequence dim when "
                      "enable_sequence_parallel is true; set false here as planned")
-    if L.cp > 1 and L.cp_kind == "ulysses":
-        notes.append(Deviation("cp_kind=ulysses: torchtitan 0.3 CP is ring attention (head-tail load balancing); "
-                               "emitted as ring CP"))
+    if L.cp > 1:
+        # torchtitan 0.3's language models attend with FlexAttention under block-causal (per-document) masks, and its
+        # CP for FlexAttention all-gathers K and V over the CP group (distributed/context_parallel/api.py) instead of
+        # rotating them in a ring: autograd keeps the gathered K, V of every layer, cp× the ring's local ones
+        kv = 2 * layout.micro_batch * training.seq_len * (1 - 1 / L.cp) * model.kv_dim / max(1, L.tp) * 2
+        extra = kv * -(-model.layers // L.pp) / 2**30
+        notes.append(Deviation(f"cp={L.cp} ({L.cp_kind} planned): torchtitan {TORCHTITAN_VERSION} runs CP for its "
+                               "FlexAttention by all-gathering K and V over the CP group (no ring, no Ulysses) and "
+                               "masks attention per document (block-causal), not the plan's full causal; the "
+                               f"gathered K, V that backward keeps add about {extra:.1f} GiB per GPU to the plan's "
+                               "memory (bf16, every layer of the stage)"))
     # batch: without PP a rank processes micro_batch per forward, accumulating ga; with PP the local batch
     # is split into pipeline micro-batches of micro_batch
     local = L.micro_batch * ga if L.pp > 1 else L.micro_batch
@@ -177,8 +184,10 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
         notes.append(Deviation("kernels=fused (Megatron/Transformer Engine kernels) has no torchtitan equivalent; "
                                "torch.compile is enabled as the nearest"))
         compile_["enable"] = True
+    # keep the last two checkpoints (torchtitan keeps 10 by default: ~12 B/param each, 1.5 TB at 13B): the newest to
+    # resume from, the one before it if the newest was cut short
     ckpt = {"enable": True, "interval": int(ckpt_interval_steps), "async_mode": "async",
-            "last_save_model_only": False, "folder": "checkpoint"}
+            "last_save_model_only": False, "folder": "checkpoint", "keep_latest_k": 2}
     # FP8: torchtitan 0.3's Float8LinearConverter offers the rowwise recipes only (recipe_name rowwise |
     # rowwise_with_gw_hp); the output projection stays bf16 (filter_fqns), as the planner models it.
     float8 = None
@@ -210,7 +219,9 @@ def torchtitan_job_module(model: ModelSpec, cluster: ClusterSpec, training: Trai
 # Any field can still be overridden on the command line (--training.steps 50, --checkpoint.interval 10, ...).
 # Environment: TRAINPLAN_HF_ASSETS (tokenizer + config; the base checkpoint for initial_load_path),
 # TRAINPLAN_DUMP_FOLDER (outputs/ and checkpoint/ live there; resume is automatic from its latest step),
-# TRAINPLAN_DATASET / TRAINPLAN_DATASET_PATH (a Hugging Face dataset torchtitan's text loader reads).
+# TRAINPLAN_DATASET_PATH: the fine-tune data (a `datasets` folder or data files with a "text" column), registered
+# below as torchtitan dataset "trainplan" (its text loader reads only registered names: c4, c4_test, c4_validation);
+# TRAINPLAN_DATASET names another registered one instead.
 """trainplan's torchtitan job: torchtitan's Llama 3 decoder at this model's exact shapes + the planned layout."""
 
 import os
@@ -220,6 +231,9 @@ from torchtitan.components.quantization import Float8LinearConverter
 from torchtitan.components.validate import Validator
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+from datasets import load_dataset
+from torchtitan.hf_datasets import DatasetConfig
+from torchtitan.hf_datasets import text_datasets
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
 from torchtitan.models.llama3 import Llama3Model, model_registry
@@ -261,7 +275,11 @@ def {TORCHTITAN_CONFIG_FN}():
     cfg.loss = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=SHAPES["vocab_size"]))
     cfg.hf_assets_path = os.environ.get("TRAINPLAN_HF_ASSETS", "./assets/hf/PLACEHOLDER")
     cfg.dump_folder = os.environ.get("TRAINPLAN_DUMP_FOLDER", "./outputs")
-    cfg.dataloader = HuggingFaceTextDataLoader.Config(dataset=os.environ.get("TRAINPLAN_DATASET", "c4"),
+    # the fine-tune data as a registered dataset (torchtitan's loader refuses unregistered names)
+    text_datasets.DATASETS["trainplan"] = DatasetConfig(
+        path=os.environ.get("TRAINPLAN_DATASET_PATH", "PLACEHOLDER_DATASET_PATH"),
+        loader=lambda path: load_dataset(path, split="train"), sample_processor=lambda sample: sample["text"])
+    cfg.dataloader = HuggingFaceTextDataLoader.Config(dataset=os.environ.get("TRAINPLAN_DATASET", "trainplan"),
                                                       dataset_path=os.environ.get("TRAINPLAN_DATASET_PATH") or None)
     cfg.training = TrainingConfig(**SETTINGS["training"])
     cfg.parallelism = ParallelismConfig(**SETTINGS["parallelism"])

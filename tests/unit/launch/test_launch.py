@@ -463,3 +463,20 @@ def test_qlora_deviation_quotes_the_plans_own_memory():
     lay = Layout(dp=32, sharding="zero3", micro_batch=2)
     plan = memory_breakdown(m, c, t, lay, Efficiency.for_gpu(c.gpu))["total"] / 2**30
     assert f"against the plan's {plan:.1f} GiB" in launch.qlora_as_lora_note(m, c, t, lay)
+
+
+def test_fp8_accelerate_config_is_one_accelerate_accepts():
+    """Accelerate 1.16 refuses torchao FP8 with FSDP2's cpu_ram_efficient_loading (Accelerator.__init__ raises), so
+    an FP8 plan's YAML turns it off; the bf16 plan keeps it (rank 0 loads, the others get the shards)."""
+    import yaml
+
+    m = resolve_model("llama2-13b")
+    lay = Layout(dp=32, sharding="zero2")
+    for precision, loading in (("fp8-tensorwise", False), ("bf16", True)):
+        t = TrainingSpec(seq_len=4096, global_batch=256, precision=precision, kernels="compiled")
+        cfg = yaml.safe_load(launch.accelerate_config(m, CLUSTER, t, lay, study_hash="abc123def456"))
+        assert cfg["fsdp_config"]["fsdp_cpu_ram_efficient_loading"] is loading
+        assert ("fp8_config" in cfg) is (precision != "bf16")
+    text = launch.sbatch_script(m, CLUSTER, TrainingSpec(seq_len=4096, global_batch=256, precision="fp8-tensorwise"),
+                                lay, study_hash="abc123def456")
+    assert 'python -c "import torchao"' in text and "trainplan[fp8]" in text

@@ -123,11 +123,12 @@ def test_manifest_names_the_trainer_the_sbatch_runs_and_the_day1_commands(tmp_pa
 @pytest.mark.parametrize("name,layout,expect", [
     # what each trainer runs as planned: no deviation listed
     ("fsdp", LAYOUTS["fsdp"], []),
-    ("cp ring", LAYOUTS["cp"], []),
     ("hsdp tp", LAYOUTS["hsdp_tp"], []),
-    # torchtitan runs ring CP; FSDP2's CPUOffloadPolicy is what the plan sizes for ZeRO-3 offload
+    # torchtitan 0.3 runs CP for its FlexAttention as a K/V all-gather under per-document masks, ring or Ulysses
+    # planned (distributed/context_parallel/api.py); FSDP2's CPUOffloadPolicy is what the plan sizes for ZeRO-3 offload
+    ("cp ring", LAYOUTS["cp"], ["cp=2 (ring planned)"]),
     ("ulysses offload", Layout(dp=16, tp=2, sp=True, cp=2, cp_kind="ulysses", sharding="zero3", offload="cpu",
-                               micro_batch=1), ["cp_kind=ulysses"]),
+                               micro_batch=1), ["cp=2 (ulysses planned)"]),
     # ZeRO-2 offload was planned optimizer-only (ZeRO-Offload); torchtitan moves parameters and gradients too
     ("zero2 offload", Layout(dp=16, tp=2, sp=True, sharding="zero2", offload="cpu", micro_batch=1),
      ["sharding=zero2", "offload=cpu"]),
@@ -148,7 +149,8 @@ def test_manifest_and_sbatch_list_how_the_launch_differs_from_the_plan(tmp_path,
     assert head == [f"# NOTE: {man['trainer']['chosen']} differs from the plan: {g}" for g in got]
     assert got == launch.plan_deviations(MODEL, CLUSTER, TRAINING, layout, man["trainer"]["chosen"])
     # the trainer's one-line reason does not call a Ulysses plan native
-    assert ("as ring attention" in man["trainer"]["why"]) == (layout.cp > 1 and layout.cp_kind == "ulysses")
+    assert ("all-gather CP; see deviations" in man["trainer"]["why"]) == (layout.cp > 1 and man["trainer"]["chosen"]
+                                                                          == "torchtitan")
 
 
 def test_only_deviations_are_listed_not_notes_that_explain_a_setting():
@@ -197,3 +199,25 @@ def test_torchtitan_trainer_cannot_start_on_a_cpu_only_torch():
     assert utils.device_type == "cuda"  # no accelerator → 'cuda' anyway (tools/utils.get_device_info)
     with pytest.raises((AttributeError, AssertionError, RuntimeError)):
         utils.device_module.set_device(torch.device("cuda", 0))  # what Trainer.__init__ does first
+
+
+def test_day1_ingest_runs_from_the_project_root_and_reads_what_the_trainer_writes(tmp_path):
+    """The flow-back command writes data/calibration/gpu/ (project root) and so names the study's launch folder for
+    its input (it named the run folder relative to the launch folder); a torchtitan job writes no steps.jsonl, so its
+    command ingests the console log with the flags such a log lacks."""
+    from trainplan.launch.artifacts import day1_commands
+
+    acc = day1_commands(CLUSTER, trainer="accelerate", summary_path="results/lora/analytic/summary.json",
+                        study_hash=HASH)
+    back = next(d for d in acc if d["check"] == "measurements flow back")["command"]
+    assert back.startswith(f"trainplan ingest results/lora/launch/run-{HASH[:12]}/day1-throughput-<job>/steps.jsonl")
+    assert back.endswith("--out data/calibration/gpu/day1-production.json")
+    seq8k = Layout(dp=16, cp=2, sharding="zero2", micro_batch=1)
+    launch.write_artifacts(MODEL, CLUSTER, TRAINING, seq8k, tmp_path, study_hash=HASH,
+                           summary_path="results/seq8k/analytic/summary.json")
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    assert man["trainer"]["chosen"] == "torchtitan"
+    back = next(d for d in man["day1"] if d["check"] == "measurements flow back")["command"]
+    assert back.startswith("trainplan ingest results/seq8k/launch/<job name>-<job>.out --format torchtitan --model ")
+    assert f"--seq-len {TRAINING.seq_len} --global-batch {TRAINING.global_batch} --world-size 32" in back
+    assert '"cp": 2' in back and "steps.jsonl" not in json.dumps(man["day1"])

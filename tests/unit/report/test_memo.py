@@ -853,7 +853,7 @@ def test_day1_criteria_render_backticked_commands_as_code():
     day1 = day1_commands(ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb")), trainer="accelerate",
                          min_tokens_per_s_per_gpu=4741.6, study_hash="1d4b04148965" + "0" * 52)
     html = str(memo.code_spans(day1[1]["passes_when"]))
-    assert "<code>trainplan ingest run-1d4b04148965/day1-throughput-&lt;job&gt;/steps.jsonl " in html
+    assert "<code>trainplan ingest results/launch/run-1d4b04148965/day1-throughput-&lt;job&gt;/steps.jsonl " in html
     assert "`" not in html and "<run-" not in day1[1]["passes_when"]
     assert str(memo.code_spans("a <b> `c & d`")) == "a &lt;b&gt; <code>c &amp; d</code>"
 
