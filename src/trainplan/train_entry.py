@@ -174,6 +174,20 @@ def hf_config(path: str | Path) -> Any:
     return AutoConfig.from_pretrained(str(path))
 
 
+def accelerate_fsdp_plugin(bf16: bool) -> Any:
+    """Accelerate's FSDP2 plugin as the YAML configures it (read from the environment ``accelerate launch`` sets),
+    with fp32 gradient reduction under bf16: left unset, Accelerate 1.16 reduces in the parameter dtype
+    (``FullyShardedDataParallelPlugin.set_mixed_precision``), where the plan, torchtitan and the torchrun path reduce
+    fp32 (``MixedPrecisionPolicy(reduce_dtype=float32)``). None without bf16."""
+    if not bf16:
+        return None
+    import torch
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    return FullyShardedDataParallelPlugin(mixed_precision_policy={"param_dtype": torch.bfloat16,
+                                                                  "reduce_dtype": torch.float32})
+
+
 def build_hf_model(path: str | Path, *, seed: int = 0, dtype: Any = None) -> Any:
     """``AutoModelForCausalLM``: the checkpoint's weights when the directory has them, else a seeded random init."""
     import torch
@@ -343,7 +357,7 @@ def train(a: argparse.Namespace) -> int:
         from accelerate import Accelerator
         from accelerate.utils import DistributedType
 
-        accelerator = Accelerator()
+        accelerator = Accelerator(fsdp_plugin=accelerate_fsdp_plugin(bf16) if use_cuda else None)
         if accelerator.distributed_type != DistributedType.FSDP and world > 1:
             # measured (accelerate 1.16, CPU): the FSDP config resolves to DistributedType.NO on CPU — no sharding
             # and no gradient synchronisation, every rank trains its own copy. Refuse that; shard with FSDP2 here.

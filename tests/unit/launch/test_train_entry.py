@@ -300,3 +300,20 @@ def test_hf_rms_norms_become_torch_rms_norm_with_the_same_output(tmp_path):
     assert not any(type(m).__name__ == "LlamaRMSNorm" for m in model.modules())
     assert torch.allclose(model(input_ids=ids).logits, before, atol=1e-5, rtol=1e-5)
     assert te.fused_rms_norms(model) == 0  # idempotent
+
+
+def test_accelerate_reduces_gradients_in_fp32_as_planned(monkeypatch):
+    """Accelerate 1.16's FSDP2 plugin reduces gradients in the parameter dtype when no policy is given (bf16 here):
+    the entry point passes a plugin with fp32 reduction, as the plan sizes and times it and the other paths run;
+    Accelerator's own set_mixed_precision('bf16') keeps it."""
+    import torch
+
+    pytest.importorskip("accelerate")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    plugin = te.accelerate_fsdp_plugin(True)
+    plugin.set_mixed_precision("bf16")
+    assert plugin.fsdp_version == 2
+    assert plugin.mixed_precision_policy.param_dtype == torch.bfloat16
+    assert plugin.mixed_precision_policy.reduce_dtype == torch.float32
+    assert te.accelerate_fsdp_plugin(False) is None
