@@ -142,3 +142,37 @@ def test_a_training_run_without_base_weights_stops_before_the_nodes_start(tmp_pa
         r = subprocess.run(["bash", sb], env={**env, **extra}, cwd=out, capture_output=True, text=True, timeout=60)
         assert "safetensors" not in r.stderr, r.stderr
     assert "#SBATCH --mem=0" in Path(sb).read_text() and '--cpus-per-task="${SLURM_CPUS_ON_NODE:-1}"' in Path(sb).read_text()
+
+
+def test_torchtitan_day1_jobs_judge_the_console_log(tmp_path):
+    """Under torchtitan there is no steps.jsonl: the day-1 throughput job ingests its own console log (%x-%j.out) with
+    the model, layout and shapes the log lacks, and passes or fails on the p10; the checkpoint job checks that the
+    second launch loaded step-5 and went on."""
+    model = resolve_model("llama2-7b")
+    out = _write(tmp_path, Layout(dp=1, tp=2, sp=True, sharding="zero3", micro_batch=1), model=model)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "data.jsonl").write_text('{"text": "a"}\n')
+    log = out / "j-42.out"
+
+    def run(mode: str, lines: list[str]) -> subprocess.CompletedProcess:
+        log.write_text("\n".join(lines) + "\n")
+        env = _env(tmp_path, out, TRAINPLAN_MODE=mode, TRAINPLAN_HF_ASSETS=str(tmp_path / "hf"),
+                   TRAINPLAN_DATASET_PATH=str(tmp_path / "data.jsonl"), SLURM_JOB_NAME="j")
+        _fake_bin(tmp_path / "bin", "torchrun", "exit 0")  # the trainer "ran"; its console is the log above
+        return subprocess.run(["bash", str(out / "sbatch_1x2.sh")], env=env, cwd=out, capture_output=True, text=True,
+                              timeout=120)
+
+    def steps(rng, tps: str) -> list[str]:
+        return [f"[rank0]:[titan] - root - INFO - step: {i}  loss:  {8 - 0.01 * i:.4f}  grad_norm:  1.0  "
+                f"memory: 20.00GiB(25.0%)  tps: {tps}  tflops: 1.0  mfu: 1.00%" for i in rng]
+
+    r = run("day1-throughput", steps(range(1, 51), "9,000"))
+    assert r.returncode == 0 and "throughput PASS" in r.stdout, (r.stdout + r.stderr)[-3000:]
+    assert (out / "run-abc123def456" / "day1-throughput-42" / "day1_record.json").exists()
+    r = run("day1-throughput", ["no step logged"])  # a job whose trainer logged nothing does not pass
+    assert r.returncode != 0 and "no step" in r.stderr
+    load = "[rank0]:[titan] - root - INFO - Loading the checkpoint from /x/checkpoint/step-5."
+    r = run("day1-checkpoint", [*steps(range(1, 6), "9,000"), load, *steps(range(6, 11), "9,000")])
+    assert r.returncode == 0 and "checkpoint restore PASS: restored at step 5" in r.stdout, r.stdout + r.stderr
+    r = run("day1-checkpoint", steps(range(1, 11), "9,000"))
+    assert r.returncode != 0 and "checkpoint restore FAIL" in r.stdout

@@ -434,6 +434,11 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         min_tps=round(min_tokens_per_s_per_gpu or 0), rdzv_port=master_port,
         own_entry=not train_script,  # the data guard knows what trainplan.train_entry reads, not a custom script
         fp8_accelerate=training.fp8 == "tensorwise",
+        # what `trainplan ingest` needs for a torchtitan console log: the model (a preset by name, else this
+        # folder's config.json), the layout, the shapes
+        titan_model=(shlex.quote(model.name) if MODEL_PRESETS.get(model.name) == model
+                     else '"$LAUNCH_DIR/model_config.json"'),
+        titan_layout=shlex.quote(json.dumps(layout.to_dict(), sort_keys=True)), global_batch=training.global_batch,
         accelerate_node_command=shlex.quote(accelerate_node_command(cluster, train_script=train_script,
                                                                     train_args=train_args,
                                                                     accelerate_file=accelerate_file)),
@@ -505,7 +510,8 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
         resume = "(`trainplan ingest --check-resume` on its step log)"
     else:  # torchtitan writes no steps.jsonl: its console log (%x-%j.out in the launch folder) is the record
         record = f"trainplan ingest {launch_dir}/<job name>-<job>.out --format torchtitan {titan_ingest}".rstrip()
-        resume = "(its log shows the second launch loading the step-5 checkpoint and training to step 10)"
+        resume = ("(`trainplan ingest --check-resume --format torchtitan` on its console log: the second launch "
+                  "loaded step-5 and trained on to step 10)")
     busbw = all_gpus_busbw(cluster)
     out = [
         {"check": "one-node preflight",
@@ -518,7 +524,9 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
          "passes_when": f"the job exits 0: it ends with `trainplan ingest {run}/day1-throughput-<job>/steps.jsonl "
                         f"--min-tokens-per-s-per-gpu {round(min_tokens_per_s_per_gpu or 0)}` (median tokens/s/GPU "
                         f">= {tps}, losses finite)" if trainer == "accelerate" else
-                        f"torchtitan's log shows tps per GPU >= {tps} after warm-up and finite losses"},
+                        f"the job exits 0: it ends with `{record} --min-tokens-per-s-per-gpu "
+                        f"{round(min_tokens_per_s_per_gpu or 0)}` on its console log (median tokens/s/GPU >= {tps}, "
+                        "losses finite)"},
         {"check": "nccl-tests all-reduce across all nodes" if cluster.nodes > 1 else "nccl-tests all-reduce on the node",
          # one MPI job of one GPU per rank (nccl-tests built with MPI=1): without --mpi each task is its own 1-GPU test
          "command": f"srun --mpi=pmix --nodes={cluster.nodes} --ntasks-per-node={cluster.gpus_per_node} "

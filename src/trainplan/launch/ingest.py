@@ -63,9 +63,16 @@ def read_step_log(path: str | Path) -> tuple[list[dict[str, Any]], list[dict[str
     return starts, steps
 
 
-_TT = re.compile(r"step:\s*(?P<step>\d+).*?loss:\s*(?P<loss>[-+0-9.eE]+)"
+_TT = re.compile(r"step:\s*(?P<step>\d+).*?loss:\s*(?P<loss>[-+]?(?:nan|inf)|[-+0-9.eE]+)"
                  r"(?:.*?memory:\s*(?P<mem>[0-9.]+)\s*GiB)?(?:.*?tps:\s*(?P<tps>[0-9,]+))?"
                  r"(?:.*?mfu:\s*(?P<mfu>[0-9.]+)%)?")
+
+
+def log_format(path: str | Path, fmt: str = "auto") -> str:
+    """``fmt``, or for auto what the log is: JSON lines (train_entry's steps.jsonl) or a torchtitan console log."""
+    if fmt != "auto":
+        return fmt
+    return "jsonl" if Path(path).read_text(encoding="utf-8", errors="replace").lstrip().startswith("{") else "torchtitan"
 
 
 def parse_torchtitan_log(path: str | Path) -> list[dict[str, Any]]:
@@ -121,8 +128,7 @@ def record_from_log(path: str | Path, *, record_id: str | None = None, warmup: i
     """A RECORD (schema_version 1, family ``production``) from a step log; see the module docstring."""
 
     p = Path(path)
-    kind = fmt if fmt != "auto" else ("jsonl" if p.read_text(encoding="utf-8", errors="replace").lstrip()
-                                      .startswith("{") else "torchtitan")
+    kind = log_format(p, fmt)
     start: dict[str, Any] = {}
     if kind == "jsonl":
         starts, steps = read_step_log(p)
@@ -201,9 +207,36 @@ def record_from_log(path: str | Path, *, record_id: str | None = None, warmup: i
     }
 
 
-def check_resume(path: str | Path) -> tuple[bool, str]:
+_TT_LOAD = re.compile(r"Loading the checkpoint from \S*?step-(?P<step>\d+)")
+
+
+def check_resume_torchtitan(path: str | Path) -> tuple[bool, str]:
+    """The day-1 checkpoint check on a torchtitan console log: a launch loaded ``step-N`` (torchtitan's "Loading the
+    checkpoint from …/step-N"), the steps after it continue N+1, N+2, … to the end, every loss finite."""
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    loads = list(_TT_LOAD.finditer(text))
+    if not loads:
+        return False, "no launch loaded a checkpoint (no \"Loading the checkpoint from …/step-N\" line)"
+    r = int(loads[-1]["step"])
+    lines = text[loads[-1].end():].splitlines()
+    after = [{"step": int(m["step"]), "loss": float(m["loss"])} for m in (_TT.search(x) for x in lines)
+             if m and "tps" in m.string]
+    if not after:
+        return False, f"loaded step-{r} but logged no step after it"
+    nums = [s["step"] for s in after]
+    if nums != list(range(r + 1, r + 1 + len(nums))):
+        return False, f"steps after loading step-{r} are not contiguous from {r + 1}: {nums}"
+    if not all(math.isfinite(s["loss"]) for s in after):
+        return False, "a loss is not finite"
+    return True, f"restored at step {r} and continued to step {nums[-1]} (loss {after[0]['loss']:.4f} first)"
+
+
+def check_resume(path: str | Path, fmt: str = "auto") -> tuple[bool, str]:
     """The day-1 checkpoint check on a train_entry log: a later launch resumed (start_step > 0) from a
-    checkpoint the log records, steps are contiguous 1..N across launches, every loss finite."""
+    checkpoint the log records, steps are contiguous 1..N across launches, every loss finite. A torchtitan console
+    log (``fmt`` torchtitan, or auto and not JSON lines): :func:`check_resume_torchtitan`."""
+    if log_format(path, fmt) == "torchtitan":
+        return check_resume_torchtitan(path)
     starts, steps = read_step_log(path)
     ckpts = {}
     for line in Path(path).read_text(encoding="utf-8").splitlines():
@@ -260,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except json.JSONDecodeError as e:
             raise ConfigError("--layout", a.layout, f"layout JSON ({e.msg} at char {e.pos})") from None
         if a.check_resume:
-            ok, msg = check_resume(a.log)
+            ok, msg = check_resume(a.log, a.format)
             print(f"trainplan ingest: checkpoint restore {'PASS' if ok else 'FAIL'}: {msg}")
             return 0 if ok else 1
         rec = record_from_log(a.log, record_id=a.id, warmup=a.warmup, model=a.model,

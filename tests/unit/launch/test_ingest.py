@@ -169,3 +169,29 @@ def test_out_must_be_a_writable_file_path(tmp_path, capsys):
     for out in (tmp_path, afile / "x.json"):
         assert ingest.main([str(log), "--out", str(out)]) == 2
         assert "--out=" in capsys.readouterr().err
+
+
+def _titan_lines(steps, loss=lambda i: 8 - 0.1 * i) -> list[str]:
+    return [f"[rank0]:[titan] 2026-12-03 10:00:00 - root - INFO - step: {i}  loss:  {loss(i):.4f}  grad_norm:  1.0"
+            f"  memory: 61.20GiB(77.3%)  tps: 2,000  tflops: 300.1  mfu: 30.34%" for i in steps]
+
+
+def test_torchtitan_day1_checkpoint_log_is_checked_like_train_entrys(tmp_path, capsys):
+    """The day-1 checkpoint job under torchtitan writes no steps.jsonl: ``ingest --check-resume`` reads its console
+    log: a second launch loaded step-5 and logged steps 6..10 with finite losses."""
+    ckpt = "[rank0]:[titan] ... - root - INFO - Loading the checkpoint from /runs/x/checkpoint/step-5."
+    good = tmp_path / "job-1.out"
+    good.write_text("\n".join([*_titan_lines(range(1, 6)), "Training starts at step 1", ckpt,
+                               *_titan_lines(range(6, 11))]))
+    assert ingest.check_resume(good) == (True, "restored at step 5 and continued to step 10 (loss 7.4000 first)")
+    assert ingest.main(["--check-resume", "--format", "torchtitan", str(good)]) == 0
+    assert "checkpoint restore PASS" in capsys.readouterr().out
+    none = tmp_path / "none.out"
+    none.write_text("\n".join(_titan_lines(range(1, 11))))
+    assert ingest.check_resume(none)[0] is False
+    gap = tmp_path / "gap.out"
+    gap.write_text("\n".join([ckpt, *_titan_lines([7, 8])]))
+    assert "not contiguous from 6" in ingest.check_resume(gap)[1]
+    nan = tmp_path / "nan.out"
+    nan.write_text("\n".join([ckpt, *_titan_lines(range(6, 11), loss=lambda i: float("nan"))]))
+    assert ingest.check_resume(nan) == (False, "a loss is not finite")
