@@ -16,7 +16,9 @@ production job needs around them:
 * checkpointing every ``--ckpt-interval-steps`` steps or ``--ckpt-interval-s`` seconds, or at the Young/Daly
   interval of ``--cost-json`` (``cost.json``'s ``checkpoint_interval_h``), into ``<ckpt-dir>/step-N``; the
   finished one is named in ``<ckpt-dir>/latest`` (written last, atomically), so a kill mid-save resumes from the
-  previous one. A restart with the same ``--ckpt-dir`` resumes from ``latest`` automatically;
+  previous one. Interval checkpoints are asynchronous (``--ckpt-async 1``, default: ``dcp.async_save`` over a
+  gloo group; training goes on while they are written, as ``cost.checkpoint_async`` costs it); stop and final ones
+  synchronous. A restart with the same ``--ckpt-dir`` resumes from ``latest`` automatically;
 * **SIGTERM / SIGUSR1** (Slurm preemption, ``--signal``, ``scancel``) or a ``--stop-file`` appearing: every rank
   agrees (all-reduce) at the next step boundary, saves a checkpoint and exits 0 without writing ``DONE``; the
   sbatch script then requeues the job (``scontrol requeue``). On reaching ``--steps`` it writes
@@ -69,6 +71,7 @@ OPTIONS: dict[str, tuple[Any, Any]] = {
     "peak_tflops": (float, 0.0), "collective_timeout_s": (int, 1800), "max_steps_this_run": (int, 0),
     "sleep_per_step_s": (float, 0.0), "optimizer_impl": (str, "fused"),
     "finetune": (str, "full"), "lora_rank": (int, 16), "lora_targets": (str, "q,k,v,o"),
+    "ckpt_async": (int, 1),
 }
 # training.finetune values this entry point trains: full, or LoRA adapters through Hugging Face PEFT. QLoRA's NF4 base
 # weights need bitsandbytes on CUDA under FSDP2, which it does not set up: refused before anything starts.
@@ -400,16 +403,36 @@ def train(a: argparse.Namespace) -> int:
         sched.load_state_dict(state["sched"])
         start_step = int(state["trainer"]["step"])
 
-    def save(step: int) -> Path:
-        path = Path(a.ckpt_dir) / f"step-{step}"
+    def state(step: int) -> dict[str, Any]:
         msd, osd = get_state_dict(model, opt)
-        dcp.save({"model": msd, "optim": osd, "trainer": {"step": step}, "sched": sched.state_dict()},
-                 checkpoint_id=str(path))
+        return {"model": msd, "optim": osd, "trainer": {"step": step}, "sched": sched.state_dict()}
+
+    def publish(path: Path) -> None:  # every rank's shards are written: name it the one to resume from
         dist.barrier()
         if rank == 0:
             _write_atomic(Path(a.ckpt_dir) / "latest", path.name + "\n")
         dist.barrier()
+
+    def save(step: int) -> Path:
+        path = Path(a.ckpt_dir) / f"step-{step}"
+        dcp.save(state(step), checkpoint_id=str(path))
+        publish(path)
         return path
+
+    # Interval checkpoints are asynchronous (cost.checkpoint_async, what the plan costs): dcp.async_save stages the
+    # state to host memory, training goes on while a thread writes it over its own gloo group, and ``latest`` names
+    # it once every rank's write is done (agreed each step). Stop and final saves are synchronous.
+    ckpt_pg = dist.new_group(backend="gloo") if (a.ckpt_dir and a.ckpt_async) else None
+    pending: dict[str, Any] = {}
+
+    def finish_pending() -> None:
+        if pending:
+            pending["future"].result()
+            publish(pending["path"])
+            emit({"event": "checkpoint", "step": pending["step"], "path": str(pending["path"]),
+                  "save_s": pending["stall_s"], "write_s": time.perf_counter() - pending["t0"], "async": True,
+                  "reason": "interval", "time": time.time()})
+            pending.clear()
 
     tokens = load_tokens(a.data, a.token_dtype)
     spec = model_spec_of(a.model_config)
@@ -488,20 +511,30 @@ def train(a: argparse.Namespace) -> int:
         due = bool(a.ckpt_dir) and step < a.steps and (
             (a.ckpt_interval_steps > 0 and step % a.ckpt_interval_steps == 0)
             or (a.ckpt_interval_s > 0 and time.time() - last_ckpt_t >= a.ckpt_interval_s))
-        flags = torch.tensor([int(want_stop), int(due)], device=device)
+        writing = bool(pending) and not pending["future"].done()
+        flags = torch.tensor([int(want_stop), int(due), int(writing)], device=device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        want_stop, due = bool(flags[0]), bool(flags[1])
+        want_stop, due, writing = bool(flags[0]), bool(flags[1]), bool(flags[2])
+        if pending and not writing:  # every rank's async write has finished
+            finish_pending()
         if a.ckpt_dir and (due or want_stop or step == a.steps):
+            finish_pending()  # one write at a time; a stop or final save follows the interval one
             t1 = time.perf_counter()
-            path = save(step)
+            final = want_stop or step == a.steps
+            if ckpt_pg is not None and not final:
+                path = Path(a.ckpt_dir) / f"step-{step}"
+                fut = dcp.async_save(state(step), checkpoint_id=str(path), process_group=ckpt_pg)
+                pending.update(future=fut, path=path, step=step, t0=t1, stall_s=time.perf_counter() - t1)
+            else:
+                path = save(step)
+                emit({"event": "checkpoint", "step": step, "path": str(path), "save_s": time.perf_counter() - t1,
+                      "reason": "stop" if want_stop else "final", "async": False, "time": time.time()})
             last_ckpt_t = time.time()
-            emit({"event": "checkpoint", "step": step, "path": str(path), "save_s": time.perf_counter() - t1,
-                  "reason": "stop" if want_stop else ("final" if step == a.steps else "interval"),
-                  "time": time.time()})
         if want_stop and step < a.steps:
             emit({"event": "stop", "step": step, "signal": stop.signal, "time": time.time()})
             exit_code = EXIT_PREEMPTED
             break
+    finish_pending()  # (only without a stop or final save, which waited for it already)
     if step >= a.steps:
         if a.ckpt_dir and rank == 0:
             _write_atomic(Path(a.ckpt_dir) / "DONE", f"{step}\n")

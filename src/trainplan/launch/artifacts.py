@@ -387,8 +387,10 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
                   partition: str | None = None, account: str | None = None, master_port: int = RDZV_PORT,
                   accelerate_file: str = "accelerate_fsdp2.yaml", checkpoint_interval_s: float | None = None,
                   step_time_s: float | None = None, min_tokens_per_s_per_gpu: float | None = None,
-                  signal_lead_s: int = 300, gpu_directive: bool = True) -> str:
+                  signal_lead_s: int = 300, gpu_directive: bool = True, checkpoint_async: bool = True) -> str:
     """The Slurm batch script for nodes x gpus_per_node: runs the chosen trainer (:func:`trainers.choose_trainer`).
+    ``checkpoint_async`` (cost.checkpoint_async, what the cost model charges): interval checkpoints written while
+    training goes on.
 
     ``TRAINPLAN_MODE`` = train (resumes from the last checkpoint; requeues itself when told to stop),
     day1-throughput (DAY1_THROUGHPUT_STEPS; the step log becomes a record checked against ``min_tokens_per_s_per_gpu``),
@@ -433,7 +435,7 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         torchtitan_why=_one_line("; ".join(titan_no)).replace('"', "'"),
         min_tps=round(min_tokens_per_s_per_gpu or 0), rdzv_port=master_port,
         own_entry=not train_script,  # the data guard knows what trainplan.train_entry reads, not a custom script
-        fp8_accelerate=training.fp8 == "tensorwise",
+        fp8_accelerate=training.fp8 == "tensorwise", ckpt_async=int(bool(checkpoint_async)),
         # what `trainplan ingest` needs for a torchtitan console log: the model (a preset by name, else this
         # folder's config.json), the layout, the shapes
         titan_model=(shlex.quote(model.name) if MODEL_PRESETS.get(model.name) == model
@@ -568,6 +570,7 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                     out_dir: str | Path, *, study_hash: str, train_script: str | None = DEFAULT_TRAIN_SCRIPT,
                     train_args: Sequence[str] = (), options: Mapping[str, Any] | None = None,
                     checkpoint_interval_s: float | None = None, step_time_s: float | None = None,
+                    checkpoint_async: bool = True,
                     min_tokens_per_s_per_gpu: float | None = None, summary_path: str = "results/analytic/summary.json",
                     config_path: str | Sequence[str] = "config/config.yaml",
                     study_config: Mapping[str, Any] | None = None) -> list[tuple[str, bool]]:
@@ -598,7 +601,7 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                         "torchrun command, one per node"),
         sbatch_name(cluster): (sbatch_script(model, cluster, training, layout, checkpoint_interval_s=checkpoint_interval_s,
                                              step_time_s=step_time_s, min_tokens_per_s_per_gpu=min_tokens_per_s_per_gpu,
-                                             **opts, **kw),
+                                             checkpoint_async=checkpoint_async, **opts, **kw),
                                f"Slurm batch script (runs {trainer}; requeue on USR1/TERM; day-1 modes)"),
     }
     hf_why = hf_unsupported_reason(model)
@@ -610,11 +613,13 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                                       "TRAINPLAN_MODEL_CONFIG at the checkpoint directory)")
     settings: dict[str, Any] | None = None
     if not titan_no:
-        settings, _ = torchtitan_settings(model, cluster, training, layout, ckpt_interval_steps=ckpt_steps)
+        settings, _ = torchtitan_settings(model, cluster, training, layout, ckpt_interval_steps=ckpt_steps,
+                                          checkpoint_async=checkpoint_async)
         head = _header(f"torchtitan job module ({TORCHTITAN_MODULE}.{TORCHTITAN_CONFIG_FN})", study_hash, model,
                        cluster, layout)
         texts[f"{TORCHTITAN_MODULE}.py"] = (torchtitan_job_module(model, cluster, training, layout, header=head,
-                                                                  ckpt_interval_steps=ckpt_steps),
+                                                                  ckpt_interval_steps=ckpt_steps,
+                                                                  checkpoint_async=checkpoint_async),
                                             "torchtitan 0.3 job (config_registry module)")
     if study_config is not None:
         texts[STUDY_CONFIG_NAME] = (

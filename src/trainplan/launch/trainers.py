@@ -121,7 +121,8 @@ def choose_trainer(model: ModelSpec, training: TrainingSpec, layout: Layout) -> 
 
 
 def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, *,
-                        ckpt_interval_steps: int = 500, steps: int | None = None) -> tuple[dict[str, Any], list[str]]:
+                        ckpt_interval_steps: int = 500, steps: int | None = None,
+                        checkpoint_async: bool = True) -> tuple[dict[str, Any], list[str]]:
     """The Trainer.Config fields (by section) for the layout, and notes on what is approximated or missing."""
     L, notes = layout, []
     ga = grad_accum(training, L)
@@ -186,7 +187,7 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
         compile_["enable"] = True
     # keep the last two checkpoints (torchtitan keeps 10 by default: ~12 B/param each, 1.5 TB at 13B): the newest to
     # resume from, the one before it if the newest was cut short
-    ckpt = {"enable": True, "interval": int(ckpt_interval_steps), "async_mode": "async",
+    ckpt = {"enable": True, "interval": int(ckpt_interval_steps), "async_mode": "async" if checkpoint_async else "disabled",
             "last_save_model_only": False, "folder": "checkpoint", "keep_latest_k": 2}
     # FP8: torchtitan 0.3's Float8LinearConverter offers the rowwise recipes only (recipe_name rowwise |
     # rowwise_with_gw_hp); the output projection stays bf16 (filter_fqns), as the planner models it.
@@ -203,10 +204,11 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
 
 
 def torchtitan_job_module(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, *,
-                          header: str, ckpt_interval_steps: int = 500, steps: int | None = None) -> str:
+                          header: str, ckpt_interval_steps: int = 500, steps: int | None = None,
+                          checkpoint_async: bool = True) -> str:
     """Python source of a torchtitan 0.3 ``config_registry`` module: ``trainplan_job() -> Trainer.Config``."""
     s, notes = torchtitan_settings(model, cluster, training, layout, ckpt_interval_steps=ckpt_interval_steps,
-                                   steps=steps)
+                                   steps=steps, checkpoint_async=checkpoint_async)
     shapes = {"dim": model.hidden, "n_layers": model.layers, "n_heads": model.heads, "n_kv_heads": model.kv_heads,
               "hidden_dim": model.ffn_hidden, "vocab_size": model.vocab, "max_seq_len": max(model.max_seq_len,
                                                                                              training.seq_len),

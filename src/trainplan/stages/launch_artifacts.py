@@ -33,6 +33,7 @@ def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
                     study_hash=study_hash(cfg), options=cfg["launch"],
                     checkpoint_interval_s=float(ckpt_h) * 3600.0 if ckpt_h else None,
                     step_time_s=s["training"].tokens_per_step / (float(tps) * s["cluster"].n_gpus) if tps else None,
+                    checkpoint_async=bool(cfg["cost"].get("checkpoint_async", True)),
                     min_tokens_per_s_per_gpu=chosen.get("tokens_per_s_per_gpu_p10"),
                     summary_path=str(inp["summary"]), study_config=cfg)  # the preflight reads this study's files
     for f in sorted(outdir.iterdir()):

@@ -480,3 +480,15 @@ def test_fp8_accelerate_config_is_one_accelerate_accepts():
     text = launch.sbatch_script(m, CLUSTER, TrainingSpec(seq_len=4096, global_batch=256, precision="fp8-tensorwise"),
                                 lay, study_hash="abc123def456")
     assert 'python -c "import torchao"' in text and "trainplan[fp8]" in text
+
+
+def test_checkpoint_async_reaches_both_trainers():
+    """cost.checkpoint_async (what the cost model charges) is what runs: train_entry's TRAINPLAN_CKPT_ASYNC and
+    torchtitan's checkpoint.async_mode."""
+    m, lay = resolve_model("llama2-13b"), Layout(dp=32, sharding="zero2")
+    t = TrainingSpec(seq_len=4096, global_batch=256)
+    for on in (True, False):
+        sb = launch.sbatch_script(m, CLUSTER, t, lay, study_hash="abc123def456", checkpoint_async=on)
+        assert f"export TRAINPLAN_CKPT_ASYNC={int(on)} " in sb
+        settings, _ = trainers.torchtitan_settings(m, CLUSTER, t, lay, checkpoint_async=on)
+        assert settings["checkpoint"]["async_mode"] == ("async" if on else "disabled")

@@ -317,3 +317,17 @@ def test_accelerate_reduces_gradients_in_fp32_as_planned(monkeypatch):
     assert plugin.mixed_precision_policy.param_dtype == torch.bfloat16
     assert plugin.mixed_precision_policy.reduce_dtype == torch.float32
     assert te.accelerate_fsdp_plugin(False) is None
+
+
+@SLOW
+def test_interval_checkpoints_are_written_asynchronously_and_the_final_one_synchronously(job, reference):
+    """cost.checkpoint_async (the plan's cost) is what runs: interval saves go through dcp.async_save (the event
+    records the stall and, later, the whole write, once every rank finished it, and only then names it ``latest``);
+    the final save is synchronous. The uninterrupted losses above come from the same run."""
+    ck = [e for e in _events(job / "ref.jsonl") if e["event"] == "checkpoint"]
+    interval = [e for e in ck if e["reason"] == "interval"]
+    assert interval and all(e["async"] and e["write_s"] >= e["save_s"] >= 0 for e in interval)
+    assert [e["step"] for e in interval] == list(range(5, STEPS, 5))
+    final = [e for e in ck if e["reason"] == "final"]
+    assert len(final) == 1 and final[0]["async"] is False and final[0]["step"] == STEPS
+    assert (job / "ck_ref" / "latest").read_text().strip() == f"step-{STEPS}"
