@@ -290,10 +290,21 @@ def test_proxy_defaults_fit_a_one_gpu_node():
     r["proxies"] = {"nproc_per_node": 2}  # set by the user: checked, not changed
     with pytest.raises(ConfigError, match="at most cluster.gpus_per_node=1"):
         load_config(r)
-    # as config/config.yaml sets both: one error names both keys to lower, not one at a time
+    # set both: one error names both keys to lower, not one at a time
     r["proxies"] = {"nproc_per_node": 2, "scaleout_world_sizes": [1, 2]}
     with pytest.raises(ConfigError, match=r"scaleout_world_sizes=\[2\] must then come down too \(each at most 1\)"):
         load_config(r)
+
+
+def test_the_default_config_leaves_the_proxy_ranks_to_the_cluster(tmp_path):
+    """config/config.yaml sets neither nproc_per_node nor scaleout_world_sizes (their defaults, 2 and [1, 2]), so an
+    overlay with one GPU per node plans as written: it was refused ('proxies.nproc_per_node=2: at most 1') unless the
+    user also lowered both."""
+    over = tmp_path / "one_gpu.yaml"
+    over.write_text("cluster: {nodes: 4, gpus_per_node: 1}\n")
+    c = load_config([DEFAULT, over], warn=False)
+    assert c.proxies["nproc_per_node"] == 1 and c.proxies["scaleout_world_sizes"] == [1]
+    assert load_config(DEFAULT, warn=False).proxies["nproc_per_node"] == 2
 
 
 def test_a_key_with_a_newline_is_named_on_one_line():
