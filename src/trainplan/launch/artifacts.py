@@ -438,9 +438,7 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         fp8_accelerate=training.fp8 == "tensorwise", ckpt_async=int(bool(checkpoint_async)),
         # what `trainplan ingest` needs for a torchtitan console log: the model (a preset by name, else this
         # folder's config.json), the layout, the shapes
-        titan_model=(shlex.quote(model.name) if MODEL_PRESETS.get(model.name) == model
-                     else '"$LAUNCH_DIR/model_config.json"'),
-        titan_layout=shlex.quote(json.dumps(layout.to_dict(), sort_keys=True)), global_batch=training.global_batch,
+        titan_model=_titan_model_ref(model, None), titan_layout=_layout_arg(layout), global_batch=training.global_batch,
         accelerate_node_command=shlex.quote(accelerate_node_command(cluster, train_script=train_script,
                                                                     train_args=train_args,
                                                                     accelerate_file=accelerate_file)),
@@ -504,7 +502,7 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
     console log (model, layout, shapes), which has no record of them."""
     sb = sbatch_name(cluster)
     tps = f"{min_tokens_per_s_per_gpu:,.0f}" if min_tokens_per_s_per_gpu else "the p10 prediction"
-    launch_dir = str(PurePosixPath(summary_path).parent.parent / "launch")
+    launch_dir = _launch_dir(summary_path)
     run = (f"{launch_dir}/run-{study_hash[:12]}" if study_hash  # the sbatch's TRAINPLAN_RUN_DIR
            else f"{launch_dir}/run-<study hash[:12]>")
     if trainer == "accelerate":
@@ -557,10 +555,26 @@ def titan_ingest_flags(model: ModelSpec, training: TrainingSpec, layout: Layout,
                        summary_path: str) -> str:
     """``trainplan ingest`` flags for a torchtitan console log of this plan: the model (a preset name, else the launch
     folder's model_config.json), the layout as JSON, the shapes and the world size."""
-    from_launch = str(PurePosixPath(summary_path).parent.parent / "launch" / "model_config.json")
-    ref = model.name if MODEL_PRESETS.get(model.name) == model else from_launch
-    return (f"--model {shlex.quote(ref)} --layout {shlex.quote(json.dumps(layout.to_dict(), sort_keys=True))} "
+    return (f"--model {_titan_model_ref(model, _launch_dir(summary_path))} --layout {_layout_arg(layout)} "
             f"--seq-len {training.seq_len} --global-batch {training.global_batch} --world-size {cluster.n_gpus}")
+
+
+def _launch_dir(summary_path: str) -> str:
+    """The study's launch folder, beside the analytic/ folder of ``summary_path``."""
+    return str(PurePosixPath(summary_path).parent.parent / "launch")
+
+
+def _titan_model_ref(model: ModelSpec, launch_dir: str | None) -> str:
+    """``--model`` for ``trainplan ingest`` (shell-quoted): a preset by name, else the launch folder's model_config.json
+    (``launch_dir`` None: the sbatch's own ``$LAUNCH_DIR``, left for the shell to expand)."""
+    if MODEL_PRESETS.get(model.name) == model:
+        return shlex.quote(model.name)
+    return '"$LAUNCH_DIR/model_config.json"' if launch_dir is None else shlex.quote(f"{launch_dir}/model_config.json")
+
+
+def _layout_arg(layout: Layout) -> str:
+    """``--layout`` for ``trainplan ingest``: the layout as shell-quoted JSON."""
+    return shlex.quote(json.dumps(layout.to_dict(), sort_keys=True))
 
 
 STUDY_CONFIG_NAME = "study_config.yaml"  # the resolved config the workflow writes beside the launch files

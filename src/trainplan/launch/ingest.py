@@ -78,9 +78,14 @@ def log_format(path: str | Path, fmt: str = "auto") -> str:
 def parse_torchtitan_log(path: str | Path) -> list[dict[str, Any]]:
     """Step events from torchtitan's metric lines (rank 0 console). Step time = tokens per rank ÷ tps is not
     recoverable without the batch, so ``tps`` (tokens/s per GPU) is kept and converted by the caller."""
+    return _titan_steps(Path(path).read_text(encoding="utf-8", errors="replace"))
+
+
+def _titan_steps(text: str) -> list[dict[str, Any]]:
+    """The step events of torchtitan console text (:func:`parse_torchtitan_log`'s parser)."""
     out = []
     seg = 0
-    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in text.splitlines():
         if "Training starts at step" in line or "Loading the checkpoint" in line:
             seg += 1 if out else 0
         m = _TT.search(line)
@@ -218,9 +223,7 @@ def check_resume_torchtitan(path: str | Path) -> tuple[bool, str]:
     if not loads:
         return False, "no launch loaded a checkpoint (no \"Loading the checkpoint from …/step-N\" line)"
     r = int(loads[-1]["step"])
-    lines = text[loads[-1].end():].splitlines()
-    after = [{"step": int(m["step"]), "loss": float(m["loss"])} for m in (_TT.search(x) for x in lines)
-             if m and "tps" in m.string]
+    after = _titan_steps(text[loads[-1].end():])
     if not after:
         return False, f"loaded step-{r} but logged no step after it"
     nums = [s["step"] for s in after]

@@ -161,7 +161,7 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
         # torchtitan 0.3's language models attend with FlexAttention under block-causal (per-document) masks, and its
         # CP for FlexAttention all-gathers K and V over the CP group (distributed/context_parallel/api.py) instead of
         # rotating them in a ring: autograd keeps the gathered K, V of every layer, cp× the ring's local ones
-        kv = 2 * layout.micro_batch * training.seq_len * (1 - 1 / L.cp) * model.kv_dim / max(1, L.tp) * 2
+        kv = 2 * layout.micro_batch * training.seq_len * (1 - 1 / L.cp) * model.kv_dim / L.tp * 2
         extra = kv * -(-model.layers // L.pp) / 2**30
         notes.append(Deviation(f"cp={L.cp} ({L.cp_kind} planned): torchtitan {TORCHTITAN_VERSION} runs CP for its "
                                "FlexAttention by all-gathering K and V over the CP group (no ring, no Ulysses) and "
