@@ -50,6 +50,9 @@ def event_timer(device: str) -> Callable[[Callable[[], Any], int, int], list[flo
         for _ in range(iters):
             if device == "cuda":
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                # ~1 ms of queued GPU work first: the host's dispatch before fn's first kernel (0.4-0.6 ms for torch's
+                # context-parallel SDPA) overlaps it instead of being timed as an idle GPU
+                torch.cuda._sleep(2_000_000)
                 a.record()
                 fn()
                 b.record()

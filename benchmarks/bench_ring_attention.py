@@ -6,8 +6,11 @@ hidden). This separates the two halves of that question on the one GPU a device 
 
 * **the ring code's own compute** — torch's ``context_parallel`` (the API torchtitan calls, pass-KV with the default
   all-gather rotater, ``convert_to_f32``, round-robin load balancing) run as the *last* rank of a ``cp``-rank mesh on
-  a fake process group (``torch.testing._internal.distributed.fake_pg``: the collectives return at once, so only
-  this rank's kernels run and the timing is its compute, merges included, with no communication);
+  a fake process group (``torch.testing._internal.distributed.fake_pg``: no other rank, so only this rank's kernels
+  run and the timing is its compute, merges included, with no communication). The fake group's collectives still
+  copy (its all-gather writes the input into every chunk, its all-to-all copies it: 131,072·cp B per token of a
+  training call at 4,096 wide, ~30% of the model's ring overhead); while the ring is timed they are replaced by
+  stand-ins that copy nothing (a real ring's NCCL moves those bytes on its own stream);
 * **the flash kernels alone** — the same rank's calls made directly: the first ring step causal over its two local
   chunks (L × L), each later one non-causal over half the keys (L × L/2).
 
@@ -108,21 +111,50 @@ def _fwd_train_times(q: Any, k: Any, v: Any, g: Any, causal: bool, a: argparse.N
 def _ring_times(a: argparse.Namespace, r: dict[str, Any], world: int, timer: Any, bf16: Any) -> tuple[float, float]:
     """(forward, forward + backward) seconds of one layer's SDPA under torch's ``context_parallel`` as the last rank
     of a ``r["cp"]``-rank mesh inside the fake ``world``."""
+    import contextlib
+    from unittest import mock
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as ft_c
+    import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
 
     cp = r["cp"]
-    mesh = init_device_mesh("cuda", (world // cp, cp), mesh_dim_names=("dp", "cp"))["cp"]
+    mesh = init_device_mesh(a.device, (world // cp, cp), mesh_dim_names=("dp", "cp"))["cp"]
     full = [bf16(1, a.heads, r["seq_len"], a.head_dim) for _ in range(4)]
-    with context_parallel(mesh, buffers=full, buffer_seq_dims=[2, 2, 2, 2]):
-        q, k, v, g = full  # now this rank's shards (head-tail balance: chunks cp-1 and cp)
+    gathered: dict[Any, Any] = {}
+
+    def gather(t: Any, gather_dim: int, group: Any, tag: str = "") -> Any:
+        # The fake PG's all-gather copies the input into every chunk (cp copies a call; a real ring's NCCL does
+        # that traffic on its own stream): hand back one buffer, filled once, instead.
+        key = (tuple(t.shape), t.dtype, gather_dim)
+        if key not in gathered:
+            gathered[key] = torch.cat([t] * dist.get_world_size(group), dim=gather_dim)
+        return gathered[key]
+
+    sdpa = F.scaled_dot_product_attention
+    with contextlib.ExitStack() as stack:
+        for name in ("all_gather_single", "all_gather_tensor"):  # torch 2.13 / 2.11's _AllGatherRotater
+            if hasattr(ft_c, name):
+                stack.enter_context(mock.patch.object(ft_c, name, gather))
+        # the fake all_to_all copies too (backward: the dK, dV ring, fp32, every step): pass the buffer through
+        stack.enter_context(mock.patch.object(ft_c, "permute_tensor", lambda t, src_dst, group, tag="": t))
         try:
-            q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
-            return _fwd_train_times(q, k, v, g, True, a, timer)
+            with context_parallel(mesh, buffers=full, buffer_seq_dims=[2, 2, 2, 2]):
+                q, k, v, g = full  # now this rank's shards (head-tail balance: chunks cp-1 and cp)
+                try:
+                    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+                    return _fwd_train_times(q, k, v, g, True, a, timer)
+                finally:
+                    for t in (q, k, v):
+                        t.grad = None
+                        t.requires_grad_(False)  # context_parallel resizes the buffers back on exit: no grad
         finally:
-            for t in (q, k, v):
-                t.grad = None
-                t.requires_grad_(False)  # context_parallel resizes the buffers back on exit, which needs no grad
+            # torch 2.11's context_parallel (the device image's) skips its exit when the body raises, leaving F.sdpa
+            # patched with this mesh: the next CP degree's context_parallel would then keep that stale patch
+            F.scaled_dot_product_attention = sdpa
 
 
 def _measure(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
@@ -131,8 +163,8 @@ def _measure(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dev = torch.device("cuda")
-    timer = event_timer("cuda")
+    dev = torch.device(a.device)  # cuda; cpu only in the test, with CPU stand-ins for the CUDA flash ops
+    timer = event_timer(a.device)
     world = max(r["cp"] for r in rows)
     dist.init_process_group("fake", store=FakeStore(), rank=world - 1, world_size=world)  # the last rank of each ring
 
@@ -160,6 +192,9 @@ def _measure(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
                 except Exception as e:  # noqa: BLE001 - a CP degree that cannot run is a result, the rest still run
                     r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
                     print(f"cp {cp}: {r['error']}", file=sys.stderr, flush=True)
+            if "train_s" in r:  # each row as it is timed: a budget kill keeps what ran
+                print(f"cp {cp}: fwd {r['fwd_s'] * 1e3:.2f} ms, train {r['train_s'] * 1e3:.2f} ms, flash kernels alone "
+                      f"{r['kernels_train_s'] * 1e3:.2f} ms", flush=True)
             torch.cuda.empty_cache()
     dist.destroy_process_group()
 

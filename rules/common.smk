@@ -3,7 +3,13 @@ import json
 from pathlib import Path
 
 from trainplan import pkgdata
-from trainplan.config import config_slice, load_config, read_yaml, schema_path
+from trainplan.config import (
+    config_slice,
+    load_config,
+    read_yaml,
+    require_proxy_torch,
+    schema_path,
+)
 from trainplan.provenance import code_version, study_hash
 from trainplan.proxy.slurm_resources import proxy_job_resources
 from trainplan.model.base import ConfigError
@@ -17,6 +23,8 @@ try:
     STUDY = load_config(
         config
     )  # defaults filled, YAML 1.2 numbers (1e10) read, specs resolved, pinned layout checked
+    # proxies.device: cuda needs a CUDA torch in the interpreter every job runs (the venv's is the CPU wheel)
+    require_proxy_torch(STUDY.raw["proxies"])
     # a study no layout fits (every one OOM, an empty search space, a pinned layout too big) is refused here, not by
     # the cost stage after the proxies ran: the search takes about a second
     require_feasible(

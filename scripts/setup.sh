@@ -5,9 +5,17 @@
 #      root it only says what is missing.
 #   2. The venv .venv: torch 2.13.0 CPU wheel FIRST (a plain `pip install torch` pulls a multi-GB CUDA build),
 #      then the package with the extras named in $TRAINPLAN_EXTRAS. Redone when pyproject.toml changes.
+#      TRAINPLAN_TORCH=cuda installs PyPI's CUDA build of torch 2.13.0 instead: for GPU proxies
+#      (`proxies.device: cuda`, run by the jobs of `snakemake --profile slurm` with this venv's interpreter, so
+#      create it on a path the compute nodes share, with a Python they have too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS=${TRAINPLAN_EXTRAS:-dev,workflow,launch}
+TORCH=${TRAINPLAN_TORCH:-cpu}
+case "$TORCH" in
+  cpu|cuda) ;;
+  *) echo "setup: TRAINPLAN_TORCH=$TORCH: valid: cpu (default), cuda" >&2; exit 2 ;;
+esac
 
 pkgs=(libpango-1.0-0 libpangoft2-1.0-0 libharfbuzz0b libharfbuzz-subset0 fonts-dejavu-core shared-mime-info
       poppler-utils slurm-wlm munge python3-venv)
@@ -23,19 +31,26 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 stamp=.venv/.trainplan-setup
-want="$(sha256sum pyproject.toml | cut -c1-16) $EXTRAS"
+want="$(sha256sum pyproject.toml | cut -c1-16) $EXTRAS torch-$TORCH"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip
-  # the CPU wheel: from the local wheel folder where there is one, else PyTorch's CPU index (PyPI's Linux
-  # torch==2.13.0 is the CUDA build); a CUDA build left by an earlier attempt is replaced, not kept
-  if [ -d /opt/wheels ]; then src=(--find-links /opt/wheels)
-  else src=(--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple); fi
   cuda() { .venv/bin/python -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)' 2>/dev/null; }
-  if cuda; then .venv/bin/pip uninstall -q -y torch; fi
-  .venv/bin/pip install -q "${src[@]}" torch==2.13.0
-  if cuda; then
-    echo "setup: pip installed a CUDA build of torch; install torch==2.13.0+cpu into .venv by hand" >&2; exit 1
+  if [ "$TORCH" = cuda ]; then
+    # PyPI's Linux torch==2.13.0 is the CUDA build; a CPU build left by an earlier setup is replaced
+    if ! cuda; then .venv/bin/pip uninstall -q -y torch 2>/dev/null || true; fi
+    .venv/bin/pip install -q --index-url https://pypi.org/simple torch==2.13.0
+    if ! cuda; then echo "setup: TRAINPLAN_TORCH=cuda but pip installed a torch without CUDA" >&2; exit 1; fi
+  else
+    # the CPU wheel: from the local wheel folder where there is one, else PyTorch's CPU index (PyPI's Linux
+    # torch==2.13.0 is the CUDA build); a CUDA build left by an earlier attempt is replaced, not kept
+    if [ -d /opt/wheels ]; then src=(--find-links /opt/wheels)
+    else src=(--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple); fi
+    if cuda; then .venv/bin/pip uninstall -q -y torch; fi
+    .venv/bin/pip install -q "${src[@]}" torch==2.13.0
+    if cuda; then
+      echo "setup: pip installed a CUDA build of torch; install torch==2.13.0+cpu into .venv by hand" >&2; exit 1
+    fi
   fi
   .venv/bin/pip install -q -e ".[$EXTRAS]"
   echo "$want" > "$stamp"

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -348,6 +349,25 @@ def build_efficiency(overrides: Mapping[str, Any], gpu: Any = None) -> Any:
         return Efficiency.for_gpu(gpu, **d) if gpu is not None else base
 
     return _section("efficiency", build, dict(overrides))
+
+
+def require_proxy_torch(proxies: Mapping[str, Any], torch_version: str | None = None) -> None:
+    """Refuse ``proxies.device: cuda`` when this interpreter's torch is a CPU-only build (``2.13.0+cpu``, what
+    ``scripts/setup.sh`` installs by default): every proxy job runs this interpreter and would fail on the GPU
+    nodes after queueing (no CUDA, no NCCL), three times with the Slurm profile's retries. Read from the installed
+    distribution's version, without importing torch; a build without the ``+cpu`` tag is let through (PyPI's Linux
+    wheel is the CUDA one). Nothing to check when no proxy family runs."""
+    if proxies.get("device") != "cuda" or not proxies.get("families", True):
+        return
+    if torch_version is None:
+        try:
+            torch_version = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            torch_version = "not installed"
+    if torch_version == "not installed" or "+cpu" in torch_version:
+        raise ConfigError("proxies.device", "cuda",
+                          f"cpu, or a CUDA build of torch in this interpreter ({sys.executable}: torch "
+                          f"{torch_version}); `TRAINPLAN_TORCH=cuda ./scripts/setup.sh` installs one")
 
 
 def check_relative_dir(key: str, value: Any) -> None:

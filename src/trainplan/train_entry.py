@@ -22,7 +22,9 @@ production job needs around them:
 * **SIGTERM / SIGUSR1** (Slurm preemption, ``--signal``, ``scancel``) or a ``--stop-file`` appearing: every rank
   agrees (all-reduce) at the next step boundary, saves a checkpoint and exits 0 without writing ``DONE``; the
   sbatch script then requeues the job (``scontrol requeue``). On reaching ``--steps`` it writes
-  ``<ckpt-dir>/DONE``;
+  ``<ckpt-dir>/DONE``. The save is certain on the stop file and on USR1, which the sbatch gets minutes before the
+  time limit; a TERM from Slurm reaches torchrun's agent too, which kills the workers 30 s later, so a stop save
+  longer than that is cut off and the run resumes from the previous ``latest``;
 * a per-step **JSON-lines log** (rank 0): ``{"event": "step", "step", "loss", "lr", "tokens", "step_time_s",
   "tokens_per_s_per_gpu", "mfu", "peak_mem_bytes", "peak_mem_kind", ...}`` after one ``{"event": "start", ...}``
   line describing the run (model, world, layout, device); ``trainplan ingest`` turns it into a calibration

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 import sys
@@ -57,6 +58,9 @@ def test_default_study_dry_run_plans_the_whole_dag(tmp_path):
     ("model: {preset: llama2-70b}\nsearch: {offloads: [none]}\n", "search='"),
     ("search: {shardings: [none], offloads: [cpu]}\n", "search='0 layouts'"),
     ("model: {preset: llama2-70b}\nlayout: {dp: 2, sharding: none}\n", "layout='dp2"),
+    # GPU proxies with the venv's CPU-only torch: every proxy job would fail on the GPU nodes after queueing
+    pytest.param("proxies: {device: cuda}\n", "proxies.device='cuda'", marks=pytest.mark.skipif(
+        "+cpu" not in importlib.metadata.version("torch"), reason="this venv's torch is not the CPU-only build")),
 ])
 def test_bad_config_fails_at_parse_time_and_runs_nothing(tmp_path, override, key):
     wf = copy_workflow(tmp_path)

@@ -6,6 +6,9 @@
 3. **scale-out ladder** — one model on each of ``scaleout_world_sizes`` ranks (FSDP full shard);
 4. **layout** — one run per layout family the planner considered, mapped to the proxy world size.
 
+The depth, width and layout runs use the proxy world, ``nnodes`` nodes of ``nproc_per_node`` ranks (a multi-node
+proxy needs the Slurm profile); the scale-out ladder places each of its world sizes on one node.
+
 ``model_impl: hf`` runs every proxy on transformers' ``LlamaForCausalLM`` instead of the harness's model; it
 has no TP plan or LoRA adapter here, so the TP, TP+SP and LoRA runs are left out (and a model it cannot
 express, e.g. a GELU MLP, is refused naming ``proxies.model_impl``).
@@ -78,12 +81,13 @@ def select_proxies(candidates: pd.DataFrame, model: ModelSpec, training: Trainin
     device = cfg.get("device", "cpu")
     if device not in ("cpu", "cuda"):
         raise ConfigError("proxies.device", device, "cpu or cuda")
-    world = int(cfg.get("nproc_per_node", 2)) * int(cfg.get("nnodes", 1))
+    ppn, nodes = int(cfg.get("nproc_per_node", 2)), int(cfg.get("nnodes", 1))
+    world = ppn * nodes
     seq = int(cfg.get("seq_len", 128 if device == "cpu" else training.seq_len))
     gb = int(cfg.get("global_batch", 4))
     widths = list(cfg.get("width_hidden", [64, 128, 256]))
     base = {"seq_len": seq, "global_batch": gb, "steps": int(cfg.get("steps", 8)), "warmup": int(cfg.get("warmup", 2)),
-            "nnodes": 1, "device": device, "dtype": cfg.get("dtype", "fp32" if device == "cpu" else "bf16"),
+            "device": device, "dtype": cfg.get("dtype", "fp32" if device == "cpu" else "bf16"),
             "seed": int(cfg.get("seed", 0)), "timeout_s": int(cfg.get("timeout_s", 600)), "finetune": "full",
             "mem_limit_bytes": cfg.get("mem_limit_bytes")}
     impl = cfg.get("model_impl", "trainplan")
@@ -111,13 +115,16 @@ def select_proxies(candidates: pd.DataFrame, model: ModelSpec, training: Trainin
         return model.with_layers(layers) if hidden is None else replace(model, hidden=hidden, layers=layers,
                                                                           name=f"{model.name}-h{hidden}-L{layers}")
 
-    def add(id_: str, family: str, m: ModelSpec, layout: Layout, nproc: int, **kw: Any) -> None:
+    def add(id_: str, family: str, m: ModelSpec, layout: Layout, ranks: int, **kw: Any) -> None:
+        """One RUN_SPEC on ``ranks`` ranks: the proxy world (``nnodes`` nodes of ``nproc_per_node``) or, for the
+        scale-out ladder, ``ranks`` on one node (each at most a node's GPUs: config checks it)."""
         if gb % (layout.dp * layout.micro_batch):
             return
         if impl == "hf" and (layout.tp > 1 or kw.get("finetune") == "lora"):
             return  # no TP plan / LoRA adapter for the Hugging Face model (proxy.schema refuses them)
+        placed = {"nnodes": nodes, "nproc_per_node": ppn} if ranks == world else {"nnodes": 1, "nproc_per_node": ranks}
         out.append({**base, "id": id_, "family": family, "model": m.to_dict(), "layout": layout.to_dict(),
-                    "nproc_per_node": nproc, **kw})
+                    **placed, **kw})
 
     if "depth" in families:
         for L in cfg.get("depth_layers", [1, 2, 4]):
@@ -138,7 +145,7 @@ def select_proxies(candidates: pd.DataFrame, model: ModelSpec, training: Trainin
                 continue
             seen.add(_kind(lay))
             add(f"layout-{_slug(_kind(lay))}", "layout", sized(2, tp=lay.tp), lay, world)
-        for lay in _always(world):  # every family the harness supports, even if the planner dropped it
+        for lay in _always(world, ppn):  # every family the harness supports, even if the planner dropped it
             if _kind(lay) not in seen:
                 seen.add(_kind(lay))
                 add(f"layout-{_slug(_kind(lay))}", "layout", sized(2, tp=lay.tp), lay, world)
@@ -163,12 +170,18 @@ def _round_robin(specs: list[dict[str, Any]], cap: int) -> list[dict[str, Any]]:
     return sorted(picked, key=lambda s: order[id(s)])
 
 
-def _always(world: int) -> list[Layout]:
+def _always(world: int, per_node: int) -> list[Layout]:
+    """The families every study proxies. TP stays inside a node (``per_node`` ranks), as in production; across
+    nodes the TP groups are data-parallel (FSDP×TP)."""
     lays = [Layout(dp=world, sharding="none"), Layout(dp=world, sharding="zero3"),
             Layout(dp=world, sharding="zero2")]
     if world >= 2:
-        lays += [Layout(dp=world, sharding="hsdp", shard_group=max(1, world // 2)),
-                 Layout(dp=1, tp=world, sharding="none"), Layout(dp=1, tp=world, sp=True, sharding="none")]
+        lays.append(Layout(dp=world, sharding="hsdp", shard_group=max(1, world // 2)))
+    tp = min(world, per_node)
+    if tp >= 2:
+        dp = world // tp
+        shard = "none" if dp == 1 else "zero3"
+        lays += [Layout(dp=dp, tp=tp, sharding=shard), Layout(dp=dp, tp=tp, sp=True, sharding=shard)]
     return lays
 
 

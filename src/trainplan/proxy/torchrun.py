@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,9 @@ from trainplan.io import read_json, write_json
 from trainplan.model.base import ConfigError
 from trainplan.proxy.record import assemble_record
 from trainplan.proxy.run import main
+from trainplan.proxy.slurm_resources import proxy_job_resources
 
-RDZV_PORT = 29517
+RDZV_PORT = 29517  # the c10d rendezvous port of a multi-node proxy outside a numbered job; in one: rdzv_port()
 GRACE_S = 3.0  # SIGTERM → SIGKILL for the process tree of an interrupted or timed-out run
 POLL_S = 0.2  # how often the launcher checks its caller while torchrun runs
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -54,20 +56,33 @@ def first_slurm_host() -> str:
     return addr or name
 
 
+def rdzv_port(env: Mapping[str, str]) -> int:
+    """The rendezvous port of a multi-node proxy: one per Slurm job (20000 + job id mod 10000, below Linux's
+    ephemeral range), so two proxies whose allocations start on the same node (CPU jobs share nodes) do not
+    both bind one port; :data:`RDZV_PORT` without a job id."""
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
+    return 20000 + int(job) % 10000 if job.isdigit() else RDZV_PORT
+
+
 def torchrun_command(spec: dict[str, Any], spec_path: str, rank_dir: str, env: dict[str, str] | None = None) -> list[str]:
-    """The argv that starts every rank of ``spec``."""
+    """The argv that starts every rank of ``spec``. Across nodes, ``srun`` gives its one task per node the CPUs
+    the job asked for per node (``proxy_job_resources``): since Slurm 22.05 a step does not inherit the job's
+    ``--cpus-per-task``, and the jobstep plugin strips the variables that would pass it on, so without it every
+    rank of a node would share one CPU wherever Slurm binds tasks to cores."""
     env = os.environ if env is None else env
     entry = ["-m", "trainplan.proxy.torchrun", "worker", spec_path, rank_dir]  # = proxy.run, dies with torchrun
     nproc = str(spec["nproc_per_node"])
     nodes = int(env.get("SLURM_JOB_NUM_NODES", "1"))
     if spec["nnodes"] > 1 or nodes > 1:
         if nodes < spec["nnodes"]:
-
-            raise ConfigError("nnodes", spec["nnodes"], f"the Slurm allocation has {nodes} node(s)")
+            where = f"the Slurm allocation has {nodes} node(s)" if env.get("SLURM_JOB_ID") else \
+                "this is not a Slurm job: a multi-node proxy runs under `snakemake --profile slurm`, or set proxies.nnodes: 1"
+            raise ConfigError("nnodes", spec["nnodes"], where)
         host = first_slurm_host()
-        return ["srun", f"--nodes={spec['nnodes']}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-                sys.executable, "-m", "torch.distributed.run", f"--nnodes={spec['nnodes']}",
-                f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{RDZV_PORT}",
+        cpus = proxy_job_resources(spec)["cpus_per_task"]
+        return ["srun", f"--nodes={spec['nnodes']}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}",
+                "--kill-on-bad-exit=1", sys.executable, "-m", "torch.distributed.run", f"--nnodes={spec['nnodes']}",
+                f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{rdzv_port(env)}",
                 f"--rdzv-id=trainplan-{spec['id']}", *entry]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *entry]
 

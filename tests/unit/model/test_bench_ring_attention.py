@@ -4,6 +4,9 @@ times, and without CUDA it says so instead of timing something else (torch's CP 
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,3 +97,97 @@ def test_the_timing_helper_runs_forward_and_backward_on_cpu():
                                         bench.event_timer("cpu"))
     assert fwd > 0 and train > 0
     assert q.grad is not None and k.grad is not None and v.grad is not None  # the backward ran into q, k, v
+
+
+# The timed path on CPU: torch's context parallel dispatches only the CUDA flash/efficient/cuDNN SDPA ops, so the
+# script registers CPU kernels for aten::_scaled_dot_product_flash_attention (and its backward) that call the CPU
+# flash ops and routes F.scaled_dot_product_attention to it, as CUDA SDPA does under sdpa_kernel([FLASH_ATTENTION]).
+# The benchmark's own _measure then runs context_parallel on the fake process group exactly as on the GPU. In a
+# subprocess: the aten registration and the patched SDPA must not leak into other tests.
+SCRIPT = r'''
+import argparse, json, sys
+import torch
+import torch.nn.functional as F
+import torch.distributed._functional_collectives as ft_c
+
+sys.path.insert(0, sys.argv[1])
+import bench_ring_attention as B
+
+aten = torch.ops.aten
+CALLS = []
+lib = torch.library.Library("aten", "IMPL")
+
+
+def flash_fwd(q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+    CALLS.append(["fwd", q.size(2), k.size(2), bool(is_causal)])
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, scale=scale)
+    seed = torch.empty(2, dtype=torch.uint64)  # what CUDA flash returns: no cum_seq, a (2,) seed, a () offset
+    return out, lse, None, None, q.size(2), k.size(2), seed, torch.empty((), dtype=torch.uint64), q.new_empty(0)
+
+
+def flash_bwd(g, q, k, v, out, lse, cq, ck, mq, mk, dropout_p, is_causal, seed, offset, *, scale=None):
+    CALLS.append(["bwd", q.size(2), k.size(2), bool(is_causal)])
+    return aten._scaled_dot_product_flash_attention_for_cpu_backward(g, q, k, v, out, lse, dropout_p, is_causal,
+                                                                      scale=scale)
+
+
+lib.impl("_scaled_dot_product_flash_attention", flash_fwd, "CPU")
+lib.impl("_scaled_dot_product_flash_attention_backward", flash_bwd, "CPU")
+
+
+def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, scale=scale)[0]
+
+
+F.scaled_dot_product_attention = scaled_dot_product_attention
+
+collectives = {"n": 0}  # the fake group's copying collectives, if the script let them run while timing the ring
+for name in ("all_gather_single", "all_gather_tensor", "permute_tensor"):
+    if hasattr(ft_c, name):
+        real = getattr(ft_c, name)
+        def counted(*args, _real=real, **kw):
+            collectives["n"] += 1
+            return _real(*args, **kw)
+        setattr(ft_c, name, counted)
+
+a = argparse.Namespace(heads=2, head_dim=16, local_tokens=64, iters=1, warmup=1, device="cpu")
+rows = B.plan([1, 2, 4, 8], a.local_tokens, a.heads, a.head_dim)
+start = {}
+real_ring = B._ring_times
+def ring(a_, r, *rest):
+    start[r["cp"]] = len(CALLS)
+    return real_ring(a_, r, *rest)
+B._ring_times = ring
+B._measure(a, rows)
+B.summarize(rows, 4.8e12)
+print(json.dumps({"rows": [{k: r.get(k) for k in ("cp", "calls", "fwd_s", "train_s", "kernels_train_s", "error",
+                                                  "time_per_flop_rel")} for r in rows],
+                  "calls": CALLS, "start": start, "collectives": collectives["n"],
+                  "sdpa_restored": F.scaled_dot_product_attention is scaled_dot_product_attention}))
+'''
+
+
+def test_ring_benchmark_times_torch_context_parallel_on_the_fake_group(tmp_path):
+    script = tmp_path / "ring_cpu.py"
+    script.write_text(SCRIPT)
+    r = subprocess.run([sys.executable, str(script), str(ROOT / "benchmarks")], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout.strip().splitlines()[-1])
+    rows, calls = doc["rows"], doc["calls"]
+    assert [row["cp"] for row in rows] == [1, 2, 4, 8]
+    assert all(row["error"] is None and row["train_s"] > 0 and row["time_per_flop_rel"] > 0 for row in rows), rows
+    assert doc["sdpa_restored"]  # F.sdpa is SDPA again after every CP degree
+    # the fake group's collectives copy (cp copies of K, V per all-gather, the dK/dV all-to-all every backward
+    # step): they must not run inside the timed ring, or their traffic reads as ring overhead
+    assert doc["collectives"] == 0
+    for row in rows[1:]:
+        cp = row["cp"]
+        ring = calls[doc["start"][str(cp)]:]
+        ring = ring[:len(ring) if cp == 8 else doc["start"][str(2 * cp)] - doc["start"][str(cp)]]
+        fwd = [c for c in ring if c[0] == "fwd"]
+        # one forward (no grad) and one forward + backward per timed call (warmup 1 + iters 1): the last rank's
+        # ring is the plan's calls, the first causal over its two chunks, then cp - 1 over half the keys
+        want = [[q, k, causal] for q, k, causal in row["calls"]]
+        assert [c[1:] for c in fwd[:cp]] == want, (cp, fwd[:cp])
+        assert len(fwd) == 4 * cp and len([c for c in ring if c[0] == "bwd"]) == 2 * cp, (cp, len(fwd))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainplan.config import RULE_SECTIONS, config_slice, load_config, load_schema
+from trainplan.config import RULE_SECTIONS, config_slice, load_config, load_schema, require_proxy_torch
 from trainplan.model.base import ConfigError
 from trainplan.model.hardware import ClusterSpec
 
@@ -366,3 +366,18 @@ def test_the_config_reference_is_generated_from_the_schema():
     assert committed == reference_markdown(), "stale: python -m trainplan.config > docs/config-reference.md"
     for path, _ in _property_nodes(load_schema()):
         assert f"`{path}`" in committed
+
+
+def test_gpu_proxies_need_a_cuda_build_of_torch_in_the_jobs_interpreter():
+    """With the Slurm profile every proxy job runs the venv's interpreter, whose torch setup.sh makes the CPU wheel:
+    `proxies.device: cuda` then failed on the GPU nodes after queueing (no CUDA, no NCCL), retried twice. Refused at
+    parse time instead, naming the key and the fix; a CUDA build, CPU proxies or no proxy family pass."""
+    with pytest.raises(ConfigError, match=r"CUDA build of torch.*2\.13\.0\+cpu.*TRAINPLAN_TORCH=cuda") as e:
+        require_proxy_torch({"device": "cuda"}, "2.13.0+cpu")
+    assert e.value.key == "proxies.device"
+    with pytest.raises(ConfigError, match="not installed"):
+        require_proxy_torch({"device": "cuda"}, "not installed")
+    require_proxy_torch({"device": "cuda"}, "2.13.0")  # PyPI's Linux wheel: the CUDA build
+    require_proxy_torch({"device": "cuda"}, "2.13.0+cu126")
+    require_proxy_torch({"device": "cpu"}, "2.13.0+cpu")
+    require_proxy_torch({"device": "cuda", "families": []}, "2.13.0+cpu")  # nothing runs

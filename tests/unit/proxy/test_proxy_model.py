@@ -8,10 +8,12 @@ from trainplan.model.arch import MODEL_PRESETS, ModelSpec
 from trainplan.model.base import ConfigError
 from trainplan.model.layout import Layout
 from trainplan.model.training import TrainingSpec
+from trainplan.proxy import torchrun as tr
 from trainplan.proxy.lora import apply_lora, lora_trainable_params
 from trainplan.proxy.model import build_model, n_params
 from trainplan.proxy.schema import normalize_run_spec
 from trainplan.proxy.select import select_proxies
+from trainplan.proxy.slurm_resources import proxy_job_resources
 
 
 @pytest.mark.parametrize("name", sorted(MODEL_PRESETS))
@@ -207,3 +209,39 @@ def test_bf16_on_one_rank_is_autocast_and_its_record_predicts_the_saves_to_the_b
     bf16_params = memory.saved_activation_bytes_per_layer(m, 32, 1, dtype_bytes=2, norm_impl="composite",
                                                           sac_policy="matmul", sp_impl="pytorch")
     assert pred["activation_bytes_per_layer"] > bf16_params  # the regime is what makes it exact
+
+
+def test_select_proxies_places_the_proxy_world_on_nnodes_nodes():
+    """``proxies.nnodes: 2`` used to be folded into the ranks per node (every spec ``nnodes: 1``, 16 ranks): under
+    the Slurm profile that asked one node for ``--gres=gpu:16``, which sbatch refuses on 8-GPU nodes. The world-sized
+    runs now span ``nnodes`` nodes of ``nproc_per_node`` ranks, and the scale-out ladder stays on one node."""
+    df = pd.DataFrame([{**Layout(dp=32).to_dict(), "family": "FSDP", "feasible": True, "rank": 1}])
+    cfg = {"device": "cuda", "nproc_per_node": 8, "nnodes": 2, "global_batch": 16, "depth_layers": [2],
+           "width_hidden": [1280], "scaleout_world_sizes": [1, 8]}
+    specs = select_proxies(df, MODEL_PRESETS["llama2-13b"], TrainingSpec(seq_len=4096, global_batch=256), cfg)
+    by_family = {}
+    for s in specs:
+        by_family.setdefault(s["family"], set()).add((s["nnodes"], s["nproc_per_node"]))
+        normalize_run_spec(s)  # world = nproc_per_node · nnodes = the layout's ranks
+        res = proxy_job_resources(s)
+        assert res["gres"] == f"gpu:{s['nproc_per_node']}" and res["nodes"] == s["nnodes"]
+    assert by_family["depth"] == by_family["width"] == by_family["layout"] == {(2, 8)}
+    assert by_family["scaleout"] == {(1, 1), (1, 8)}
+
+
+def test_multinode_proxy_srun_gives_each_node_task_its_cpus_and_a_port_per_job(monkeypatch):
+    """Since Slurm 22.05 a step does not inherit the job's --cpus-per-task (and the jobstep plugin strips the
+    variables that would pass it on): the proxy's srun names it, or all ranks of a node share one CPU. The
+    rendezvous port follows the job id, so two proxies whose allocations share a first node do not collide."""
+    monkeypatch.setattr(tr, "first_slurm_host", lambda: "node1")
+    spec = {"id": "x", "nnodes": 2, "nproc_per_node": 4, "device": "cpu"}
+    env = {"SLURM_JOB_ID": "123456", "SLURM_JOB_NUM_NODES": "2"}
+    argv = tr.torchrun_command(spec, "s.json", "r", env)
+    assert argv[:5] == ["srun", "--nodes=2", "--ntasks-per-node=1",
+                        f"--cpus-per-task={proxy_job_resources(spec)['cpus_per_task']}", "--kill-on-bad-exit=1"]
+    assert "--rdzv-endpoint=node1:23456" in argv
+    assert tr.rdzv_port({"SLURM_JOB_ID": "123457"}) != tr.rdzv_port(env) and tr.rdzv_port({}) == tr.RDZV_PORT
+    with pytest.raises(ConfigError, match="not a Slurm job.*profile slurm"):
+        tr.torchrun_command(spec, "s.json", "r", {})
+    local = tr.torchrun_command({**spec, "nnodes": 1}, "s.json", "r", {})
+    assert "--standalone" in local and "srun" not in local
