@@ -29,7 +29,10 @@ import math
 from typing import Any
 
 CPUS_PER_RANK = {"cuda": 8, "cpu": 1}  # cuda: torchrun worker + data loading per GPU rank; cpu: the rank itself
-MEM_MB_PER_RANK = {"cuda": 32000, "cpu": 1500}  # host RAM per rank (a full 8-GPU node: 256 GB)
+# host RAM per rank (a full 8-GPU node: 256 GB). cpu: a rank at the default widths peaks near 1 GB (977 MB max RSS
+# measured for a 1-rank proxy's process tree), and the job's cgroup also holds the jobstep's and the job's Snakemake
+# processes (~160 MB each) and torchrun's agent: a cgroup OOM kill is a failed job, not a recorded `oom`
+MEM_MB_PER_RANK = {"cuda": 32000, "cpu": 2500}
 STARTUP_MIN = 10
 
 __all__ = ["CPUS_PER_RANK", "MEM_MB_PER_RANK", "STARTUP_MIN", "proxy_job_resources"]
