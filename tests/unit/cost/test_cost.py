@@ -191,3 +191,54 @@ def test_an_fp8_recipe_the_plan_does_not_run_is_priced_against_the_plan_not_bf16
     (row,) = _techniques(tech.iloc[[1]].assign(used_by_best=False), doc)
     assert row["fp8_vs_plan"] is None
     assert row["fp8_saved_usd"] == pytest.approx(res["point"]["usd"] - C.point_usd(res, 7465.0 * 4703 / 5832))
+
+
+def test_checkpoint_interval_is_young_daly_but_never_shorter_than_a_write():
+    """Sync: the stall is the write, so τ = sqrt(2·C·M) (≫ C). Async: the stall is only the D2H copy, so Young/Daly
+    would checkpoint before the last write finished; the interval is then the write time."""
+    sync = C.CostInputs.from_config({"checkpoint_async": False})
+    s = C.schedule(4000.0, inputs=sync, **KW)
+    yd = C.young_daly_interval_s(s["checkpoint_stall_s"], s["job_mtbf_h"] * C.HOUR)
+    assert s["checkpoint_interval_h"] * C.HOUR == pytest.approx(yd) and yd > s["checkpoint_write_s"]
+    slow_async = C.CostInputs.from_config({"checkpoint_async": True, "checkpoint_write_GBps": 0.01})
+    a = C.schedule(4000.0, inputs=slow_async, **KW)
+    assert C.young_daly_interval_s(a["checkpoint_stall_s"], a["job_mtbf_h"] * C.HOUR) < a["checkpoint_write_s"]
+    assert a["checkpoint_interval_h"] * C.HOUR == pytest.approx(a["checkpoint_write_s"])
+
+
+def test_schedule_charges_an_async_checkpoint_in_flight_as_lost_work():
+    i = C.CostInputs.from_config({"checkpoint_async": True})
+    s = C.schedule(4000.0, inputs=i, **KW)
+    kw = dict(startup_s=i.startup_s, eval_frac=i.eval_frac, stall_s=s["checkpoint_stall_s"],
+              interval_s=s["checkpoint_interval_h"] * C.HOUR, mtbf_s=s["job_mtbf_h"] * C.HOUR, restart_s=i.restart_s)
+    train = s["train_h"] * C.HOUR
+    with_write = C.wall_clock_s(train, **kw, unsaved_s=s["checkpoint_write_s"])
+    assert s["wall_h"] * C.HOUR == pytest.approx(with_write)
+    assert with_write > C.wall_clock_s(train, **kw)
+
+
+def test_expected_failures_are_over_the_wall_clock_not_the_training_time():
+    s = C.schedule(4000.0, inputs=C.CostInputs(), **KW)
+    assert s["expected_failures"] == pytest.approx(s["wall_h"] / s["job_mtbf_h"], rel=1e-9)
+
+
+@pytest.mark.parametrize("p50,p90,verdict", [(10.0, 11.0, "pass"), (10.0, 13.0, "at risk"), (13.0, 14.0, "fail")])
+def test_deadline_and_budget_pass_only_at_the_pessimistic_p90(p50, p90, verdict):
+    res = {"intervals": {"wall_h": {"p10": 9.0, "p50": p50, "p90": p90},
+                         "usd": {"p10": 9.0, "p50": p50, "p90": p90}},
+           "tokens_per_s_per_gpu": {"p10": 1.0, "p50": 2.0, "p90": 3.0}}
+    t = C.check_targets(res, {"window_h": 12.0, "budget_usd": 12.0})
+    assert t["deadline"]["verdict"] == verdict and t["budget_usd"]["verdict_usd"] == verdict
+
+
+@pytest.mark.parametrize("p10,p50,verdict", [(4100.0, 4500.0, "pass"), (3900.0, 4500.0, "at risk"),
+                                              (3500.0, 3900.0, "fail")])
+def test_throughput_target_passes_only_at_the_pessimistic_p10(p10, p50, verdict):
+    res = {"intervals": {}, "tokens_per_s_per_gpu": {"p10": p10, "p50": p50, "p90": 5000.0}}
+    assert C.check_targets(res, {"min_tokens_per_s_per_gpu": 4000})["throughput"]["verdict"] == verdict
+
+
+def test_negative_interruptions_are_a_config_error():
+    with pytest.raises(ConfigError) as e:
+        C.CostInputs.from_config({"failures": {"interruptions": -1, "days": 10, "gpus": 8, "source": "x"}})
+    assert e.value.key == "cost.failures"

@@ -63,3 +63,12 @@ def test_every_assumption_the_cost_draws_vary_has_a_tornado_row():
 def test_unknown_assumption_is_a_config_error():
     with pytest.raises(ConfigError, match="sensitivity.nope"):
         tornado({"a": 1}, {"nope": (0, 1)}, lambda a: (0.0, "x"))
+
+
+def test_efficiency_and_failure_rate_rows_move_the_cost_their_way():
+    """efficiency_x scales the winner's throughput (slower = dearer); failure_rate_x scales the failure rate."""
+    df = _setup().set_index("assumption")
+    eff = df.loc["efficiency_x"]  # (0.85, 1.1)
+    assert eff["cost_low"] > eff["cost_base"] > eff["cost_high"]
+    fail = df.loc["failure_rate_x"]  # (0.5, 3.0)
+    assert fail["cost_low"] < fail["cost_base"] < fail["cost_high"]

@@ -504,3 +504,56 @@ def test_lora_adapter_count_agrees_with_flops_when_q_is_not_h_wide() -> None:
     assert m.q_dim != m.hidden
     targets = ("q", "k", "v", "o", "gate", "up", "down")
     assert M.lora_params_per_layer(m, 16, targets) * m.layers == adapter_params(m, 16, targets)
+
+
+def test_the_peak_rank_is_the_heavier_pipeline_stage() -> None:
+    """memory_breakdown reports the larger of the first and last stage, row by row (the fit check uses it)."""
+    for lay in (Layout(dp=8, pp=4, sharding="zero1"), Layout(dp=8, pp=4, sharding="zero1", micro_batch=8)):
+        first = M.stage_breakdown(LLAMA13, cluster(), TRAIN, lay, stage="first")
+        last = M.stage_breakdown(LLAMA13, cluster(), TRAIN, lay, stage="last")
+        assert first["total"] != last["total"]
+        assert M.memory_breakdown(LLAMA13, cluster(), TRAIN, lay)["total"] == max(first["total"], last["total"])
+
+
+def test_only_the_last_pipeline_stage_holds_the_logits() -> None:
+    lay = Layout(dp=8, pp=4, sharding="zero1")
+    assert M.stage_breakdown(LLAMA13, cluster(), TRAIN, lay, stage="first")["logits"] == 0.0
+    assert M.stage_breakdown(LLAMA13, cluster(), TRAIN, lay, stage="last")["logits"] > 0.0
+    assert M.stage_breakdown(LLAMA13, cluster(), TRAIN, Layout(dp=32), stage="first")["logits"] > 0.0
+
+
+def test_first_stage_holds_at_most_as_many_micro_batches_as_there_are() -> None:
+    """1F1B: min(pp, m) in flight on the first stage (a step with fewer micro-batches than stages holds m)."""
+    assert M.pipeline_in_flight(8, 2) == 2 and M.pipeline_in_flight(4, 16) == 4
+    assert M.pipeline_in_flight(8, 2, "last") == 1
+
+
+def test_recompute_adds_one_layers_rebuilt_activations_on_top_of_what_it_stores() -> None:
+    lay = Layout(dp=32, sharding="zero3", recompute="full")
+    kw = M.activation_kwargs(TRAIN, lay)
+    full = M.saved_activation_bytes_per_layer(LLAMA13, 4096, 1, recompute="full", **kw)
+    none = M.saved_activation_bytes_per_layer(LLAMA13, 4096, 1, **kw)
+    extra = M.embedding_saved_bytes(LLAMA13, 4096, 1) + M.rope_table_bytes(LLAMA13, 4096)
+    assert M.activation_bytes(LLAMA13, TRAIN, lay) == pytest.approx(LLAMA13.layers * full + none + extra)
+
+
+def test_a_tied_lm_head_is_held_again_by_the_last_stage_under_pp() -> None:
+    """Megatron: a tied embedding/LM-head matrix is held once at pp=1, by both end stages at pp>1."""
+    tied = replace(LLAMA13, tied_embeddings=True)
+    vh = LLAMA13.vocab * LLAMA13.hidden
+    for pp in (2, 4):
+        last = M.stage_params(tied, pp=pp, stage="last")["other"]
+        assert last == pytest.approx(M.stage_params(LLAMA13, pp=pp, stage="last")["other"])
+        assert last > vh
+    assert M.stage_params(LLAMA13, pp=1)["other"] - M.stage_params(tied, pp=1)["other"] == pytest.approx(vh)
+
+
+def test_host_offload_is_sized_on_the_heavier_pipeline_stage() -> None:
+    lay = Layout(dp=16, pp=2, sharding="zero1", offload="cpu")
+    per_stage = []
+    for stage in ("first", "last"):
+        raw = M.model_states(LLAMA13, TRAIN, lay, cluster(), stage, on_device=False)
+        dev = M.model_states(LLAMA13, TRAIN, lay, cluster(), stage)
+        per_stage.append(sum(raw[k] - dev[k] for k in raw))
+    assert per_stage[0] != per_stage[1]
+    assert M.host_offload_bytes(LLAMA13, TRAIN, lay, cluster()) == pytest.approx(max(per_stage), rel=1e-12)

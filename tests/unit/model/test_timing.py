@@ -242,7 +242,6 @@ def test_short_sequences_and_cp_chunks_pay_the_attention_shape_term():
     assert slow["step_time_s"] > fast["step_time_s"]
 
 
-
 def test_block_gemm_widths_per_rank_shapes():
     """Separate q/k/v and gate/up for PyTorch kernels: under GQA + TP the K/V GEMMs are the narrowest (Llama-3 8B at
     tp8: 1024/8 = 128 columns); Megatron/TE fuses QKV and gate·up; K/V never split below one head."""
@@ -488,3 +487,55 @@ def test_fsdp2_cpu_offload_moves_the_shard_over_pcie_every_micro_batch():
     assert pp["offload_s"] == pytest.approx(cpu_adam, rel=1e-6)  # dp16·pp2: the same 13B/32 shard per rank
     zero2 = step_time(MODEL, CLUSTER, TRAIN, Layout(dp=32, sharding="zero2", offload="cpu"))
     assert zero2["offload_s"] == pytest.approx(shard * 6 / bw + cpu_adam, rel=1e-6)
+
+
+def test_ring_cp_comm_without_attention_to_hide_behind_is_three_kv_all_gathers_per_layer():
+    """Megatron/TE ring (fused): K,V forward, K,V + dK,dV backward = 3 all-gather volumes per layer, all exposed
+    when there is no attention to overlap."""
+    eff = Efficiency.for_gpu(CLUSTER.gpu)
+    lay = Layout(dp=4, cp=8, sharding="zero3")
+    tokens = 4096 / 8
+    bw, lat = comm.group_link(CLUSTER, 8, 1)
+    kv_chunk = tokens * 2 * MODEL.kv_dim * 2.0
+    ag = comm.all_gather_s(8 * kv_chunk, 8, bw, lat, eff)
+    got = timing.cp_comm_mb_s(MODEL, CLUSTER, tokens, lay, 40, 0.0, eff, 2.0, "fused")
+    assert got == pytest.approx(40 * 3 * ag)
+
+
+def test_pytorch_ring_cp_always_exposes_the_last_dkdv_hop():
+    """PyTorch CP (eager/compiled): however long the attention, the last fp32 dK,dV send of the backward is exposed."""
+    eff = Efficiency.for_gpu(CLUSTER.gpu)
+    lay = Layout(dp=4, cp=8, sharding="zero3")
+    assert timing.cp_comm_mb_s(MODEL, CLUSTER, 512.0, lay, 40, 1e6, eff, 2.0, "eager") > 0.0
+    assert timing.cp_comm_mb_s(MODEL, CLUSTER, 512.0, lay, 40, 1e6, eff, 2.0, "fused") == 0.0
+
+
+def test_zero2_reduces_after_every_micro_batch_zero1_once_per_step():
+    eff = Efficiency.for_gpu(CLUSTER.gpu)
+    z1, z2 = Layout(dp=32, sharding="zero1"), Layout(dp=32, sharding="zero2")
+    d = {(lay.sharding, m): timing.dp_comm_step_s(MODEL, CLUSTER, TRAIN, lay, 0.0, eff, m, 0.0)
+         for lay in (z1, z2) for m in (1, 4)}
+    assert d[("zero1", 4)] == pytest.approx(d[("zero1", 1)])
+    assert d[("zero2", 4)] > d[("zero2", 1)] * 1.5
+
+
+def test_fsdp_exposes_the_first_units_all_gather_even_with_ample_compute():
+    eff = Efficiency.for_gpu(CLUSTER.gpu)
+    lay = Layout(dp=32, sharding="zero3")
+    assert timing.fsdp_comm_mb_s(MODEL, CLUSTER, TRAIN, lay, 8, 1e6, eff) > 0.0
+
+
+def test_a_stage_boundary_between_two_full_nodes_goes_over_the_inter_node_network():
+    eff = Efficiency.for_gpu(CLUSTER.gpu)
+    lay = Layout(dp=1, tp=8, pp=4, sharding="zero1")
+    slow = ClusterSpec(nodes=4, gpus_per_node=8, gpu=CLUSTER.gpu, inter_busbw_Bps=CLUSTER.inter_busbw_Bps / 10)
+    fast = timing.pp_p2p_mb_s(MODEL, CLUSTER, 4096.0, lay, eff, 2.0)
+    assert timing.pp_p2p_mb_s(MODEL, slow, 4096.0, lay, eff, 2.0) > fast
+
+
+def test_configured_tp_overlap_hides_that_share_of_tp_comm():
+    lay = Layout(dp=4, tp=8, sharding="zero1")
+    base = Efficiency.for_gpu(CLUSTER.gpu)
+    t0 = step_time(MODEL, CLUSTER, TRAIN, lay, base.replace(tp_overlap=0.0))["tp_comm_s"]
+    t5 = step_time(MODEL, CLUSTER, TRAIN, lay, base.replace(tp_overlap=0.5))["tp_comm_s"]
+    assert t0 > 0 and t5 == pytest.approx(0.5 * t0)

@@ -381,3 +381,20 @@ def test_gpu_proxies_need_a_cuda_build_of_torch_in_the_jobs_interpreter():
     require_proxy_torch({"device": "cuda"}, "2.13.0+cu126")
     require_proxy_torch({"device": "cpu"}, "2.13.0+cpu")
     require_proxy_torch({"device": "cuda", "families": []}, "2.13.0+cpu")  # nothing runs
+
+
+def test_an_unknown_key_error_lists_the_valid_keys():
+    r = raw()
+    r["cost"]["price_per_gpu_hour"] = 3.0  # typo of price_per_gpu_hour_usd
+    with pytest.raises(ConfigError) as e:
+        load_config(r)
+    assert e.value.key == "cost.price_per_gpu_hour"
+    assert "price_per_gpu_hour_usd" in e.value.valid and "restart_h" in e.value.valid
+
+
+def test_a_zero_width_calibration_interval_is_refused():
+    r = raw()
+    r["calibration"]["interval"] = [0.5, 0.5]
+    with pytest.raises(ConfigError) as e:
+        load_config(r)
+    assert e.value.key == "calibration.interval"

@@ -940,3 +940,12 @@ def test_risk_table_measures_memory_against_page_ones_limit_and_names_seq8k_only
     over = dict(ctx, chosen=dict(ctx["chosen"], mem_total_gib_p90=ch["mem_limit_gib"] + 2.5))
     text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(over))).split())
     assert "GiB, 2.5 GiB over the limit (90% of usable HBM" in text
+
+
+def test_the_day1_switch_adds_the_ask_hours_run_slower_frac_slower():
+    """slower_frac s: the same tokens take 1/(1−s) as long, so the switch adds train·n·(1/(1−s) − 1) GPU-hours."""
+    cost = {"train_hours": {"p90": 10.0}}
+    assert memo.switch_extra_gpu_hours(cost, {"slower_frac": 0.5}, 8) == pytest.approx(80.0)
+    assert memo.switch_extra_gpu_hours(cost, {"slower_frac": 0.2}, 8) == pytest.approx(20.0)
+    assert memo.switch_extra_gpu_hours(cost, {"slower_frac": 1.0}, 8) is None
+    assert memo.switch_extra_gpu_hours({}, {"slower_frac": 0.2}, 8) is None

@@ -8,9 +8,15 @@ from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.estimate import estimate
 from trainplan.model.hardware import ClusterSpec, resolve_gpu
-from trainplan.model.layout import layout_problems
+from trainplan.model.layout import Layout, LayoutTable, layout_problems
 from trainplan.model.training import TrainingSpec
-from trainplan.search.layouts import enumerate_layouts, family_verdicts, row_layout, search
+from trainplan.search.layouts import (
+    enumerate_layouts,
+    family_verdicts,
+    row_layout,
+    search,
+    structural_reasons,
+)
 
 MODEL = resolve_model("llama2-13b")
 CLUSTER = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
@@ -349,3 +355,26 @@ def test_a_family_out_of_host_ram_names_its_leanest_layout_and_the_host_ram_limi
     line = fam.loc["FSDP", "line"]
     leanest = d[d["family"] == "FSDP"].sort_values("mem_total_gib").iloc[0]
     assert leanest["reason"].startswith("host RAM") and f"({leanest['layout_text']}) host RAM:" in line
+
+
+def _case(nodes, gpn, model, layout, **train):
+    return nodes, gpn, resolve_model(model), layout, TrainingSpec(**{"seq_len": 4096, "global_batch": 256, **train})
+
+
+STRUCTURAL_CASES = {  # each breaks exactly one rule of specs.layout_problems
+    "valid": _case(4, 8, "llama2-13b", Layout(dp=32)),
+    "ffn": _case(5, 8, "llama2-13b", Layout(dp=8, tp=5)),  # heads 40 % 5 == 0, ffn 13824 % 5 != 0
+    "tp spans nodes": _case(2, 8, "llama3-70b", Layout(dp=1, tp=16)),
+    "fewer micro-batches than stages": _case(4, 8, "llama2-13b", Layout(dp=8, pp=4), global_batch=16),
+    "ulysses seq % cp": _case(4, 8, "llama2-13b", Layout(dp=4, cp=8, cp_kind="ulysses"), seq_len=4100),
+}
+
+
+@pytest.mark.parametrize("name", list(STRUCTURAL_CASES))
+def test_vectorised_structural_reasons_agree_with_specs_rule_by_rule(name):
+    nodes, gpn, model, lay, train = STRUCTURAL_CASES[name]
+    c = ClusterSpec(nodes=nodes, gpus_per_node=gpn, gpu=resolve_gpu("h100-sxm-80gb"))
+    problems = layout_problems(model, c, train, lay)
+    assert bool(problems) == (name != "valid"), problems
+    reason = structural_reasons(model, c, train, LayoutTable.from_layouts([lay]))[0]
+    assert bool(reason) == bool(problems), (reason, problems)
