@@ -10,13 +10,21 @@ import pytest
 
 from trainplan.calibration.fitting import (
     bootstrap_params,
+    cpu_only,
     fit_depth_slice,
     fit_efficiency,
     linear,
     predict_interval,
+    relative_errors,
 )
 from trainplan.calibration.sources import calibrate, choose_source
+from trainplan.model.arch import resolve_model
 from trainplan.model.base import ConfigError
+from trainplan.model.efficiency import Efficiency
+from trainplan.model.hardware import ClusterSpec, resolve_gpu
+from trainplan.model.layout import Layout
+from trainplan.model.training import TrainingSpec
+from trainplan.prediction.production import _memo_row, predict_production
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -263,3 +271,60 @@ def test_production_counts_the_memory_errors_that_would_put_a_layout_above_usabl
     out = predict_production(cand, model, cluster, training, cal).iloc[0]
     assert 0.9 * 79.65 * 0.92 < out["mem_peak_gib_p50"] < 0.9 * 79.65 * 0.95  # -8% over the limit, -5% not
     assert out["mem_over_hbm_errors"] == 2 and out["mem_over_limit_errors"] == 3 and out["mem_errors_n"] == 9
+
+
+def test_leave_one_out_residuals_come_from_fits_without_the_point():
+    """The LOO errors every interval rests on are held out: for a straight line each is the in-sample residual
+    ÷ (1 − leverage) (the PRESS residual), not the in-sample residual."""
+    x = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    y = np.array([2.1, 3.9, 6.2, 7.8, 10.1, 13.0])
+    X = np.c_[np.ones_like(x), x]
+    leverage = np.diag(X @ np.linalg.inv(X.T @ X) @ X.T)
+    resid = y - X @ np.linalg.lstsq(X, y, rcond=None)[0]
+    np.testing.assert_allclose(fit_depth_slice(x, y).loo_residuals, resid / (1 - leverage), rtol=1e-6)
+
+
+def test_relative_errors_are_predicted_over_measured_minus_one():
+    """A log-space fit's LOO residual log(measured/predicted) becomes predicted/measured − 1: a case the model put
+    10% high is +0.1, one it put 20% low −0.2 (the sign every interval applies as measured = predicted/(1 + e))."""
+    fit = replace(fit_depth_slice([1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.1]),
+                  loo_residuals=np.log([1 / 1.1, 1 / 0.8]), log_space=True)
+    np.testing.assert_allclose(relative_errors(fit), [0.1, -0.2])
+
+
+def test_only_ok_cpu_runs_calibrate_the_device_independent_terms():
+    """An OOM or timed-out CPU proxy has no measured comm bytes or FLOPs to fit (its row would add zeros)."""
+    df = pd.DataFrame({"id": ["a", "b", "c", "d"], "device": ["cpu", "cpu", "cpu", "cuda"],
+                       "status": ["ok", "oom", "timeout", "ok"]})
+    assert cpu_only(df)["id"].tolist() == ["a"]
+
+
+def _production(calibration):
+    model = resolve_model("llama2-13b")
+    cluster = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"))
+    cand = pd.DataFrame([{**Layout(dp=32, sharding="zero2").to_dict(), "feasible": True, "rank": 1}])
+    return predict_production(cand, model, cluster, TrainingSpec(seq_len=4096, global_batch=256), calibration).iloc[0]
+
+
+@pytest.mark.parametrize("drawn", [False, True])
+def test_a_model_that_errs_fast_puts_the_throughput_interval_below_its_point(drawn):
+    """Held-out errors all near +20% (the model predicts 20% more tokens/s than runs measured): p10 is near
+    p50/1.2 and p90 is the point itself (the interval always holds p50), whether the interval is exact (a family
+    pool, the shipped fit) or drawn (bootstrap samples and LOO errors, the published-h100 and GPU sources)."""
+    eff = Efficiency.for_gpu("h100")
+    errors = [0.19, 0.2, 0.21, 0.2]
+    cal = ({"efficiency": eff.to_dict(), "efficiency_samples": [eff.to_dict()] * 2, "loo_relative_errors": errors}
+           if drawn else {"efficiency": eff.to_dict(), "heldout_errors_by_family": {"FSDP/ZeRO": errors}})
+    r = _production(cal)
+    assert r["tokens_per_s_per_gpu_p10"] == pytest.approx(r["tokens_per_s_per_gpu_p50"] / 1.2, rel=0.03)
+    assert r["tokens_per_s_per_gpu_p90"] == r["tokens_per_s_per_gpu_p50"]
+    assert r["mfu_p10"] == pytest.approx(r["mfu_p50"] / 1.2, rel=0.03) and r["mfu_p90"] == r["mfu_p50"]
+
+
+def test_memo_row_headroom_is_left_at_the_p90_memory():
+    """The memo's headroom is what is left of HBM at the memory p90 (the risk), not at the point estimate."""
+    gib = 1024**3
+    r = {"mem_peak_bytes_p10": 60 * gib, "mem_peak_bytes_p50": 64 * gib, "mem_peak_bytes_p90": 72 * gib}
+    out = _memo_row(r, 80 * gib, 0.9)
+    assert out["headroom_frac"] == pytest.approx(1 - 72 / 80)
+    assert (out["mem_total_gib_p90"], out["mem_limit_gib"]) == pytest.approx((72.0, 72.0))

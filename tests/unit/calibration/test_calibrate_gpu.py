@@ -17,10 +17,13 @@ import pandas as pd
 import pytest
 
 from trainplan.calibration.gpu import (
+    TIME_PARAMS,
     analytic_record,
     calibrate_gpu,
     fit_gpu_memory,
+    fit_gpu_time,
     gpu_for_device,
+    gpu_records,
     load_gpu_records,
     memory_skip_reason,
     record_specs,
@@ -287,3 +290,46 @@ def test_calibrate_stage_writes_the_gpu_source_and_hashes_the_committed_records(
     assert doc["source"] == "gpu-proxies" and len(doc["efficiency_samples"]) == 20
     side = json.dumps(read_sidecar(out["calibration"]))
     assert "depth-L1.json" in side and doc["source_detail"] in side
+
+
+def test_a_scaleout_ladder_of_one_gpu_count_leaves_comm_bw_eff_at_its_prior():
+    """Eight GPUs every time: no change of GPU count to tell bandwidth from compute, so comm_bw_eff is not fitted."""
+    ladder = pd.DataFrame({"family": ["scaleout", "scaleout"], "world_size": [8, 8]})
+    assert "comm_bw_eff" not in time_params(pd.concat([synthetic_gpu_records(), ladder]))
+
+
+def test_only_ok_cuda_runs_with_a_step_time_are_fitted():
+    """An OOM or failed CUDA run is no evidence of step time, whatever figures it carries."""
+    rec = synthetic_gpu_records().iloc[:4].copy()
+    rec.loc[1, "status"] = "oom"
+    rec.loc[2, "status"] = "error"
+    assert gpu_records(rec)["id"].tolist() == ["depth-L1", "depth-L4"]
+
+
+def test_a_run_slower_than_the_model_has_a_positive_throughput_error():
+    """One record 30% slower than the others imply: the fit that leaves it out predicts ~30% more tokens/s than it
+    measured, a throughput error (predicted/measured − 1) of about +0.3, the sign production applies."""
+    rec = synthetic_gpu_records()
+    rec.loc[0, "step_time_median_s"] *= 1.3
+    t = fit_gpu_time(rec, Efficiency(), list(TIME_PARAMS), n_boot=5, seed=0)
+    assert t["per_record"][0]["loo_throughput_rel_err"] == pytest.approx(0.3, abs=0.05)
+
+
+def test_a_run_reserving_more_than_the_model_has_a_negative_memory_error():
+    """One record reserving 20% more than the model predicts: its leave-one-out memory error (predicted/measured − 1)
+    is about −1/6, which the memory interval turns into a p90 above the estimate."""
+    rec = synthetic_gpu_records()
+    rec.loc[0, "cuda_max_reserved_bytes"] *= 1.2
+    mem = fit_gpu_memory(rec, TRUE)
+    assert mem["reserved_rel_errors"][0] == pytest.approx(1 / 1.2 - 1, abs=0.03)
+
+
+def test_runtime_overhead_comes_from_one_process_runs_only():
+    """nvidia-smi sees every process on the GPU: only one-rank runs say what sits outside this run's allocator."""
+    rec = synthetic_gpu_records()
+    multi = rec.index[5:]
+    rec["device_used_peak_bytes"] = rec["cuda_max_reserved_bytes"] + 2**30
+    rec.loc[multi, "world_size"] = 8
+    rec.loc[multi, "device_used_peak_bytes"] += 9 * 2**30
+    mem = fit_gpu_memory(rec, TRUE)
+    assert mem["runtime_overhead_n"] == 5 and mem["outside_allocator_bytes"] == pytest.approx(2**30)

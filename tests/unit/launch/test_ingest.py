@@ -195,3 +195,35 @@ def test_torchtitan_day1_checkpoint_log_is_checked_like_train_entrys(tmp_path, c
     nan = tmp_path / "nan.out"
     nan.write_text("\n".join([ckpt, *_titan_lines(range(6, 11), loss=lambda i: float("nan"))]))
     assert ingest.check_resume(nan) == (False, "a loss is not finite")
+
+
+def _edit(log: Path, keep=lambda ev: True, change=lambda ev: ev) -> Path:
+    """The step log with some events dropped (``keep``) or changed (``change``)."""
+    lines = [change(ev) for ev in map(json.loads, log.read_text().splitlines()) if keep(ev)]
+    log.write_text("".join(json.dumps(ev) + "\n" for ev in lines))
+    return log
+
+
+def test_day1_throughput_check_fails_on_a_non_finite_loss(tmp_path, capsys):
+    """Fast enough but a NaN loss: the day-1 throughput check fails (exit 1) and says why."""
+    lay = Layout(dp=8, sharding="zero3", micro_batch=1)
+    log = _edit(_log(tmp_path / "d.jsonl", lay, 8, 1, [10.0] * 8, gb=64),
+                change=lambda ev: {**ev, "loss": float("nan")} if ev.get("step") == 8 else ev)
+    assert ingest.main([str(log), "--min-tokens-per-s-per-gpu", "3000"]) == 1
+    assert "a loss is not finite" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("keep", "change", "says"), [
+    (lambda ev: ev["event"] != "checkpoint", lambda ev: ev, "no checkpoint saved there"),
+    (lambda ev: ev.get("step") != 8, lambda ev: ev, "not contiguous"),
+    (lambda ev: True, lambda ev: {**ev, "loss": float("nan")} if ev.get("step") == 9 else ev, "not finite"),
+])
+def test_resume_check_fails_without_the_checkpoint_on_a_gap_or_a_nan_loss(tmp_path, keep, change, says):
+    """The day-1 checkpoint check on a train_entry log fails when the second launch resumed at a step no checkpoint
+    was saved at, when a step is missing across the restore, or when a loss after it is not finite."""
+    times = [10.0] * 10
+    lay = Layout(dp=8, sharding="zero3", micro_batch=1)
+    log = _log(tmp_path / "r.jsonl", lay, 8, 1, times, gb=64, starts=((0, None), (6, "ckpt/step-6")))
+    assert ingest.check_resume(log)[0]
+    ok, msg = ingest.check_resume(_edit(log, keep, change))
+    assert not ok and says in msg

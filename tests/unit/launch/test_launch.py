@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from trainplan.launch import artifacts as launch
 from trainplan.launch import trainers
@@ -492,3 +493,46 @@ def test_checkpoint_async_reaches_both_trainers():
         assert f"export TRAINPLAN_CKPT_ASYNC={int(on)} " in sb
         settings, _ = trainers.torchtitan_settings(m, CLUSTER, t, lay, checkpoint_async=on)
         assert settings["checkpoint"]["async_mode"] == ("async" if on else "disabled")
+
+
+def test_cost_and_production_files_set_the_checkpoint_interval_and_the_day1_threshold(tmp_path, capsys):
+    """--cost's Young/Daly interval (hours) becomes seconds and, over the summary's predicted step time, the
+    torchtitan checkpoint interval in steps in the manifest and the sbatch; --production's p10 (not its p90) is the
+    tokens/s/GPU the day-1 throughput job must reach."""
+    summary, cost, prod = tmp_path / "summary.json", tmp_path / "cost.json", tmp_path / "production.json"
+    summary.write_text(json.dumps({"layout": FSDP.to_dict(), "estimate": {"step_time_s": 12.0}}))
+    cost.write_text(json.dumps({"checkpoint_interval_h": 1.6}))
+    prod.write_text(json.dumps({"chosen": {"tokens_per_s_per_gpu_p10": 4200.4, "tokens_per_s_per_gpu_p50": 4600.0,
+                                           "tokens_per_s_per_gpu_p90": 5000.0}}))
+    out = tmp_path / "o"
+    rc = launch.main(["--summary", str(summary), "--config", "config/config.yaml", "--out", str(out),
+                      "--cost", str(cost), "--production", str(prod)])
+    assert rc == 0, capsys.readouterr().err
+    trainer = json.loads((out / "manifest.json").read_text())["trainer"]
+    assert trainer["checkpoint_interval_s"] == pytest.approx(5760.0) and trainer["checkpoint_interval_steps"] == 480
+    sb = next(out.glob("sbatch_*.sh")).read_text()
+    assert "CKPT_INTERVAL_S=5760\n" in sb and "CKPT_INTERVAL_STEPS=480\n" in sb
+    assert "--min-tokens-per-s-per-gpu 4200 " in sb
+
+
+def test_day1_nccl_threshold_is_the_bus_bandwidth_across_all_nodes():
+    """What nccl-tests over every GPU must reach is what the plan assumes for that group: each node's rails (25 GB/s
+    × 4 NICs), not one node's NVLink busbw, which a slower fabric could never show."""
+    c = ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb", nics_per_node=4, inter_busbw_Bps=25e9)
+    assert launch.all_gpus_busbw(c)["busbw_GBps"] == 100.0
+
+
+def test_stop_signal_comes_at_most_a_quarter_of_a_short_time_limit_early():
+    """A 6-minute job is told to stop 90 s before its limit (a quarter of it), not the default 300 s."""
+    sb = launch.sbatch_script(MODEL, CLUSTER, TRAINING, FSDP, study_hash=HASH, time_limit_h=0.1)
+    assert "#SBATCH --signal=B:USR1@90\n" in sb
+
+
+def test_hsdp_with_cp_shards_over_the_planned_group_in_accelerate():
+    """HSDP over 8-GPU shard groups with cp=2: Accelerate shards over dp_shard × cp, so dp_shard is 4 (the group
+    stays 8 GPUs, one node), with 4 replicas, and the degrees cover the 32 GPUs."""
+    lay = Layout(dp=16, cp=2, sharding="hsdp", shard_group=8, micro_batch=1)
+    text = launch.accelerate_config(MODEL, CLUSTER, TRAINING, lay, study_hash=HASH)
+    par = yaml.safe_load(text)["parallelism_config"]
+    assert (par["parallelism_config_dp_shard_size"], par["parallelism_config_dp_replicate_size"]) == (4, 4)
+    assert par["parallelism_config_dp_shard_size"] * par["parallelism_config_cp_size"] == 8

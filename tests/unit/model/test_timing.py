@@ -539,3 +539,24 @@ def test_configured_tp_overlap_hides_that_share_of_tp_comm():
     t0 = step_time(MODEL, CLUSTER, TRAIN, lay, base.replace(tp_overlap=0.0))["tp_comm_s"]
     t5 = step_time(MODEL, CLUSTER, TRAIN, lay, base.replace(tp_overlap=0.5))["tp_comm_s"]
     assert t0 > 0 and t5 == pytest.approx(0.5 * t0)
+
+
+def test_group_link_with_half_a_nic_per_gpu_and_a_fabric_slower_than_nvlink():
+    """A group that fills one node stays on NVLink (its busbw and latency) even where the fabric is slower; across
+    nodes each node's ranks share its NICs (4 for 8 GPUs here: half a rail per GPU) at the inter-node latency."""
+    c = ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb"), nics_per_node=4, inter_busbw_Bps=25e9)
+    assert comm.group_link(c, 8, 1) == (c.intra_busbw_Bps, c.intra_latency_s)
+    assert comm.group_link(c, 32, 1) == (4 * 25e9, c.inter_latency_s)
+    assert comm.group_link(c, 4, 8)[0] == 0.5 * 25e9  # one rank per node
+
+
+def test_collectives_and_p2p_reach_comm_bw_eff_of_the_bus_bandwidth():
+    """comm_bw_eff (fitted on A100's TP rows and on a GPU scale-out ladder) scales every transfer: at half of it an
+    all-reduce, an all-gather and a pipeline send take twice as long, latency aside."""
+    n, nbytes, bw = 8, 1e9, 100e9
+    full, half = Efficiency(comm_bw_eff=1.0), Efficiency(comm_bw_eff=0.5)
+    for f in (comm.all_reduce_s, comm.all_gather_s):
+        assert f(nbytes, n, bw, 0.0, half) == pytest.approx(2 * f(nbytes, n, bw, 0.0, full))
+    for crosses, lat in ((False, CLUSTER.intra_latency_s), (True, CLUSTER.inter_latency_s)):
+        assert comm.p2p_s(nbytes, crosses, CLUSTER, half) - lat == pytest.approx(
+            2 * (comm.p2p_s(nbytes, crosses, CLUSTER, full) - lat))

@@ -9,8 +9,11 @@ from trainplan.model.base import ConfigError
 from trainplan.model.layout import Layout
 from trainplan.model.training import TrainingSpec
 from trainplan.proxy import torchrun as tr
+from trainplan.proxy.aggregate import record_row, rel_err
+from trainplan.proxy.analytic import exact_state_bytes
 from trainplan.proxy.lora import apply_lora, lora_trainable_params
 from trainplan.proxy.model import build_model, n_params
+from trainplan.proxy.record import _status, assemble_record
 from trainplan.proxy.schema import normalize_run_spec
 from trainplan.proxy.select import select_proxies
 from trainplan.proxy.slurm_resources import proxy_job_resources
@@ -245,3 +248,46 @@ def test_multinode_proxy_srun_gives_each_node_task_its_cpus_and_a_port_per_job(m
         tr.torchrun_command(spec, "s.json", "r", {})
     local = tr.torchrun_command({**spec, "nnodes": 1}, "s.json", "r", {})
     assert "--standalone" in local and "srun" not in local
+
+
+@pytest.mark.parametrize(("statuses", "timed_out", "rc", "want"), [
+    (["ok", "ok"], False, 0, "ok"),
+    (["ok", "oom"], False, 1, "oom"),
+    (["ok", "oom"], True, -9, "oom"),  # an OOM is a result even when the launcher was then killed
+    (["ok", "ok"], True, -9, "timeout"),
+    (["ok", "error"], False, 1, "error"),
+    (["ok", "ok"], False, 1, "error"),  # the launcher failed: no result, whatever the ranks wrote
+])
+def test_run_status_from_the_ranks_and_the_launcher(statuses, timed_out, rc, want):
+    """oom (a result: the layout does not fit) outranks a timeout, which outranks an error; a launcher that exited
+    non-zero makes the run an error even if every rank reported ok."""
+    ranks = [{"rank": i, "status": s, "message": "" if s == "ok" else s} for i, s in enumerate(statuses)]
+    assert _status(ranks, timed_out, rc)[0] == want
+
+
+def _rank(r: int, spec: dict) -> dict:
+    exact = exact_state_bytes(ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"]))
+    return {"rank": r, "status": "ok", "state": exact, "exact_state": exact, "footprint_bytes": 0,
+            "saved": {"mean_layer_bytes": 1000.0, "complete": False}, "loss": [5.5, 5.4, 5.3],
+            "timing": {"step_time_median_s": 0.5}, "flops": {"total": 1000.0, "attention_recompute": 100.0, "by_op": {}},
+            "environment": {"world_size": 2, "backend": "gloo", "hostname": "h"}}
+
+
+def test_record_measured_figures_and_their_comparison_columns():
+    """Model FLOPs measured = total − the attention recompute; they are compared with the analytic *hardware* FLOPs
+    (recompute included); an incomplete saved-activation count is not compared; rel_err = predicted/measured − 1;
+    an OOM run keeps no rank's loss or timing."""
+    spec = normalize_run_spec({"id": "depth-L2", "model": {"preset": "debug", "layers": 2},
+                               "layout": {"dp": 2, "recompute": "full"}, "seq_len": 64, "global_batch": 4, "steps": 3,
+                               "warmup": 1, "nproc_per_node": 2})
+    rec = assemble_record(spec, [_rank(0, spec), _rank(1, spec)], timed_out=False, returncode=0, wall_s=1.0)
+    assert rec["flops"]["measured_model_per_rank_step"] == 900.0
+    row = record_row(rec)
+    hw, model = rec["flops"]["analytic_hardware_per_rank_step"], rec["flops"]["analytic_model_per_rank_step"]
+    assert row["flops_per_step_pred"] == hw != model
+    assert row["flops_per_step_rel_err"] == pytest.approx(hw / 900.0 - 1.0)
+    assert row["saved_act_bytes_meas"] is None and row["saved_act_bytes_rel_err"] is None
+    assert rel_err(110.0, 100.0) == pytest.approx(0.1) and rel_err(1.0, 0.0) is None
+    oom = assemble_record(spec, [_rank(0, spec), {"rank": 1, "status": "oom", "message": "CUDA out of memory"}],
+                          timed_out=False, returncode=1, wall_s=1.0)
+    assert oom["status"] == "oom" and oom["loss"] == [] and "step_time_median_s" not in oom["timing"]

@@ -8,10 +8,18 @@ record what the fits reach today with a little margin; the project's target is 1
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from trainplan.model.efficiency import Efficiency, generation_fits
-from trainplan.published.fit import GEN_FIT, MAMF_FRAC, family_bias, fit_generation, interval_coverage
+from trainplan.published.fit import (
+    GEN_FIT,
+    MAMF_FRAC,
+    family_bias,
+    fit_generation,
+    heldout_checks,
+    interval_coverage,
+)
 from trainplan.published.tables import TT500_PARAM, mape_table, validate_all
 
 # In-sample MAPE per table (each generation's own fit; bf16 and FP8 rows). Reached: Megatron 2021 T1 4.0%,
@@ -145,8 +153,6 @@ FAMILY_BIAS_TOL_PCT = {"h100": {"CP": 6.0, "FSDP/ZeRO": 4.0, "PP": 4.25, "TP": 3
 
 
 def _heldout_frame():
-    import pandas as pd
-
     out = []
     for gen, f in generation_fits().items():
         out += [dict(r, generation=gen) for r in f["heldout"]]
@@ -186,8 +192,6 @@ def test_interval_from_heldout_errors_covers_heldout_rows():
 
 def test_interval_coverage_can_fail():
     """A pool of tiny errors cannot cover rows that miss by 30%: the coverage check is not vacuous."""
-    import pandas as pd
-
     d = pd.DataFrame({"family": ["FSDP/ZeRO"] * 6, "metric": ["tokens_per_s_per_gpu"] * 6,
                       "predicted": [100.0] * 6, "published": [100.0, 100.5, 99.5, 130.0, 70.0, 100.2]})
     assert interval_coverage(d)["measured"] < 0.75
@@ -242,10 +246,6 @@ def test_heldout_checks_report_each_target_with_its_worst_case():
     """The verdict `trainplan validate --heldout` prints, on the shipped held-out rows: H100 meets every target but
     the CP family bias (+5.7% against ±5%); A100 meets its bias and row targets (its table MAPE has no target). The
     checks are not vacuous (a table 30% off fails all but coverage)."""
-    import pandas as pd
-
-    from trainplan.published.fit import heldout_checks
-
     h = _heldout_frame().assign(in_mape=True)
     c = heldout_checks(h).set_index(["generation", "check"])
     h100 = c.loc["h100"]
@@ -304,3 +304,28 @@ def test_efficiency_class_defaults_are_the_shipped_a100_fit():
     for p in GEN_FIT["a100"]["params"]:
         if p != "comm_bw_eff":
             assert getattr(Efficiency(), p) == pytest.approx(fit[p], rel=0.01, abs=2e-3), p  # rounded, no more
+
+
+def _check_frame(rows: list[tuple[str, str, float]]):
+    """A held-out frame of H100 throughput rows: (table, family, error %) each, published 100 tokens/s/GPU."""
+    d = pd.DataFrame([{"generation": "h100", "table": t, "row": f"r{i}", "family": f, "in_mape": True,
+                       "metric": "tokens_per_s_per_gpu", "published": 100.0, "predicted": 100.0 + e, "err_pct": e}
+                      for i, (t, f, e) in enumerate(rows)])
+    return heldout_checks(d).set_index("check")["met"]
+
+
+def test_heldout_checks_judge_the_worst_table_the_largest_error_and_the_largest_bias_by_size():
+    """A 30%-too-slow table among good ones fails the checks: the worst table's MAPE (not the best's), the row's
+    |error| (an under-prediction counts as much as an over-prediction) and the family's |bias| (−30% is outside ±5%)."""
+    good = [("good", "TP", e) for e in (0.5, -0.5, 1.0, -1.0, 0.2, -0.2)]
+    slow = [("slow", "PP", e) for e in (-30.0, -31.0, -29.0, -30.5)]
+    met = _check_frame(good + slow)
+    assert not met["held-out MAPE of every table"]
+    assert not met["every held-out row"]
+    assert not met["bias of every family class"]
+
+
+def test_heldout_coverage_check_fails_below_its_target():
+    """Tiny errors cannot cover rows that miss by 30%: the coverage verdict says "not met", it does not only print."""
+    rows = [("t", "FSDP/ZeRO", e) for e in (0.0, 0.5, -0.5, 30.0, -30.0, 0.2)]
+    assert not _check_frame(rows)["p10–p90 interval coverage"]
