@@ -177,11 +177,8 @@ def _always(world: int, per_node: int) -> list[Layout]:
             Layout(dp=world, sharding="zero2")]
     if world >= 2:
         lays.append(Layout(dp=world, sharding="hsdp", shard_group=max(1, world // 2)))
-    tp = min(world, per_node)
-    if tp >= 2:
-        dp = world // tp
-        shard = "none" if dp == 1 else "zero3"
-        lays += [Layout(dp=dp, tp=tp, sharding=shard), Layout(dp=dp, tp=tp, sp=True, sharding=shard)]
+    if min(world, per_node) >= 2:  # pure TP on one node, FSDP×TP across nodes: _proxy_layout's sharding rule
+        lays += [_proxy_layout({"tp": per_node, "sp": sp, "sharding": "none"}, world) for sp in (False, True)]
     return lays
 
 
