@@ -3,6 +3,8 @@ import sys
 
 from snakemake.utils import min_version, validate
 
+from trainplan.config import require_proxy_executor
+from trainplan.model.base import ConfigError
 from trainplan.proxy.torchrun import forward_signals_to_proxies
 from trainplan.report.headline import headline
 
@@ -37,6 +39,15 @@ localrules:
 
 
 onstart:
+    # the executor is known only here (None at parse time): a multi-node proxy cannot start under `--cores N`
+    try:
+        require_proxy_executor(
+            STUDY.raw["proxies"],
+            getattr(workflow.executor_plugin, "name", None),
+            (job.rule.name for job in workflow.dag.needrun_jobs()),
+        )
+    except ConfigError as e:
+        raise WorkflowError(f"Bad config: {e}") from None
     print(f"trainplan study hash: {STUDY_HASH}", file=sys.stderr)
     # SIGINT/SIGTERM also reach the local proxy launchers, which stop their ranks within seconds (Snakemake
     # alone would wait for the running jobs); no-op for Slurm jobs, which are not children of this process

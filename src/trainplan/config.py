@@ -370,6 +370,22 @@ def require_proxy_torch(proxies: Mapping[str, Any], torch_version: str | None = 
                           f"{torch_version}); `TRAINPLAN_TORCH=cuda ./scripts/setup.sh` installs one")
 
 
+def require_proxy_executor(proxies: Mapping[str, Any], executor: str | None, pending_rules: Iterable[str]) -> None:
+    """Refuse ``proxies.nnodes > 1`` when Snakemake's own ``local`` executor would start the proxies: it runs every
+    job on this machine, where a multi-node proxy's ranks cannot be placed (they need a Slurm allocation of that many
+    nodes). Called from the Snakefile's ``onstart``, the first point at which the executor is known (at parse time
+    it is not), after the DAG is built and before any job starts. Nothing to refuse when no proxy job is pending
+    (records made on a cluster, the memo rebuilt here) or under a cluster executor."""
+    nnodes = int(proxies.get("nnodes", 1))
+    if nnodes <= 1 or executor != "local" or not proxies.get("families", True):
+        return
+    if not {"select_proxies", "proxy_run"} & set(pending_rules):
+        return
+    raise ConfigError("proxies.nnodes", nnodes,
+                      "1 for a local run (`snakemake --cores N` starts every proxy on this machine); a multi-node "
+                      "proxy runs under `snakemake --profile slurm` (or another cluster executor)")
+
+
 def check_relative_dir(key: str, value: Any) -> None:
     """A directory the study writes into: non-empty, relative, no ``..``: it stays inside the working
     directory (``results_dir: ""`` or ``/`` would write results into the current or root directory)."""

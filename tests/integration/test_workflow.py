@@ -59,6 +59,9 @@ def test_default_study_dry_run_plans_the_whole_dag(tmp_path):
     ("search: {shardings: [none], offloads: [cpu]}\n", "search='0 layouts'"),
     ("model: {preset: llama2-70b}\nlayout: {dp: 2, sharding: none}\n", "layout='dp2"),
     # GPU proxies with the venv's CPU-only torch: every proxy job would fail on the GPU nodes after queueing
+    # multi-node proxies under the local executor: refused in onstart (the executor is unknown at parse time),
+    # before select_proxies or any proxy starts
+    ("cluster: {nodes: 2}\nproxies: {nnodes: 2}\n", "proxies.nnodes=2: 1 for a local run"),
     pytest.param("proxies: {device: cuda}\n", "proxies.device='cuda'", marks=pytest.mark.skipif(
         "+cpu" not in importlib.metadata.version("torch"), reason="this venv's torch is not the CPU-only build")),
 ])

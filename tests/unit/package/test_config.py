@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainplan.config import RULE_SECTIONS, config_slice, load_config, load_schema, require_proxy_torch
+from trainplan.config import (
+    RULE_SECTIONS,
+    config_slice,
+    load_config,
+    load_schema,
+    require_proxy_executor,
+    require_proxy_torch,
+)
 from trainplan.model.base import ConfigError
 from trainplan.model.hardware import ClusterSpec
 
@@ -381,6 +388,23 @@ def test_gpu_proxies_need_a_cuda_build_of_torch_in_the_jobs_interpreter():
     require_proxy_torch({"device": "cuda"}, "2.13.0+cu126")
     require_proxy_torch({"device": "cpu"}, "2.13.0+cpu")
     require_proxy_torch({"device": "cuda", "families": []}, "2.13.0+cpu")  # nothing runs
+
+
+def test_multi_node_proxies_are_refused_under_the_local_executor_only_while_a_proxy_is_pending():
+    """``proxies.nnodes: 2`` under ``snakemake --cores N`` used to pass parse time and fail in every multi-node proxy
+    job ("not a Slurm job"), after the analytic stage and the one-node proxies had run. Refused in ``onstart`` now,
+    where the executor is first known; a cluster executor, one node, no proxy family, or nothing left to run
+    (records made on the cluster, the memo rebuilt here) pass."""
+    two = {"nnodes": 2, "families": ["depth"]}
+    for pending in (["analytic_model", "select_proxies", "memo"], ["proxy_run", "aggregate"]):
+        with pytest.raises(ConfigError, match=r"1 for a local run.*--profile slurm") as e:
+            require_proxy_executor(two, "local", iter(pending))
+        assert (e.value.key, e.value.value) == ("proxies.nnodes", 2)
+    require_proxy_executor(two, "slurm", ["select_proxies"])
+    require_proxy_executor(two, None, ["select_proxies"])  # no executor known: not refused on a guess
+    require_proxy_executor({**two, "nnodes": 1}, "local", ["select_proxies"])
+    require_proxy_executor({**two, "families": []}, "local", ["select_proxies"])
+    require_proxy_executor(two, "local", ["calibrate", "memo"])
 
 
 def test_an_unknown_key_error_lists_the_valid_keys():
