@@ -7,11 +7,15 @@
 #      then the package with the extras named in $TRAINPLAN_EXTRAS. Redone when pyproject.toml changes.
 #      TRAINPLAN_TORCH=cuda installs PyPI's CUDA build of torch 2.13.0 instead: for GPU proxies
 #      (`proxies.device: cuda`, run by the jobs of `snakemake --profile slurm` with this venv's interpreter, so
-#      create it on a path the compute nodes share, with a Python they have too).
+#      create it on a path the compute nodes share, with a Python they have too). Unset, it keeps the flavour
+#      the venv has (TRAINPLAN_TORCH=cpu switches a CUDA venv back).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS=${TRAINPLAN_EXTRAS:-dev,workflow,launch}
-TORCH=${TRAINPLAN_TORCH:-cpu}
+stamp=.venv/.trainplan-setup
+# unset: the flavour this venv was set up with (a CUDA venv stays CUDA through study.sh / test.sh), else cpu
+TORCH=${TRAINPLAN_TORCH:-$( { [ -f "$stamp" ] && sed -n 's/.* torch-\([a-z]*\)$/\1/p' "$stamp"; } || true)}
+TORCH=${TORCH:-cpu}
 case "$TORCH" in
   cpu|cuda) ;;
   *) echo "setup: TRAINPLAN_TORCH=$TORCH: valid: cpu (default), cuda" >&2; exit 2 ;;
@@ -30,7 +34,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-stamp=.venv/.trainplan-setup
 want="$(sha256sum pyproject.toml | cut -c1-16) $EXTRAS torch-$TORCH"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   [ -x .venv/bin/python ] || python3 -m venv .venv

@@ -566,7 +566,7 @@ Generated from `src/trainplan/config.schema.yaml` by `python -m trainplan.config
 (a unit test fails when this file and the schema disagree). Every key of a study config, with its type or
 allowed values, its default (filled in before any rule runs; "required" where there is none) and what it means.
 Units are in the key names (GB/s, µs, h, $). Overlays (`config/lora.yaml`, …) change a few keys of
-`config/config.yaml`: `snakemake --configfile config/lora.yaml`, `trainplan plan config/config.yaml config/lora.yaml`.
+`config/config.yaml`: `snakemake --cores 2 --configfile config/lora.yaml`, `trainplan plan config/config.yaml config/lora.yaml`.
 """
 
 

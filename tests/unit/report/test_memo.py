@@ -97,6 +97,8 @@ def test_page_one_names_the_runner_up_with_its_numbers_from_families_csv(rendere
         assert _squash(w) in p1, w
     inside = r["tokens_per_s_per_gpu"] >= ch["tokens_per_s_per_gpu_p10"]
     assert ("cannotrankthetwo" in p1) == inside
+    # and when it is not inside, page 1 says so with the p10 it falls below (it once said nothing)
+    assert (_squash(f"below this layout's p10 ({ch['tokens_per_s_per_gpu_p10']:,.0f})") in p1) == (not inside)
     assert _squash(f"switch to the runner-up, {r['family']} ({r['layout']})") in p1  # the day-1 throughput fallback
 
 
@@ -141,6 +143,20 @@ def test_runner_up_is_no_tie_that_only_shards_the_states_differently(rendered):
     assert memo.runner_up(tie_other, ch)["family"] == "DDP"  # a tie of another structure is a real alternative
     only = fam.iloc[:2]
     assert memo.runner_up(only, ch)["family"] == "DDP" and memo.runner_up(only, ch)["equivalents"] == []
+
+
+def test_page_one_says_when_the_runner_up_is_below_the_chosen_p10(rendered):
+    """The README promised page 1 says whether the runner-up lies inside the recommendation's p10–p90; it spoke only
+    when it did (the default study's runner-up, 4,724 against a p10 of 4,742, got no word). Both cases now."""
+    import html as html_mod
+
+    ctx = memo.build_context(memo.memo_inputs(rendered["root"]), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    p10 = _load("prediction/production.json")["chosen"]["tokens_per_s_per_gpu_p10"]
+    for inside in (True, False):
+        html = memo.render_html(ctx | {"runner_up": {**ctx["runner_up"], "inside_interval": inside}})
+        text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", html)).split())
+        assert ("the model alone cannot rank the two" in text) == inside
+        assert (f"below this layout's p10 ({p10:,.0f})." in text) == (not inside), text[:3000]
 
 
 def test_page_one_says_what_rests_on_published_data_and_never_uses_cpu_timings(rendered):
