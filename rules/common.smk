@@ -2,6 +2,8 @@
 import json
 from pathlib import Path
 
+from snakemake_interface_executor_plugins.settings import ExecMode
+
 from trainplan import pkgdata
 from trainplan.config import (
     config_slice,
@@ -26,17 +28,19 @@ try:
     # proxies.device: cuda needs a CUDA torch in the interpreter every job runs (the venv's is the CPU wheel)
     require_proxy_torch(STUDY.raw["proxies"])
     # a study no layout fits (every one OOM, an empty search space, a pinned layout too big) is refused here, not by
-    # the cost stage after the proxies ran: the search takes about a second
-    require_feasible(
-        search(
-            STUDY.model,
-            STUDY.cluster,
-            STUDY.training,
-            STUDY.efficiency,
-            pinned_options(STUDY.search, STUDY.layout),
-        ),
-        STUDY.layout,
-    )
+    # the cost stage after the proxies ran: the search takes about a second, so only the process that plans the
+    # DAG runs it, not every cluster job's own parse (exec mode remote), which the main process has checked
+    if workflow.exec_mode == ExecMode.DEFAULT:
+        require_feasible(
+            search(
+                STUDY.model,
+                STUDY.cluster,
+                STUDY.training,
+                STUDY.efficiency,
+                pinned_options(STUDY.search, STUDY.layout),
+            ),
+            STUDY.layout,
+        )
 except ConfigError as e:
     raise WorkflowError(f"Bad config: {e}") from None
 # the schema is package data (src/trainplan/config.schema.yaml; in the wheel), the one load_config uses; checked on
