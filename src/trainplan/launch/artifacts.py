@@ -518,7 +518,9 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
          "command": f"trainplan preflight --summary {shlex.quote(summary_path)} --config {_config_args(config_path)} "
                     "--device cuda",
          "passes_when": "exit 0 (PASS): state and activation bytes, peak reserved memory and step time within "
-                        "tolerance of the plan"},
+                        "tolerance of the plan, and the production peak at the slice's measured memory error "
+                        "within search.max_hbm_frac of usable HBM (the memo's check 1); a FAIL names the layout "
+                        "to switch to"},
         {"check": f"first {DAY1_THROUGHPUT_STEPS} steps on all GPUs",
          "command": f"sbatch --export=ALL,TRAINPLAN_MODE=day1-throughput {sb}",
          "passes_when": f"the job exits 0: it ends with `trainplan ingest {run}/day1-throughput-<job>/steps.jsonl "

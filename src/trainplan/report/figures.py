@@ -28,6 +28,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from trainplan import pkgdata  # noqa: E402
 from trainplan.io import read_json, write_bytes, write_json  # noqa: E402
+from trainplan.model.layout import Layout  # noqa: E402
 from trainplan.model.timing import STEP_PARTS  # noqa: E402
 from trainplan.report.labels import caption_path  # noqa: E402, F401 (re-exported)
 from trainplan.report.labels import figure_labels as report_labels  # noqa: E402, F401
@@ -50,28 +51,38 @@ def _axes(ax: Axes | None, figsize: tuple[float, float] | None = None) -> tuple[
     return fig, fig.add_subplot()
 
 
-def layout_label(row: pd.Series | dict) -> str:
-    """A short layout name for axes: family, degrees that are > 1, recompute, micro-batch."""
-    degs = [f"{k}{int(row[k])}" for k in ("dp", "tp", "pp", "cp") if int(row.get(k, 1)) > 1]
-    shard = str(row.get("sharding", ""))
-    if shard == "hsdp" and row.get("shard_group") == row.get("shard_group"):  # not NaN
-        shard += f"/{int(row['shard_group'])}" if row.get("shard_group") not in (None, "") else ""
-    rc = str(row.get("recompute", "none"))
-    parts = [str(row.get("family", "")), "·".join(degs), shard, f"rc={rc}", f"mb={int(row.get('micro_batch', 1))}"]
-    if str(row.get("offload", "none")) != "none":
-        parts.append("offload")
-    return " ".join(p for p in parts if p)
+def layout_label(row: pd.Series | dict, *, two_lines: bool = False) -> str:
+    """A short layout name for axes: family, the degrees that are > 1 with what ``Layout.describe`` marks on them
+    (sequence parallel, pipeline schedule, context-parallel kind; two layouts the memo tells apart must not share a
+    label), async TP, sharding, recompute, micro-batch, offload. ``two_lines``: the family on a line of its own
+    (axis labels: the full layout on one line left the bars a third of the figure)."""
+    lay = Layout.from_row(row)
+    degs = [f"dp{lay.dp}"] if lay.dp > 1 else []
+    if lay.tp > 1:
+        degs.append(f"tp{lay.tp}" + ("(sp)" if lay.sp else ""))
+    if lay.pp > 1:
+        degs.append(f"pp{lay.pp}({lay.pp_schedule}" + (f",v{lay.vpp})" if lay.vpp > 1 else ")"))
+    if lay.cp > 1:
+        degs.append(f"cp{lay.cp}({lay.cp_kind})")
+    shard = lay.sharding + (f"/{lay.shard_group}" if lay.sharding == "hsdp" and lay.shard_group else "")
+    parts = ["·".join(degs), "async-tp" if lay.tp_overlap else "", shard, f"rc={lay.recompute}",
+             f"mb={lay.micro_batch}", "offload" if lay.offload != "none" else ""]
+    family, rest = str(row.get("family", "")), " ".join(p for p in parts if p)
+    return f"{family}\n{rest}" if two_lines and family else " ".join(p for p in (family, rest) if p)
 
 
 # ------------------------------------------------------------------------------------------ plots
-def plot_memory(df: pd.DataFrame, *, hbm_gib: float | None = None, ax: Axes | None = None) -> Figure:
-    """Stacked bars of per-GPU memory terms (``mem_<term>_gib``) per layout, against usable HBM.
+def plot_memory(df: pd.DataFrame, *, hbm_gib: float | None = None, limit_gib: float | None = None,
+                p90: tuple[str, float] | None = None, ax: Axes | None = None) -> Figure:
+    """Stacked bars of per-GPU memory terms (``mem_<term>_gib``) per layout, against usable HBM and the search's
+    limit (``limit_gib``, ``search.max_hbm_frac`` of it); ``p90``: (layout text, GiB), the chosen layout's memory
+    p90, drawn as a whisker on its bar (the estimate alone hid that the p90 is over the limit).
 
     Bars longer than 1.6× HBM are cut at the axis edge and labelled with their total.
     """
     with _style():
-        fig, ax = _axes(ax, (7.0, 0.3 * len(df) + 1.4))
-        labels = [layout_label(r) for _, r in df.iterrows()]
+        fig, ax = _axes(ax, (7.0, 0.42 * len(df) + 1.4))
+        labels = [layout_label(r, two_lines=True) for _, r in df.iterrows()]
         y = np.arange(len(df))
         left = np.zeros(len(df))
         for term in MEM_TERMS:
@@ -89,7 +100,17 @@ def plot_memory(df: pd.DataFrame, *, hbm_gib: float | None = None, ax: Axes | No
         ax.set_xlim(0, xmax)
         if hbm_gib:
             ax.axvline(hbm_gib, color="black", ls="--", lw=1.0)
-            ax.text(hbm_gib, -0.75, f"usable HBM {hbm_gib:.1f} GiB", fontsize=7, ha="center", va="bottom")
+            ax.text(hbm_gib, -0.75, f"usable HBM {hbm_gib:.1f} GiB", fontsize=7, ha="left", va="bottom")
+        if limit_gib:
+            ax.axvline(limit_gib, color="#b22222", ls=":", lw=1.2)
+            ax.text(limit_gib, -0.75, f"limit {limit_gib:.1f} ", fontsize=7, ha="right", va="bottom", color="#b22222")
+        if p90 is not None and "layout_text" in df:
+            rows = np.flatnonzero(df["layout_text"].astype(str).to_numpy() == p90[0])
+            if len(rows):
+                yi, est = int(rows[0]), float(left[rows[0]])
+                ax.plot([est, p90[1]], [yi, yi], color="black", lw=1.2)
+                ax.plot([p90[1]], [yi], marker="|", color="black", ms=9)
+                ax.text(p90[1] + 0.01 * xmax, yi, f" p90 {p90[1]:.1f}", fontsize=7, ha="left", va="center")
         ax.set_yticks(y, labels)
         ax.set_ylim(len(df) - 0.5, -1.0)
         ax.set_xlabel("memory per GPU (GiB)")
@@ -103,8 +124,8 @@ def plot_time_breakdown(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
     communication, pipeline bubble, optimizer step, CPU offload; a term zero on every bar is left out): each bar
     ends at the layout's step time."""
     with _style():
-        fig, ax = _axes(ax, (7.0, 0.3 * len(df) + 1.4))
-        labels = [layout_label(r) for _, r in df.iterrows()]
+        fig, ax = _axes(ax, (7.0, 0.42 * len(df) + 1.4))
+        labels = [layout_label(r, two_lines=True) for _, r in df.iterrows()]
         y = np.arange(len(df))
         left = np.zeros(len(df))
         for col, name in STEP_PARTS.items():
@@ -400,8 +421,15 @@ def make_figures(inputs: Mapping[str, str | Path], out_dir: str | Path, *, hbm_g
         n_fam, n_ok = cand["family"].nunique(), int(rep["feasible"].astype(bool).sum())
         shown = (f"the best layout of each of the {n_ok} fastest of {n_fam} families"
                  + (f" and the leanest layout of {len(rep) - n_ok} where none fits" if len(rep) > n_ok else ""))
-        emit("memory", plot_memory(rep, hbm_gib=hbm),
-             f"Predicted peak memory per GPU by term, for {shown}, against usable HBM.", [cand_p])
+        prod_p = path("production")
+        ch = (read_json(prod_p).get("chosen") or {}) if prod_p else {}
+        limit = ch.get("mem_limit_gib")
+        p90 = (str(ch["layout"]), float(ch["mem_total_gib_p90"])) if ch.get("layout") and \
+            ch.get("mem_total_gib_p90") is not None else None
+        emit("memory", plot_memory(rep, hbm_gib=hbm, limit_gib=limit, p90=p90),
+             f"Predicted peak memory per GPU by term, for {shown}, against usable HBM"
+             + (f" and the search's limit ({limit:.1f} GiB, dotted); the chosen layout's memory p90 as a whisker"
+                if limit else "") + ".", [cand_p] + ([prod_p] if prod_p else []))
         emit("time_breakdown", plot_time_breakdown(rep[rep["feasible"].astype(bool)]),
              f"Predicted time per optimizer step by term, for the best layout of each of the {n_ok} fastest of "
              f"{n_fam} families (all in Alternatives considered).", [cand_p])
@@ -433,8 +461,9 @@ def make_figures(inputs: Mapping[str, str | Path], out_dir: str | Path, *, hbm_g
     if sens_p:
         sens = pd.read_csv(sens_p)
         if len(sens):
+            metric = str(sens["metric"].iloc[0]) if "metric" in sens else "the headline metric"
             emit("tornado", plot_tornado(sens),
-                 "Sensitivity: each assumption moved across its range, the change in the headline metric.",
+                 f"Sensitivity: each assumption moved across its range, one at a time; the change in {metric}.",
                  [sens_p])
     return made
 

@@ -633,15 +633,29 @@ def render_html(context: dict[str, Any], template: str | Path | None = None) -> 
                              lstrip_blocks=True)
     env.filters["f"] = fmt
     env.filters["ticks"] = code_spans
+    env.filters["cmd"] = command_html
     return env.get_template(tpl.name).render(**context)
 
 
+def command_html(text: Any) -> Any:
+    """A shell command as HTML that wraps only at spaces and after a ``/`` or ``,``: each piece in a no-wrap span. The PDF
+    broke ``--ntasks-per-node`` and ``day1-throughput`` at their hyphens, so a command copied from it failed."""
+    from markupsafe import Markup, escape
+
+    def token(t: str) -> str:
+        pieces = re.findall(r"[^/,]*[/,]|[^/,]+$", t)
+        return "".join(f'<span class="nw">{escape(q)}</span>' for q in pieces if q)
+
+    return Markup(" ".join(token(t) for t in str(text or "").split(" ")))
+
+
 def code_spans(text: Any) -> Any:
-    """Plain text with `backticked` spans (manifest.json's day-1 criteria) as HTML: escaped, the spans as <code>."""
+    """Plain text with `backticked` spans (manifest.json's day-1 criteria) as HTML: escaped, the spans as <code>
+    commands (:func:`command_html`)."""
     from markupsafe import Markup, escape
 
     parts = str(text or "").split("`")
-    return Markup("".join(f"<code>{escape(p)}</code>" if i % 2 else str(escape(p)) for i, p in enumerate(parts)))
+    return Markup("".join(f"<code>{command_html(p)}</code>" if i % 2 else str(escape(p)) for i, p in enumerate(parts)))
 
 
 def render_memo(inputs: Mapping[str, Any], out_pdf: str | Path, *, config: dict, study_hash: str, git_commit: str,

@@ -36,7 +36,8 @@ def test_every_figure_is_made_from_the_fixture(made):
 
 
 # the results file each figure is drawn from (stated here, not read back from the figure's own caption)
-FIGURE_SOURCES = {"memory": "analytic/candidates.csv", "time_breakdown": "analytic/candidates.csv",
+FIGURE_SOURCES = {"memory": ["analytic/candidates.csv", "prediction/production.json"],  # the limit and the p90
+                  "time_breakdown": "analytic/candidates.csv",
                   "pareto": "analytic/candidates.csv", "parity": "proxies/records.csv",
                   "extrapolation": "prediction/production.json", "cost": "cost/cost.json",
                   "tornado": "cost/sensitivity.csv"}
@@ -46,7 +47,8 @@ def test_caption_config_hash_matches_the_source_provenance_sidecar(made):
     root, out = made
     for name, svg in out.items():
         cap = F.read_caption(svg)
-        assert cap["sources"] == [FIGURE_SOURCES[name]], name
+        src = FIGURE_SOURCES[name]
+        assert cap["sources"] == (src if isinstance(src, list) else [src]), name
         want = "+".join(sorted({json.loads((root / (s + ".provenance.json")).read_text())["config_hash"]
                                 for s in cap["sources"]}))
         assert cap["config_hash"] == want, name
@@ -76,6 +78,23 @@ def test_memory_bars_stack_to_the_total_of_each_layout():
     terms = [f"mem_{t}_gib" for t in F.MEM_TERMS]
     np.testing.assert_allclose([ends[i] for i in range(len(rep))], rep[terms].sum(axis=1), rtol=1e-6)
     np.testing.assert_allclose(rep[terms].sum(axis=1), rep["mem_total_gib"], rtol=1e-4)
+
+
+def test_memory_bars_show_the_searchs_limit_and_the_chosen_layouts_p90():
+    """The bars showed only usable HBM, so the chosen layout looked comfortably inside (its estimate) while page 1
+    said its p90 is over the 90% limit. The limit is drawn, and the chosen bar carries a whisker to its p90."""
+    rep = F.representative_layouts(_cand())
+    chosen = str(rep["layout_text"].iloc[0])
+    ax = F.plot_memory(rep, hbm_gib=79.6, limit_gib=71.7, p90=(chosen, 79.1)).axes[0]
+    vlines = sorted(float(ln.get_xdata()[0]) for ln in ax.lines if len(set(ln.get_xdata())) == 1
+                    and ln.get_linestyle() in (":", "--"))
+    assert vlines == [71.7, 79.6]
+    whisker = [ln for ln in ax.lines if list(ln.get_ydata()) == [0, 0]]
+    assert whisker and float(whisker[0].get_xdata()[1]) == 79.1
+    assert float(whisker[0].get_xdata()[0]) == pytest.approx(float(rep["mem_total_gib"].iloc[0]), rel=1e-4)
+    assert {t.get_text().strip() for t in ax.texts} >= {"p90 79.1", "limit 71.7", "usable HBM 79.6 GiB"}
+    ax = F.plot_memory(rep, hbm_gib=79.6).axes[0]  # without a production prediction: HBM alone, as before
+    assert not any(t.get_text().startswith(("limit", " p90")) for t in ax.texts)
 
 
 def test_representative_layouts_keep_infeasible_families_with_their_smallest_memory():
@@ -200,3 +219,19 @@ def test_tornado_labels_print_assumption_ranges_readably():
                           "metric_high": 3400.0}])
     labels = [t.get_text() for t in F.plot_tornado(sens).axes[0].get_yticklabels()]
     assert labels == ["dataset_tokens (5B–20B tokens)"], labels
+
+
+def test_layout_labels_keep_what_tells_two_layouts_apart():
+    """The memory and step-time bars labelled dp16·tp2(sp) "dp16·tp2" — the string the Alternatives table uses for
+    the layout without sequence parallelism (4,179 against 4,724 tokens/s/GPU) — and dropped the pipeline schedule
+    and the CP kind. The label keeps what ``Layout.describe`` marks on each degree above 1."""
+    base = {"family": "ZeRO-2×TP", "dp": 16, "tp": 2, "pp": 1, "cp": 1, "sp": True, "sharding": "zero2",
+            "recompute": "none", "micro_batch": 2, "pp_schedule": "1f1b"}
+    assert F.layout_label(base) == "ZeRO-2×TP dp16·tp2(sp) zero2 rc=none mb=2"
+    assert F.layout_label(base | {"sp": False}) == "ZeRO-2×TP dp16·tp2 zero2 rc=none mb=2"
+    row = pd.Series(base | {"dp": 4, "pp": 2, "cp": 2, "pp_schedule": "interleaved", "vpp": 4, "cp_kind": "ulysses",
+                            "tp_overlap": True, "sharding": "hsdp", "shard_group": 2, "offload": "none"})
+    assert F.layout_label(row) == \
+        "ZeRO-2×TP dp4·tp2(sp)·pp2(interleaved,v4)·cp2(ulysses) async-tp hsdp/2 rc=none mb=2"
+    labels = {F.layout_label(r) for _, r in pd.DataFrame([base, base | {"sp": False}, base | {"pp": 2, "dp": 8}]).iterrows()}
+    assert len(labels) == 3

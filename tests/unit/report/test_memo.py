@@ -97,9 +97,14 @@ def test_page_one_names_the_runner_up_with_its_numbers_from_families_csv(rendere
         assert _squash(w) in p1, w
     inside = r["tokens_per_s_per_gpu"] >= ch["tokens_per_s_per_gpu_p10"]
     assert ("cannotrankthetwo" in p1) == inside
+    # the production table's middle figure is the model's estimate (memory p10 can exceed it), not a median
+    assert "tokens/s/GPU p10 / estimate / p90" in rendered["text"] and "p10 / p50 / p90" not in rendered["text"]
     # and when it is not inside, page 1 says so with the p10 it falls below (it once said nothing)
     assert (_squash(f"below this layout's p10 ({ch['tokens_per_s_per_gpu_p10']:,.0f})") in p1) == (not inside)
-    assert _squash(f"switch to the runner-up, {r['family']} ({r['layout']})") in p1  # the day-1 throughput fallback
+    # the day-1 throughput fallback: the runner-up measured the same way, the faster kept (it was "switch to the
+    # runner-up", whose own estimate can sit below the chosen layout's p10 it would be held to)
+    assert _squash(f"run the same steps with the runner-up, {r['family']} ({r['layout']},") in p1
+    assert _squash("keep the faster of the two measured") in p1
 
 
 def test_runner_up_skips_the_chosen_and_oom_families():
@@ -138,7 +143,7 @@ def test_runner_up_is_no_tie_that_only_shards_the_states_differently(rendered):
     ctx = memo.build_context(memo.memo_inputs(rendered["root"]), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
     text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx | {"runner_up": r}))).split())
     assert "DDP, HSDP tie with it: the same layout with the states sharded differently, so no throughput fallback." in text
-    assert "switch to the runner-up, FSDP ( dp32·tp1·pp1·cp1 zero3 rc=none mb=1 )" in text
+    assert "run the same steps with the runner-up, FSDP ( dp32·tp1·pp1·cp1 zero3 rc=none mb=1 ," in text
     tie_other = fam.assign(best_layout=fam["best_layout"].where(fam["family"] != "DDP", "dp16·tp2(sp)·pp1·cp1 none rc=none mb=1"))
     assert memo.runner_up(tie_other, ch)["family"] == "DDP"  # a tie of another structure is a real alternative
     only = fam.iloc[:2]
@@ -747,6 +752,19 @@ def test_a_memory_p90_above_the_searchs_limit_is_at_risk_and_names_the_preflight
         k: v for k, v in fb.items() if k not in ("at", "extra_gpu_hours")}
     assert (f"at the p90 error, ×1.25, {fb['layout']} : {fb['mem_expected_gib']:.1f} GiB, {100 * fb['slower_frac']:.1f}% "
             "slower) and rerun the preflight") in text
+    # Risks: the OOM row names the model error (not only long sequences) and check 1's switch as the mitigation
+    risks = text.split("Risks and mitigations")[-1]
+    assert ("Out of memory: model error, longer sequences p90 memory 75.0 GiB, 3.3 GiB over the limit (90% of usable "
+            "HBM, 71.7 GiB): 5 of 27 memory-model errors put the planned sequence over it;") in risks
+    assert f"Day-1 check 1 measures the error on one node; above the limit, switch to {fb['layout']} as page 1 says." in risks
+    assert "above usable HBM" not in text
+    # errors that would exceed usable HBM itself are an OOM, not a limit breach: page 1 and the risk row count them
+    prod["chosen"]["mem_over_hbm_errors"] = 2
+    (root / "prediction/production.json").write_text(json.dumps(prod))
+    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    assert "AT RISK : p90 above the search's limit (5 of 27 model errors; 2 above usable HBM, an OOM)" in text
+    assert "put the planned sequence over it, 2 above usable HBM;" in text.split("Risks and mitigations")[-1]
 
 
 def test_families_ruled_out_for_one_reason_are_one_row_of_the_alternatives_table():
@@ -869,9 +887,10 @@ def test_day1_criteria_render_backticked_commands_as_code():
     day1 = day1_commands(ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb")), trainer="accelerate",
                          min_tokens_per_s_per_gpu=4741.6, study_hash="1d4b04148965" + "0" * 52)
     html = str(memo.code_spans(day1[1]["passes_when"]))
-    assert "<code>trainplan ingest results/launch/run-1d4b04148965/day1-throughput-&lt;job&gt;/steps.jsonl " in html
+    text = re.sub(r"</?span[^>]*>", "", html)  # the no-wrap pieces of a command (test_day1_commands_wrap_only...)
+    assert "<code>trainplan ingest results/launch/run-1d4b04148965/day1-throughput-&lt;job&gt;/steps.jsonl " in text
     assert "`" not in html and "<run-" not in day1[1]["passes_when"]
-    assert str(memo.code_spans("a <b> `c & d`")) == "a &lt;b&gt; <code>c &amp; d</code>"
+    assert re.sub(r"</?span[^>]*>", "", str(memo.code_spans("a <b> `c & d`"))) == "a &lt;b&gt; <code>c &amp; d</code>"
 
 
 def test_comparable_runs_say_when_none_is_of_the_layouts_family():
@@ -965,3 +984,19 @@ def test_the_day1_switch_adds_the_ask_hours_run_slower_frac_slower():
     assert memo.switch_extra_gpu_hours(cost, {"slower_frac": 0.2}, 8) == pytest.approx(20.0)
     assert memo.switch_extra_gpu_hours(cost, {"slower_frac": 1.0}, 8) is None
     assert memo.switch_extra_gpu_hours({}, {"slower_frac": 0.2}, 8) is None
+
+
+def test_day1_commands_wrap_only_at_spaces_and_after_a_slash():
+    """Appendix A broke `--ntasks-per-⏎node=8` and `TRAINPLAN_MODE=day1-⏎throughput` at their hyphens, so a
+    command copied from the PDF failed. Each piece between spaces (and after a "/") is one no-wrap span."""
+    out = str(memo.command_html("srun --ntasks-per-node=8 results/launch/run-1/day1-x.jsonl a<b"))
+    assert out == ('<span class="nw">srun</span> <span class="nw">--ntasks-per-node=8</span> '
+                   '<span class="nw">results/</span><span class="nw">launch/</span><span class="nw">run-1/</span>'
+                   '<span class="nw">day1-x.jsonl</span> <span class="nw">a&lt;b</span>')
+    assert re.sub(r"<[^>]+>", "", out) == "srun --ntasks-per-node=8 results/launch/run-1/day1-x.jsonl a&lt;b"
+    assert str(memo.command_html("--export=ALL,MODE=day1-x")) == \
+        '<span class="nw">--export=ALL,</span><span class="nw">MODE=day1-x</span>'
+    ticks = str(memo.code_spans("ends with `trainplan ingest a/b --min-x 1` (median)"))
+    assert ticks.startswith('ends with <code><span class="nw">trainplan</span> ') and ticks.endswith("</code> (median)")
+    css = (Path(memo.__file__).parent.parent / "templates" / "memo.css").read_text()
+    assert ".nw { white-space: nowrap; }" in css and "table.day1 { table-layout: fixed; }" in css

@@ -79,3 +79,30 @@ def test_a_table_row_never_splits_across_pages(tmp_path):
                     break
     assert not split["memo"], split
     assert split["without the rule"], split
+
+
+def test_the_day1_commands_table_stays_inside_the_page(tmp_path):
+    """Appendix A's commands, made unbreakable at their hyphens (a command copied from the PDF must run), once
+    widened the table past the right edge, cutting off its "passes when" column. The fixture has no day-1 list, so
+    the real one for 4 × 8 H100 is rendered here and every page checked at the edges."""
+    if shutil.which("pdftoppm") is None:
+        pytest.skip("pdftoppm (poppler-utils) is not installed")
+    import json
+
+    from trainplan.launch.artifacts import day1_commands
+    from trainplan.model.hardware import ClusterSpec
+
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    manifest = json.loads((root / "launch/manifest.json").read_text())
+    manifest["day1"] = day1_commands(ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb"), trainer="accelerate",
+                                     min_tokens_per_s_per_gpu=4742.0, study_hash="1d4b04148965" * 5)
+    (root / "launch/manifest.json").write_text(json.dumps(manifest))
+    pdf = _render(root, tmp_path / "memo.pdf")
+    text = subprocess.run(["pdftotext", "-layout", str(pdf), "-"], capture_output=True, text=True, check=True).stdout
+    assert "--ntasks-per-node=8" in text and "TRAINPLAN_MODE=day1-throughput" in text  # not broken at a hyphen
+    subprocess.run(["pdftoppm", "-r", str(DPI), "-png", str(pdf), str(tmp_path / "p")], check=True)
+    edge = int(round(EDGE_MM / 25.4 * DPI))
+    for p in sorted(tmp_path.glob("p-*.png")):
+        ink = _ink(imread(p)[..., :3])
+        assert not ink[:, :edge].any() and not ink[:, -edge:].any(), f"{p.name}: content reaches the side edge"
