@@ -368,9 +368,18 @@ def preflight_fallback(candidates: str | Path, mem_ratio: float | None = None,
 
 
 def fallback_line(fallback: dict[str, Any] | None) -> str:
-    """What to do after a FAIL, worded as the memo's day-1 check."""
+    """What to do after a FAIL, worded as the memo's day-1 check; with how to switch (the overlay that pins the
+    layout) where the fallback carries it."""
     if not fallback:
         return "FALLBACK: none with more headroom among the feasible layouts — no-go, re-plan."
+    line = _fallback_what(fallback)
+    if fallback.get("pin"):
+        line += (f" To switch: put `{fallback['pin']}` in a config overlay and rerun the study with it; its launch "
+                 "files and preflight follow the pinned layout.")
+    return line
+
+
+def _fallback_what(fallback: dict[str, Any]) -> str:
     if fallback.get("mem_ratio"):
         r, frac = fallback["mem_ratio"], fallback.get("max_hbm_frac", HEADROOM_FRAC)
         return (f"FALLBACK: the slice reserved {r:.2f}× its modelled peak; at that error the fastest layout within "

@@ -526,6 +526,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         "day1_steps": DAY1_THROUGHPUT_STEPS,
         "training_attn_kernel": (config.get("training") or {}).get("attn_kernel", "fa2") if config else None,
         "training_seq_len": (config.get("training") or {}).get("seq_len") if config else None,
+        "training_finetune": (config.get("training") or {}).get("finetune", "full") if config else "full",
         "cudnn_attention_rel": attention_kernel_rel("cudnn"),
         "proxy_family_labels": PROXY_FAMILY_LABELS,
         "assumptions": _assumptions(config) if config else [],
@@ -614,11 +615,23 @@ def fit_fallback(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: floa
                                         "mem_expected_gib": float(r["mem_total_gib"]) * float(mem_ratio)}
 
 
+def layout_overlay(lay: Layout) -> str:
+    """The config overlay that pins ``lay``: a ``layout:`` section in YAML flow style, every field written out, so
+    that a study rerun with it plans, launches and preflights exactly that layout."""
+    import yaml
+
+    return "layout: " + yaml.safe_dump(lay.to_dict(), default_flow_style=True, sort_keys=False, width=10**6).strip()
+
+
 def fallback_entry(r: pd.Series, chosen: dict[str, Any]) -> dict[str, Any]:
-    """A fallback as the memo and the preflight name it: the candidates.csv row ``r`` against the chosen one."""
-    return {"layout": str(r.get("layout_text", "")), "tokens_per_s_per_gpu": float(r["tokens_per_s_per_gpu"]),
-            "mem_total_gib": float(r["mem_total_gib"]), "headroom_frac": float(r["headroom_frac"]),
-            "slower_frac": 1.0 - float(r["tokens_per_s"]) / float(chosen["tokens_per_s"])}
+    """A fallback as the memo and the preflight name it: the candidates.csv row ``r`` against the chosen one;
+    ``pin``: the config overlay that switches to it (:func:`layout_overlay`), where the row has the layout's fields."""
+    out = {"layout": str(r.get("layout_text", "")), "tokens_per_s_per_gpu": float(r["tokens_per_s_per_gpu"]),
+           "mem_total_gib": float(r["mem_total_gib"]), "headroom_frac": float(r["headroom_frac"]),
+           "slower_frac": 1.0 - float(r["tokens_per_s"]) / float(chosen["tokens_per_s"])}
+    if all(k in r for k in ("dp", "tp", "pp", "cp", "sharding")):
+        out["pin"] = layout_overlay(Layout.from_row(r))
+    return out
 
 
 # -------------------------------------------------------------------------------------- rendering
@@ -634,6 +647,7 @@ def render_html(context: dict[str, Any], template: str | Path | None = None) -> 
     env.filters["f"] = fmt
     env.filters["ticks"] = code_spans
     env.filters["cmd"] = command_html
+    env.filters["brk"] = layout_breaks
     return env.get_template(tpl.name).render(**context)
 
 
@@ -647,6 +661,12 @@ def command_html(text: Any) -> Any:
         return "".join(f'<span class="nw">{escape(q)}</span>' for q in pieces if q)
 
     return Markup(" ".join(token(t) for t in str(text or "").split(" ")))
+
+
+def layout_breaks(text: Any) -> str:
+    """A layout string that may wrap after each "·" (a zero-width space there): the technique table's layouts
+    (``dp16·tp1·pp1·cp2(ulysses) zero2 …``) otherwise widened it past the page edge."""
+    return str(text if text is not None else "").replace("·", "·\u200b")
 
 
 def code_spans(text: Any) -> Any:

@@ -17,6 +17,8 @@ from trainplan.model.hardware import GPUS, ClusterSpec
 from trainplan.model.layout import Layout
 from trainplan.model.training import TrainingSpec
 
+ROOT = Path(__file__).resolve().parents[3]
+
 MODEL = resolve_model("llama2-13b")
 CLUSTER = ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb")
 TRAINING = TrainingSpec(seq_len=4096, global_batch=256)
@@ -430,3 +432,26 @@ def test_a_lora_plan_preflights_its_own_adapters_and_is_predicted_as_lora():
     r8 = copy.deepcopy(as_lora)
     r8["spec"].update(lora_rank=8)
     assert pf._predicted_cuda(r8, node, None)[0] < peak  # the rank enters the prediction
+
+
+def test_the_fallback_says_how_to_switch_with_an_overlay_the_study_accepts():
+    """The preflight said "switch to <layout>" with no way to do it but retyping the layout string into a config.
+    Its fallback now carries the overlay that pins the layout, every field written out; loaded over the default
+    config it plans exactly that layout."""
+    import pandas as pd
+    import yaml
+
+    from trainplan.config import load_config, read_yaml
+    from trainplan.report import memo
+
+    cand = pd.read_csv(ROOT / "tests/fixtures/results_min/analytic/candidates.csv", low_memory=False)
+    ok = cand[cand["feasible"].astype(bool)].sort_values("rank")
+    row = ok[ok["sharding"] != ok["sharding"].iloc[0]].iloc[0]  # another sharding than the chosen one
+    fb = memo.fallback_entry(row, ok.iloc[0])
+    line = pf.fallback_line(fb)
+    assert f"To switch: put `{fb['pin']}` in a config overlay" in line
+    raw = read_yaml(ROOT / "config/config.yaml")
+    raw["layout"] = yaml.safe_load(fb["pin"])["layout"]
+    assert load_config(raw).layout.describe() == row["layout_text"]
+    assert "pin" not in memo.fallback_entry(pd.Series({k: row[k] for k in ("layout_text", "tokens_per_s",
+                                            "tokens_per_s_per_gpu", "mem_total_gib", "headroom_frac")}), ok.iloc[0])

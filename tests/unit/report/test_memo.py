@@ -1000,3 +1000,20 @@ def test_day1_commands_wrap_only_at_spaces_and_after_a_slash():
     assert ticks.startswith('ends with <code><span class="nw">trainplan</span> ') and ticks.endswith("</code> (median)")
     css = (Path(memo.__file__).parent.parent / "templates" / "memo.css").read_text()
     assert ".nw { white-space: nowrap; }" in css and "table.day1 { table-layout: fixed; }" in css
+
+
+def test_technique_layouts_may_wrap_and_adapter_studies_say_what_their_states_are(rendered):
+    """The seq8k memo's technique table ran past the page edge (its CP layouts are long unbreakable strings); they
+    may now wrap after each "·". The LoRA and QLoRA memos printed only the full fine-tune's 16Ψ model states."""
+    import html as html_mod
+
+    assert memo.layout_breaks("dp16·tp1·pp1·cp2(ulysses) zero2") == "dp16·\u200btp1·\u200bpp1·\u200bcp2(ulysses) zero2"
+    assert memo.layout_breaks(None) == ""
+    ctx = memo.build_context(memo.memo_inputs(rendered["root"]), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    for finetune, want in (("full", None), ("lora", "This study is LoRA: the frozen base holds only its weights (2Ψ in "
+                                                     "bf16"),
+                           ("qlora", "This study is QLoRA: the frozen base holds only its weights (0.5Ψ in NF4")):
+        html = memo.render_html(ctx | {"training_finetune": finetune})
+        text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", html)).split())
+        assert (want is None and "This study is" not in text) or (want is not None and want in text), finetune
+    assert "\u200b" in memo.render_html(ctx) or not ctx.get("techniques")

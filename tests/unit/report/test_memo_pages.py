@@ -94,6 +94,13 @@ def test_the_day1_commands_table_stays_inside_the_page(tmp_path):
 
     root = tmp_path / "results"
     shutil.copytree(FIXTURE, root)
+    # and the technique table with the seq8k study's long CP layouts, which once ran past the right edge too
+    import pandas as pd
+
+    tech = pd.read_csv(root / "analytic/techniques.csv")
+    tech["best_with"] = "dp8·tp2(sp)·pp2(interleaved,v4)·cp2(ulysses) async-tp zero2 rc=selective mb=2 offload"
+    tech["best_without"] = "dp16·tp1·pp1·cp2(ulysses) zero2 rc=none mb=1"
+    tech.to_csv(root / "analytic/techniques.csv", index=False)
     manifest = json.loads((root / "launch/manifest.json").read_text())
     manifest["day1"] = day1_commands(ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb"), trainer="accelerate",
                                      min_tokens_per_s_per_gpu=4742.0, study_hash="1d4b04148965" * 5)
