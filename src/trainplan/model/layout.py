@@ -78,13 +78,17 @@ class Layout:
         names = {"none": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "FSDP", "hsdp": "HSDP"}
         return "×".join([names[self.sharding]] + ["TP"] * (self.tp > 1) + ["PP"] * (self.pp > 1))
 
-    def describe(self) -> str:
-        s = f"dp{self.dp}·tp{self.tp}{'(sp)' if self.sp else ''}·pp{self.pp}"
-        if self.pp > 1:
-            s += f"({self.pp_schedule}{'' if self.vpp == 1 else f',v{self.vpp}'})"
-        s += f"·cp{self.cp}" + (f"({self.cp_kind})" if self.cp > 1 else "")
+    def describe(self, *, compact: bool = False) -> str:
+        """``dp32·tp1·pp1·cp1 zero2 rc=none mb=1``; ``compact``: only the degrees above 1 (figure labels)."""
+        degs = [f"dp{self.dp}", f"tp{self.tp}{'(sp)' if self.sp else ''}",
+                f"pp{self.pp}" + (f"({self.pp_schedule}{'' if self.vpp == 1 else f',v{self.vpp}'})" if self.pp > 1
+                                  else ""),
+                f"cp{self.cp}" + (f"({self.cp_kind})" if self.cp > 1 else "")]
+        if compact:
+            degs = [d for d, n in zip(degs, (self.dp, self.tp, self.pp, self.cp), strict=True) if n > 1]
+        s = "·".join(degs)
         s += " async-tp" * bool(self.tp_overlap)
-        s += f" {self.sharding}"
+        s = f"{s} {self.sharding}".lstrip()
         if self.sharding == "hsdp" and self.shard_group is not None:  # None: the default group, not yet resolved
             s += f"/{self.shard_group}"
         return s + f" rc={self.recompute} mb={self.micro_batch}" + (" offload" if self.offload != "none" else "")

@@ -52,22 +52,10 @@ def _axes(ax: Axes | None, figsize: tuple[float, float] | None = None) -> tuple[
 
 
 def layout_label(row: pd.Series | dict, *, two_lines: bool = False) -> str:
-    """A short layout name for axes: family, the degrees that are > 1 with what ``Layout.describe`` marks on them
-    (sequence parallel, pipeline schedule, context-parallel kind; two layouts the memo tells apart must not share a
-    label), async TP, sharding, recompute, micro-batch, offload. ``two_lines``: the family on a line of its own
-    (axis labels: the full layout on one line left the bars a third of the figure)."""
-    lay = Layout.from_row(row)
-    degs = [f"dp{lay.dp}"] if lay.dp > 1 else []
-    if lay.tp > 1:
-        degs.append(f"tp{lay.tp}" + ("(sp)" if lay.sp else ""))
-    if lay.pp > 1:
-        degs.append(f"pp{lay.pp}({lay.pp_schedule}" + (f",v{lay.vpp})" if lay.vpp > 1 else ")"))
-    if lay.cp > 1:
-        degs.append(f"cp{lay.cp}({lay.cp_kind})")
-    shard = lay.sharding + (f"/{lay.shard_group}" if lay.sharding == "hsdp" and lay.shard_group else "")
-    parts = ["·".join(degs), "async-tp" if lay.tp_overlap else "", shard, f"rc={lay.recompute}",
-             f"mb={lay.micro_batch}", "offload" if lay.offload != "none" else ""]
-    family, rest = str(row.get("family", "")), " ".join(p for p in parts if p)
+    """A short layout name for axes: the family, then ``Layout.describe(compact=True)`` (the degrees above 1 with
+    what describe marks on them: two layouts the memo tells apart must not share a label). ``two_lines``: the
+    family on a line of its own (axis labels: the full layout on one line left the bars a third of the figure)."""
+    family, rest = str(row.get("family", "")), Layout.from_row(row).describe(compact=True)
     return f"{family}\n{rest}" if two_lines and family else " ".join(p for p in (family, rest) if p)
 
 
@@ -410,6 +398,8 @@ def make_figures(inputs: Mapping[str, str | Path], out_dir: str | Path, *, hbm_g
         made[name] = save_figure(fig, out / f"{name}.svg", caption=caption, config_hash=_hash(inputs),
                                  sources=[rel(p) for p in inputs], calibration_source=cal_src)
 
+    prod_p = path("production")
+    prod = read_json(prod_p) if prod_p else {}  # the chosen layout's memory (memory figure), the extrapolation
     cand_p = path("candidates")
     if cand_p:
         cand = pd.read_csv(cand_p, low_memory=False)
@@ -421,8 +411,7 @@ def make_figures(inputs: Mapping[str, str | Path], out_dir: str | Path, *, hbm_g
         n_fam, n_ok = cand["family"].nunique(), int(rep["feasible"].astype(bool).sum())
         shown = (f"the best layout of each of the {n_ok} fastest of {n_fam} families"
                  + (f" and the leanest layout of {len(rep) - n_ok} where none fits" if len(rep) > n_ok else ""))
-        prod_p = path("production")
-        ch = (read_json(prod_p).get("chosen") or {}) if prod_p else {}
+        ch = prod.get("chosen") or {}
         limit = ch.get("mem_limit_gib")
         p90 = (str(ch["layout"]), float(ch["mem_total_gib_p90"])) if ch.get("layout") and \
             ch.get("mem_total_gib_p90") is not None else None
@@ -443,9 +432,8 @@ def make_figures(inputs: Mapping[str, str | Path], out_dir: str | Path, *, hbm_g
         if len(parity_table(rec)):
             emit("parity", plot_parity(rec),
                  "Analytic prediction against proxy measurement for every proxy run and metric.", [rec_p])
-    prod_p = path("production")
     if prod_p:
-        ext = read_json(prod_p).get("extrapolation") or []
+        ext = prod.get("extrapolation") or []
         if ext:
             emit("extrapolation", plot_extrapolation(pd.DataFrame(ext)),
                  "Scaling fits of the proxies' device-independent quantities, each along one axis (depth, width, "
