@@ -176,3 +176,44 @@ def test_torchtitan_day1_jobs_judge_the_console_log(tmp_path):
     assert r.returncode == 0 and "checkpoint restore PASS: restored at step 5" in r.stdout, r.stdout + r.stderr
     r = run("day1-checkpoint", steps(range(1, 11), "9,000"))
     assert r.returncode != 0 and "checkpoint restore FAIL" in r.stdout
+
+
+@pytest.mark.parametrize(("fp8_drift", "passes"), [(1.002, True), (1.03, False)])
+def test_the_fp8_loss_parity_mode_runs_fp8_then_bf16_and_judges_them(tmp_path, fp8_drift, passes):
+    """The sbatch's day1-loss-parity mode: the FP8 run and then the bf16 run (its own Accelerate config), each with its
+    own step log and checkpoint folder, then `trainplan ingest --loss-parity`. FP8 does not run on a CPU, so
+    `accelerate` here is a stand-in that writes the step log the entry point would (its loss curve scaled by
+    ``fp8_drift`` under the FP8 config); the script's control flow and the verdict are real."""
+    from trainplan.launch.ingest import LOSS_PARITY_STEPS
+
+    out = tmp_path / "launch"
+    cluster = ClusterSpec(nodes=1, gpus_per_node=2, gpu="h100-sxm-80gb")
+    training = TrainingSpec(seq_len=32, global_batch=8, dataset_tokens=20 * 8 * 32, precision="fp8-tensorwise")
+    launch.write_artifacts(MODEL_PRESETS["debug"], cluster, training, Layout(dp=2, sharding="zero2"), out,
+                           study_hash=HASH, min_tokens_per_s_per_gpu=1.0)
+    argv_log = tmp_path / "accelerate.argv"
+    env = _env(tmp_path, out, TRAINPLAN_MODE="day1-loss-parity", TRAINPLAN_DATA=str(_tokens(tmp_path)))
+    _fake_bin(tmp_path / "bin", "accelerate", f"""echo "$* | $TRAINPLAN_STEP_LOG | $TRAINPLAN_CKPT_DIR" >> {argv_log}
+python - "$@" <<'PY'
+import json, math, os, sys
+fp8 = "accelerate_fsdp2.yaml" in " ".join(sys.argv)
+steps = int(sys.argv[sys.argv.index("--steps") + 1])
+with open(os.environ["TRAINPLAN_STEP_LOG"], "a") as f:
+    for i in range(1, steps + 1):
+        loss = (2.0 + 3.0 * math.exp(-i / 80)) * ({fp8_drift} if fp8 else 1.0)
+        f.write(json.dumps({{"event": "step", "step": i, "loss": loss}}) + "\\n")
+PY""")
+    shim = tmp_path / "pyshim" / "torchao"  # the FP8 guard imports torchao; the stand-in never uses it
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("")
+    env["PYTHONPATH"] = str(shim.parent)
+    r = subprocess.run(["bash", str(out / "sbatch_1x2.sh")], env=env, cwd=out, capture_output=True, text=True,
+                       timeout=120)
+    runs = argv_log.read_text().splitlines()
+    assert len(runs) == 2, r.stdout + r.stderr
+    run = out / f"run-{HASH}" / "day1-loss-parity-42"
+    assert "--config_file " + str(out / "accelerate_fsdp2.yaml") in runs[0] and str(run / "fp8.jsonl") in runs[0]
+    assert str(out / launch.ACCELERATE_BF16_FILE) in runs[1] and str(run / "bf16.jsonl") in runs[1]
+    assert f"--steps {LOSS_PARITY_STEPS}" in runs[0] and "fp8-checkpoints" in runs[0] and "bf16-checkpoints" in runs[1]
+    assert (r.returncode == 0) == passes, r.stdout + r.stderr
+    assert ("loss parity PASS" if passes else "loss parity FAIL") in r.stdout

@@ -44,9 +44,11 @@ from trainplan import __version__
 from trainplan.config import load_config
 from trainplan.cost.budget import duration_text
 from trainplan.io import InputFileError, read_json, read_json_checked, write_json, write_text
+from trainplan.launch.ingest import LOSS_PARITY_MAX_REL, LOSS_PARITY_STEPS
 from trainplan.launch.trainers import (
     TORCHTITAN_CONFIG_FN,
     TORCHTITAN_MODULE,
+    UNMODELLED_KINDS,
     Deviation,
     checkpoint_interval_steps,
     choose_trainer,
@@ -63,10 +65,11 @@ from trainplan.model.base import ConfigError
 from trainplan.model.hardware import ClusterSpec
 from trainplan.model.layout import Layout, check_layout, grad_accum
 from trainplan.model.memory import memory_breakdown
+from trainplan.model.timing import step_time
 from trainplan.model.training import TrainingSpec
 from trainplan.provenance import study_hash
 
-__all__ = ["Artifact", "DEEPSPEED_DOCUMENTED_KEYS", "accelerate_config", "bash_syntax_check",
+__all__ = ["Artifact", "DEEPSPEED_DOCUMENTED_KEYS", "accelerate_config", "as_launched", "bash_syntax_check",
            "deepspeed_config", "deepspeed_unsupported_reason", "entry_finetune", "main", "plan_deviations",
            "qlora_as_lora_note", "sbatch_name", "sbatch_script",
            "sbatch_test_only", "torchrun_command", "torchrun_script", "write_artifacts"]
@@ -76,6 +79,7 @@ DEFAULT_TRAIN_SCRIPT = None  # None: ``-m trainplan.train_entry`` (the thin entr
 ENTRY_MODULE = "trainplan.train_entry"
 RDZV_PORT = 29500  # torchrun's default c10d port
 DAY1_THROUGHPUT_STEPS = 50  # the day-1 throughput job's steps (sbatch TRAINPLAN_MODE=day1-throughput; memo, manifest)
+ACCELERATE_BF16_FILE = "accelerate_fsdp2_bf16.yaml"  # the FP8 day-1 loss check's bf16 reference run
 LAUNCH_OPTIONS = frozenset({"job_name", "partition", "account", "time_limit_h", "master_port"})
 SHORT_MAX_LINES = 45  # artifacts up to this many lines are inlined in the memo; longer ones attached
 
@@ -158,7 +162,11 @@ def _accelerate_parts(cluster: ClusterSpec, training: TrainingSpec, layout: Layo
         "fsdp_sync_module_states": True,
     }
     alone = L.dp * L.cp == 1  # one data-parallel rank: FSDP2 shards nothing, so it runs what was planned
-    mark = str if alone else Deviation
+
+    def mark(text: str) -> str:  # what FSDP2 runs for ZeRO-1 and DDP: ZeRO-2 (gradients and optimizer sharded)
+        return text if alone else Deviation(text, short=f"FSDP2 ZeRO-2 for {'DDP' if L.sharding == 'none' else 'ZeRO-1'}",
+                                            layout={"sharding": "zero2"})
+
     if L.sharding == "zero1":
         notes.append(mark("FSDP2 has no optimizer-only sharding (ZeRO-1); reshard_after_forward=false (ZeRO-2 "
                           "equivalent) is used, which holds no more memory than ZeRO-1"))
@@ -168,7 +176,8 @@ def _accelerate_parts(cluster: ClusterSpec, training: TrainingSpec, layout: Layo
                           + ("; over one rank it shards nothing: the same as the plan" if alone else "")))
     if L.recompute == "selective":
         notes.append(Deviation("Accelerate's FSDP activation checkpointing recomputes whole decoder layers (full); "
-                               "the planned selective recompute needs the model's own checkpoint wrapper"))
+                               "the planned selective recompute needs the model's own checkpoint wrapper",
+                               short="full recompute for selective", layout={"recompute": "full"}))
     if L.offload == "cpu":
         notes.append(offload_note("fsdp_offload_params", L.sharding))
     if training.precision == "fp32":
@@ -179,7 +188,8 @@ def _accelerate_parts(cluster: ClusterSpec, training: TrainingSpec, layout: Layo
     elif training.fp8 == "rowwise":
         notes.append(Deviation("training.precision=fp8-rowwise: Accelerate's config file cannot select torchao's "
                                "rowwise recipe (AO backend = tensorwise); the torchtitan job carries it (float8 "
-                               "converter, rowwise)"))
+                               "converter, rowwise)", short="FP8 tensorwise for rowwise",
+                               training={"precision": "fp8-tensorwise"}))
     par: dict[str, Any] = {}
     replicas = L.dp
     shard = L.dp
@@ -187,7 +197,9 @@ def _accelerate_parts(cluster: ClusterSpec, training: TrainingSpec, layout: Layo
         g = L.shard_group or cluster.gpus_per_node
         if g % L.cp:
             notes.append(Deviation(f"hsdp shard_group={g} is not a multiple of cp={L.cp}; Accelerate shards over "
-                                   "dp_shard x cp, so the shard group is rounded to whole cp groups"))
+                                   "dp_shard x cp, so the shard group is rounded to whole cp groups",
+                                   short="HSDP shard group rounded to whole cp groups",
+                                   unmodelled=("memory", "step time")))
         shard = max(1, g // L.cp)
         replicas = max(1, L.dp // shard)
     else:
@@ -202,26 +214,67 @@ def _accelerate_parts(cluster: ClusterSpec, training: TrainingSpec, layout: Layo
     if L.tp > 1:
         note = "TP in Accelerate uses the model's transformers tp_plan (needs a transformers model)"
         notes.append(Deviation(note + "; Megatron-style sequence parallelism is not configurable there, so TP "
-                               "runs without SP") if L.sp else note)
+                               "runs without SP", short="TP without SP", layout={"sp": False}) if L.sp else note)
     if L.cp > 1 and L.cp_kind == "ulysses":
         notes.append(Deviation("Ulysses CP exists in Accelerate only with the DeepSpeed backend; torch CP "
-                               "(all-to-all rotation) is emitted instead"))
+                               "(all-to-all rotation) is emitted instead", short="torch ring CP for Ulysses",
+                               layout={"cp_kind": "ring"}))
     if L.pp > 1:
         notes.append(Deviation(f"pp={L.pp} is not expressible in Accelerate 1.x (no pipeline-parallel training "
                                "with FSDP2); use torchtitan or Megatron for this layout. The config covers dp/tp/cp "
-                               "only"))
+                               "only", short=f"no pp={L.pp}: Accelerate cannot run it", unmodelled=("memory", "step time")))
     return fsdp, par, notes
 
 
 def plan_deviations(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,
-                    trainer: str) -> list[str]:
+                    trainer: str) -> list[Deviation]:
     """How what ``trainer`` (:func:`choose_trainer`'s pick) runs differs from the planned layout: its
     :class:`~trainplan.launch.trainers.Deviation` notes (empty when it runs the plan as planned)."""
     if trainer == "torchtitan":
-        return deviations(torchtitan_settings(model, cluster, training, layout)[1])
-    out = deviations(_accelerate_parts(cluster, training, layout)[2])
+        return [n for n in torchtitan_settings(model, cluster, training, layout)[1] if isinstance(n, Deviation)]
+    out = [n for n in _accelerate_parts(cluster, training, layout)[2] if isinstance(n, Deviation)]
     if training.finetune == "qlora":
         out.append(qlora_as_lora_note(model, cluster, training, layout))
+    return out
+
+
+def as_launched(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, trainer: str,
+                eff: Any = None) -> dict[str, Any] | None:
+    """What the launch runs, judged by the same models as the plan; None when it runs the plan as planned.
+
+    The deviations' field changes applied to the planned layout and training give the run the planner can model;
+    its peak memory (plus the bytes the planner has no term for) over the plan's is ``memory_ratio``, the plan's
+    step time over its step time is ``throughput_ratio``. Ratios, not figures: the plan's p10/estimate/p90 come
+    from the model's errors, and times a ratio they are the launch's (the memo's page 1, the day-1 thresholds,
+    the preflight's headroom verdict). A ratio is None where a deviation has no model (``unmodelled``): the
+    plan's figure stays and the caller says so."""
+    devs = plan_deviations(model, cluster, training, layout, trainer)
+    if not devs:
+        return None
+    unmodelled = sorted({u for d in devs for u in d.unmodelled}, key=UNMODELLED_KINDS.index)
+    lay_changes = {k: v for d in devs for k, v in d.layout.items() if getattr(layout, k) != v}
+    tr_changes = {k: v for d in devs for k, v in d.training.items() if getattr(training, k) != v}
+    extra = sum(d.extra_bytes for d in devs)
+    out: dict[str, Any] = {"trainer": trainer, "changes": [d.short for d in devs],
+                           "layout_changes": lay_changes, "training_changes": tr_changes,
+                           "extra_gib": extra / 2**30, "unmodelled": unmodelled, "layout": None,
+                           "memory_ratio": None, "throughput_ratio": None}
+    try:
+        run_layout, run_training = replace(layout, **lay_changes), replace(training, **tr_changes)
+        check_layout(model, cluster, run_training, run_layout)
+    except ConfigError as e:  # the changes make a layout the planner refuses: nothing about it is modelled
+        out["unmodelled"] = list(UNMODELLED_KINDS)
+        out["why_unmodelled"] = f"what runs is not a layout the planner accepts ({e})"
+        return out
+    out["layout"] = run_layout.describe()
+    if "memory" not in unmodelled:
+        planned = float(memory_breakdown(model, cluster, training, layout, eff)["total"])
+        ran = float(memory_breakdown(model, cluster, run_training, run_layout, eff)["total"]) + extra
+        out["memory_ratio"] = ran / planned
+    if "step time" not in unmodelled:
+        planned_s = float(step_time(model, cluster, training, layout, eff)["step_time_s"])
+        ran_s = float(step_time(model, cluster, run_training, run_layout, eff)["step_time_s"])
+        out["throughput_ratio"] = planned_s / ran_s
     return out
 
 
@@ -231,15 +284,17 @@ def entry_finetune(training: TrainingSpec) -> str:
     return "full" if training.finetune == "full" else "lora"
 
 
-def qlora_as_lora_note(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout) -> str:
+def qlora_as_lora_note(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout
+                       ) -> Deviation:
     """The deviation of a QLoRA plan under ``train_entry``: it trains the plan's adapters (rank, targets) over bf16
     base weights, since NF4 base weights need bitsandbytes 4-bit on CUDA under FSDP2, which it does not set up.
     What that costs, from the memory model: the layout's peak per GPU as LoRA against the plan's."""
     q = memory_breakdown(model, cluster, training, layout)["total"] / 2**30
     lo = memory_breakdown(model, cluster, replace(training, finetune="lora"), layout)["total"] / 2**30
-    return (f"finetune=qlora runs as LoRA (rank {training.lora_rank}, {'/'.join(training.lora_targets)}) over bf16 "
+    return Deviation(f"finetune=qlora runs as LoRA (rank {training.lora_rank}, {'/'.join(training.lora_targets)}) over bf16 "
             "base weights: the entry point has no NF4 (bitsandbytes 4-bit) path; modelled peak "
-            f"{lo:.1f} GiB/GPU against the plan's {q:.1f} GiB ({lo - q:+.1f} GiB), no dequantisation time")
+            f"{lo:.1f} GiB/GPU against the plan's {q:.1f} GiB ({lo - q:+.1f} GiB), no dequantisation time",
+                     short="LoRA over a bf16 base for QLoRA (no NF4 path)", training={"finetune": "lora"})
 
 
 def accelerate_config(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, *,
@@ -387,7 +442,8 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
                   partition: str | None = None, account: str | None = None, master_port: int = RDZV_PORT,
                   accelerate_file: str = "accelerate_fsdp2.yaml", checkpoint_interval_s: float | None = None,
                   step_time_s: float | None = None, min_tokens_per_s_per_gpu: float | None = None,
-                  signal_lead_s: int = 300, gpu_directive: bool = True, checkpoint_async: bool = True) -> str:
+                  signal_lead_s: int = 300, gpu_directive: bool = True, checkpoint_async: bool = True,
+                  fp8_parity: bool = False) -> str:
     """The Slurm batch script for nodes x gpus_per_node: runs the chosen trainer (:func:`trainers.choose_trainer`).
     ``checkpoint_async`` (cost.checkpoint_async, what the cost model charges): interval checkpoints written while
     training goes on.
@@ -436,6 +492,10 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         min_tps=round(min_tokens_per_s_per_gpu or 0), rdzv_port=master_port,
         own_entry=not train_script,  # the data guard knows what trainplan.train_entry reads, not a custom script
         fp8_accelerate=training.fp8 == "tensorwise", ckpt_async=int(bool(checkpoint_async)),
+        fp8_parity=fp8_parity, parity_steps=LOSS_PARITY_STEPS,
+        accelerate_bf16_node_command=shlex.quote(accelerate_node_command(cluster, train_script=train_script,
+                                                                         train_args=train_args,
+                                                                         accelerate_file=ACCELERATE_BF16_FILE)),
         # what `trainplan ingest` needs for a torchtitan console log: the model (a preset by name, else this
         # folder's config.json), the layout, the shapes
         titan_model=_titan_model_ref(model, None), titan_layout=_layout_arg(layout), global_batch=training.global_batch,
@@ -494,12 +554,14 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
                   config_path: str | Sequence[str] = "config/config.yaml",
                   min_tokens_per_s_per_gpu: float | None = None,
                   checkpoint_interval_s: float | None = None, study_hash: str | None = None,
-                  titan_ingest: str = "") -> list[dict[str, Any]]:
+                  titan_ingest: str = "", fp8_parity: str | None = None) -> list[dict[str, Any]]:
     """The memo's day-1 go/no-go checks as commands: [{check, command, passes_when}] (manifest.json ``day1``; the
     nccl-tests check also carries its threshold, ``min_busbw_GBps``). The sbatch commands run in the study's launch
     folder (beside ``summary_path``'s analytic/), as the script says; the others from the project root, so the
     paths into the launch folder name it. ``titan_ingest``: the flags ``trainplan ingest`` needs for a torchtitan
-    console log (model, layout, shapes), which has no record of them."""
+    console log (model, layout, shapes), which has no record of them. ``fp8_parity`` (:func:`fp8_parity_kind`):
+    the FP8 study's loss check against bf16, an sbatch mode ("scripted") or two torchtitan runs by hand
+    ("manual")."""
     sb = sbatch_name(cluster)
     tps = f"{min_tokens_per_s_per_gpu:,.0f}" if min_tokens_per_s_per_gpu else "the p10 prediction"
     launch_dir = _launch_dir(summary_path)
@@ -545,12 +607,37 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
          "command": f"{record} --out data/calibration/gpu/day1-production.json",
          "passes_when": "the record is written; rerun the study: calibrate fits the efficiencies to it"},
     ]
+    if fp8_parity:
+        limits = {"steps": LOSS_PARITY_STEPS, "window_steps": LOSS_PARITY_STEPS // 4, "max_loss_rel": LOSS_PARITY_MAX_REL}
+        window = f"mean loss over the last {LOSS_PARITY_STEPS // 4} steps within {LOSS_PARITY_MAX_REL:.0%} of bf16's"
+        if fp8_parity == "scripted":
+            par = f"{run}/day1-loss-parity-<job>"
+            out.insert(4, {"check": "FP8 loss parity", **limits,
+                           "command": f"sbatch --export=ALL,TRAINPLAN_MODE=day1-loss-parity {sb}",
+                           "passes_when": f"the job exits 0: {LOSS_PARITY_STEPS} steps in FP8, then {LOSS_PARITY_STEPS} "
+                                          f"in bf16 ({ACCELERATE_BF16_FILE}) from the same weights and data, ending with "
+                                          f"`trainplan ingest {par}/fp8.jsonl --loss-parity {par}/bf16.jsonl` ({window})"})
+        else:
+            out.insert(4, {"check": "FP8 loss parity", **limits,
+                           "command": "trainplan ingest <fp8 job>.out --format torchtitan --loss-parity <bf16 job>.out",
+                           "passes_when": f"run the torchtitan job for {LOSS_PARITY_STEPS} steps as written, and again "
+                                          "with its float8 converter removed (bf16), from the same weights and data; "
+                                          f"exit 0: {window} (not scripted in the sbatch)"})
     if cluster.n_gpus == 1:  # one GPU: no collective for nccl-tests to measure
         out = [d for d in out if "min_busbw_GBps" not in d]
     if checkpoint_interval_s:
         ckpt = next(d for d in out if d["check"].startswith("save and restore"))
         ckpt["passes_when"] += f"; production checkpoints every {duration_text(checkpoint_interval_s / 3600)} (Young/Daly)"
     return out
+
+
+def fp8_parity_kind(training: TrainingSpec, trainer: str) -> str | None:
+    """How the FP8 day-1 loss check runs (search.layouts.FP8_RISK): None without FP8; "scripted" under Accelerate (the
+    sbatch's day1-loss-parity mode, with a bf16 Accelerate config beside the FP8 one); "manual" under torchtitan
+    (two runs of the job module, with and without its float8 converter, then ``trainplan ingest --loss-parity``)."""
+    if not training.fp8:
+        return None
+    return "scripted" if trainer == "accelerate" else "manual"
 
 
 def titan_ingest_flags(model: ModelSpec, training: TrainingSpec, layout: Layout, cluster: ClusterSpec,
@@ -589,7 +676,7 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                     checkpoint_async: bool = True,
                     min_tokens_per_s_per_gpu: float | None = None, summary_path: str = "results/analytic/summary.json",
                     config_path: str | Sequence[str] = "config/config.yaml",
-                    study_config: Mapping[str, Any] | None = None) -> list[tuple[str, bool]]:
+                    study_config: Mapping[str, Any] | None = None, eff: Any = None) -> list[tuple[str, bool]]:
     """Write every artifact (atomically) plus manifest.json; return [(filename, short?), ...].
 
     ``summary_path`` and ``config_path`` are what the day-1 preflight command names. ``study_config`` (the study's
@@ -599,7 +686,9 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     ``options`` is the config's ``launch`` section: job_name, partition, account, time_limit_h, master_port.
     ``checkpoint_interval_s`` (cost.json's Young/Daly ``checkpoint_interval_h`` × 3600) and ``step_time_s`` (the
     chosen layout's predicted step time) set the checkpoint interval; ``min_tokens_per_s_per_gpu`` (the p10
-    prediction) is the day-1 throughput threshold.
+    prediction) is the day-1 throughput threshold. Both are the plan's: where the trainer runs something else
+    (:func:`as_launched`, with the study's efficiency ``eff``), the threshold and the step time are scaled by its
+    modelled throughput ratio, and the manifest's ``trainer.as_launched`` carries the ratios for the memo.
     """
     out = Path(out_dir)
     opts = dict(options or {})
@@ -609,7 +698,16 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     kw = {"study_hash": study_hash, "train_script": train_script, "train_args": train_args}
     trainer, why = choose_trainer(model, training, layout)
     titan_no = torchtitan_model_problems(model, training)
+    launched = as_launched(model, cluster, training, layout, trainer, eff)
+    ratio = (launched or {}).get("throughput_ratio")
+    if launched is not None:
+        launched["plan_min_tokens_per_s_per_gpu"] = min_tokens_per_s_per_gpu
+    if ratio:  # judge the day-1 run on what it runs
+        min_tokens_per_s_per_gpu = min_tokens_per_s_per_gpu * ratio if min_tokens_per_s_per_gpu else None
+        if trainer == "torchtitan":  # its step time sets torchtitan's checkpoint interval in steps (Accelerate's is
+            step_time_s = step_time_s / ratio if step_time_s else None  # in seconds; the torchtitan job as planned)
     ckpt_steps = checkpoint_interval_steps(checkpoint_interval_s, step_time_s)
+    parity = fp8_parity_kind(training, trainer)
     texts: dict[str, tuple[str, str]] = {
         "accelerate_fsdp2.yaml": (accelerate_config(model, cluster, training, layout, study_hash=study_hash),
                                   "Accelerate FSDP2 config"),
@@ -617,9 +715,14 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                         "torchrun command, one per node"),
         sbatch_name(cluster): (sbatch_script(model, cluster, training, layout, checkpoint_interval_s=checkpoint_interval_s,
                                              step_time_s=step_time_s, min_tokens_per_s_per_gpu=min_tokens_per_s_per_gpu,
-                                             checkpoint_async=checkpoint_async, **opts, **kw),
+                                             checkpoint_async=checkpoint_async, fp8_parity=parity == "scripted",
+                                             **opts, **kw),
                                f"Slurm batch script (runs {trainer}; requeue on USR1/TERM; day-1 modes)"),
     }
+    if parity == "scripted":
+        texts[ACCELERATE_BF16_FILE] = (
+            accelerate_config(model, cluster, replace(training, precision="bf16"), layout, study_hash=study_hash),
+            "Accelerate FSDP2 config in bf16: the FP8 day-1 loss check's reference run")
     hf_why = hf_unsupported_reason(model)
     if hf_why is None:
         hf = {"_comment": _one_line(f"trainplan launch artifact: transformers LlamaConfig of {model.name}; "
@@ -656,7 +759,8 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     write_json(out / "manifest.json", {
         "study_hash": study_hash, "layout": layout.to_dict(),
         "trainer": {"chosen": trainer, "why": why,
-                    "deviations": plan_deviations(model, cluster, training, layout, trainer),
+                    "deviations": deviations(plan_deviations(model, cluster, training, layout, trainer)),
+                    "as_launched": launched,
                     "torchtitan": "written" if not titan_no else "; ".join(titan_no),
                     "torchtitan_parallelism": settings["parallelism"] if settings else None,
                     "hf_model_config": "written" if hf_why is None else hf_why,
@@ -670,7 +774,8 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         "day1": day1_commands(cluster, trainer=trainer, summary_path=summary_path, config_path=config_path,
                               min_tokens_per_s_per_gpu=min_tokens_per_s_per_gpu,
                               checkpoint_interval_s=checkpoint_interval_s, study_hash=study_hash,
-                              titan_ingest=titan_ingest_flags(model, training, layout, cluster, summary_path)),
+                              titan_ingest=titan_ingest_flags(model, training, layout, cluster, summary_path),
+                              fp8_parity=parity),
         "artifacts": [{"filename": a.filename, "short": a.short, "description": a.description} for a in arts]})
     return [(a.filename, a.short) for a in arts]
 
@@ -767,7 +872,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra = _plan_numbers(a.summary, a.cost, a.production)
         arts = write_artifacts(model, cluster, training, layout, a.out, study_hash=h,
                                train_script=a.train_script, options=opts, summary_path=a.summary,
-                               config_path=a.config, **extra)
+                               config_path=a.config, eff=cfg.efficiency if not isinstance(cfg.efficiency, dict)
+                               else None, **extra)
         for name, _ in arts:
             if name.endswith(".sh"):
                 bash_syntax_check(Path(a.out) / name)

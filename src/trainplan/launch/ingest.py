@@ -16,7 +16,8 @@ efficiencies to it together with the GPU proxies, and the production prediction 
 
 ``--min-tokens-per-s-per-gpu X`` makes it the day-1 throughput check (exit 1 below X or on a non-finite loss);
 ``--check-resume`` the day-1 checkpoint check (a second launch started where a checkpoint left off, the steps
-are contiguous, the losses finite).
+are contiguous, the losses finite); ``--loss-parity REF`` the FP8 study's day-1 loss check (:func:`check_loss_parity`:
+this log's loss against a bf16 run's from the same weights and data, REF).
 """
 
 from __future__ import annotations
@@ -38,9 +39,14 @@ from trainplan.model.flops import model_train_step_flops
 from trainplan.model.layout import Layout
 from trainplan.proxy.schema import validate_record
 
-__all__ = ["check_resume", "main", "parse_torchtitan_log", "read_step_log", "record_from_log"]
+__all__ = ["LOSS_PARITY_MAX_REL", "LOSS_PARITY_STEPS", "check_loss_parity", "check_resume", "main", "parse_torchtitan_log", "read_step_log", "record_from_log"]
 
 DEFAULT_WARMUP = 3  # steps after each (re)start that are not timed: allocator warm-up, first collectives
+# The FP8 day-1 loss check (search.layouts.FP8_RISK names it): 200 steps of the FP8 run and of a bf16 run from the same
+# weights and data; the mean loss of the last quarter of the steps within 1% of bf16's. A mean over 50 steps, not one
+# step's loss: one batch's loss moves by more than 1% between steps, a window's mean shows a drift.
+LOSS_PARITY_STEPS = 200
+LOSS_PARITY_MAX_REL = 0.01
 
 
 def read_step_log(path: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -234,6 +240,33 @@ def check_resume_torchtitan(path: str | Path) -> tuple[bool, str]:
     return True, f"restored at step {r} and continued to step {nums[-1]} (loss {after[0]['loss']:.4f} first)"
 
 
+def _losses(path: str | Path, fmt: str) -> dict[int, float]:
+    """step -> loss of a step log (train_entry JSON lines or torchtitan console), the last launch's on a repeat."""
+    steps = parse_torchtitan_log(path) if log_format(path, fmt) == "torchtitan" else read_step_log(path)[1]
+    return {int(s["step"]): float(s["loss"]) for s in steps}
+
+
+def check_loss_parity(path: str | Path, reference: str | Path, *, max_rel: float = LOSS_PARITY_MAX_REL,
+                      fmt: str = "auto") -> tuple[bool, str]:
+    """The FP8 day-1 loss check: the mean loss of ``path`` (the FP8 run) over the last quarter of the steps both
+    logs have is within ``max_rel`` of ``reference``'s (a bf16 run from the same weights and data) over the same
+    steps, and every loss of both is finite. Fewer than 8 common steps is a failure: too short to tell."""
+    run, ref = _losses(path, fmt), _losses(reference, fmt)
+    common = sorted(set(run) & set(ref))
+    if len(common) < 8:
+        return False, f"{len(common)} steps in both logs: at least 8 are needed ({LOSS_PARITY_STEPS} planned)"
+    bad = [(n, k) for n, log in (("run", run), ("reference", ref)) for k in common if not math.isfinite(log[k])]
+    if bad:
+        return False, f"the {bad[0][0]}'s loss at step {bad[0][1]} is not finite"
+    window = common[-max(1, len(common) // 4):]
+    m_run = statistics.fmean(run[k] for k in window)
+    m_ref = statistics.fmean(ref[k] for k in window)
+    rel = m_run / m_ref - 1.0
+    ok = abs(rel) <= max_rel
+    return ok, (f"mean loss over steps {window[0]}–{window[-1]}: {m_run:.4f} against the reference's {m_ref:.4f} "
+                f"({rel:+.2%}; {'within' if ok else 'beyond'} ±{max_rel:.0%})")
+
+
 def check_resume(path: str | Path, fmt: str = "auto") -> tuple[bool, str]:
     """The day-1 checkpoint check on a train_entry log: a later launch resumed (start_step > 0) from a
     checkpoint the log records, steps are contiguous 1..N across launches, every loss finite. A torchtitan console
@@ -282,6 +315,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--format", choices=("auto", "jsonl", "torchtitan"), default="auto")
     ap.add_argument("--min-tokens-per-s-per-gpu", type=float, help="day-1 throughput check: fail below this")
     ap.add_argument("--check-resume", action="store_true", help="day-1 checkpoint check on the log (no record)")
+    ap.add_argument("--loss-parity", metavar="REF", help="FP8 day-1 loss check (no record): the log's mean loss over "
+                    "the last quarter of the common steps within --max-loss-rel of REF's, a bf16 run's step log")
+    ap.add_argument("--max-loss-rel", type=float, default=LOSS_PARITY_MAX_REL,
+                    help=f"--loss-parity tolerance (default {LOSS_PARITY_MAX_REL})")
     a = ap.parse_args(argv)
     try:
         if a.warmup < 0:
@@ -295,6 +332,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             layout_arg = json.loads(a.layout) if a.layout else None
         except json.JSONDecodeError as e:
             raise ConfigError("--layout", a.layout, f"layout JSON ({e.msg} at char {e.pos})") from None
+        if a.loss_parity is not None:
+            if not (math.isfinite(a.max_loss_rel) and 0 < a.max_loss_rel < 1):
+                raise ConfigError("--max-loss-rel", a.max_loss_rel, "a fraction in (0, 1), e.g. 0.01")
+            ok, msg = check_loss_parity(a.log, a.loss_parity, max_rel=a.max_loss_rel, fmt=a.format)
+            print(f"trainplan ingest: loss parity {'PASS' if ok else 'FAIL'}: {msg}")
+            return 0 if ok else 1
         if a.check_resume:
             ok, msg = check_resume(a.log, a.format)
             print(f"trainplan ingest: checkpoint restore {'PASS' if ok else 'FAIL'}: {msg}")

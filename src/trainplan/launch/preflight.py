@@ -30,7 +30,8 @@ from typing import Any
 
 from trainplan.calibration.gpu import harness_layout, harness_training
 from trainplan.io import read_json, write_json
-from trainplan.launch.artifacts import load_inputs
+from trainplan.launch.artifacts import as_launched, load_inputs
+from trainplan.launch.trainers import choose_trainer
 from trainplan.model.arch import ModelSpec, resolve_model
 from trainplan.model.base import ConfigError
 from trainplan.model.estimate import DEFAULT_MAX_MEM_FRAC
@@ -46,7 +47,7 @@ from trainplan.report.memo import fit_fallback, memory_fallback
 
 __all__ = ["ACT_REL_TOL", "HEADROOM_FRAC", "PEAK_REL_TOL", "STATE_REL_TOL", "TIME_REL_TOL", "Check",
            "evaluate", "fallback_line", "format_report", "main", "memory_error_ratio", "preflight_fallback",
-           "preflight_layout", "preflight_spec", "run_preflight"]
+           "preflight_layout", "preflight_spec", "production_peak_of", "run_preflight"]
 
 STATE_REL_TOL = 0.02  # state bytes are exact arithmetic; 2% covers FSDP padding of uneven shards
 ACT_REL_TOL = 0.10  # saved activations per layer: the planner's closed form vs saved_tensors_hooks
@@ -323,7 +324,8 @@ def run_preflight(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         tail = (stderr or stdout).strip().splitlines()[-3:]
         record = {"status": "error", "message": f"trainplan proxy exited {rc}: " + " | ".join(tail),
                   "spec": spec}
-    production_peak = float(memory_breakdown(model, cluster, training, layout, eff)["total"])
+    production_peak, peak_notes = production_peak_of(model, cluster, training, layout, eff)
+    notes.extend(peak_notes)
     verdict, checks = evaluate(record, cluster, eff, planned_attn_kernel=training.attn_kernel,
                                max_hbm_frac=max_hbm_frac, production_peak=production_peak)
     result = {"verdict": verdict, "device": device, "notes": notes, "spec": spec,
@@ -334,6 +336,29 @@ def run_preflight(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
               "checks": [asdict(c) | {"rel_err": c.rel_err} for c in checks]}
     write_json(out / "preflight.json", result)
     return result
+
+
+def production_peak_of(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,
+                       eff: Any = None) -> tuple[float, list[str]]:
+    """(bytes, notes): the modelled peak per GPU of the production run the sbatch starts, which the headroom
+    verdict holds to the limit. Where its trainer deviates from the plan (QLoRA as LoRA over a bf16 base,
+    torchtitan's gathered K/V, ...: :func:`~trainplan.launch.artifacts.as_launched`), the peak of what it runs,
+    not the plan's; the plan's where the memory model cannot size what runs (the notes say which)."""
+    peak = float(memory_breakdown(model, cluster, training, layout, eff)["total"])
+    launched = as_launched(model, cluster, training, layout, choose_trainer(model, training, layout)[0], eff)
+    if launched is None:
+        return peak, []
+    mr = launched["memory_ratio"]
+    if mr is None:
+        return peak, [f"{launched['trainer']} runs what the memory model cannot size ({_changes_text(launched)}); "
+                      "headroom judged on the plan's peak"]
+    return peak * mr, [f"headroom judged on what {launched['trainer']} runs ({_changes_text(launched)}): modelled "
+                       f"peak {peak * mr / 2**30:.1f} GiB, the plan's {peak / 2**30:.1f} GiB"]
+
+
+def _changes_text(launched: dict[str, Any]) -> str:
+    """What an :func:`as_launched` result runs instead of the plan, in its deviations' few words."""
+    return "; ".join(launched["changes"])
 
 
 def memory_error_ratio(checks: Sequence[Check]) -> float | None:

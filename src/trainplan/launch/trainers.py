@@ -32,7 +32,7 @@ from trainplan.model.layout import Layout, grad_accum, shard_degree
 from trainplan.model.training import TrainingSpec
 from trainplan.train_entry import checkpoint_interval_s_from_cost
 
-__all__ = ["TORCHTITAN_VERSION", "TORCHTITAN_MODULE", "TORCHTITAN_CONFIG_FN", "Deviation",
+__all__ = ["TORCHTITAN_VERSION", "TORCHTITAN_MODULE", "TORCHTITAN_CONFIG_FN", "UNMODELLED_KINDS", "Deviation",
            "checkpoint_interval_steps", "choose_trainer", "deviations", "offload_note", "torchtitan_model_problems",
            "torchtitan_settings", "torchtitan_job_module", "total_steps"]
 
@@ -47,7 +47,35 @@ class Deviation(str):
     """A launch note saying the trainer runs something other than the planned layout (ring CP for Ulysses, FSDP2's
     whole-model CPU offload for an optimizer-only one, ...): the plan's prediction is not for what it runs. The
     manifest lists these for the trainer the sbatch runs and the memo prints them; other notes only explain a
-    setting."""
+    setting.
+
+    It also says what runs instead, in the planner's own terms, so that the launch can be judged on it
+    (:func:`trainplan.launch.artifacts.as_launched`): ``layout`` and ``training`` are field changes to the planned
+    :class:`Layout` / :class:`TrainingSpec` (``{"sp": False}``: TP without SP), ``extra_bytes`` is memory per GPU
+    the planner has no term for (torchtitan's gathered K/V), and ``unmodelled`` names what the model cannot say
+    about it (``"memory"``, ``"step time"``): there the plan's figures stay, and the memo says so. ``short`` is a
+    few words for page 1 ("TP without SP")."""
+
+    short: str
+    layout: dict[str, Any]
+    training: dict[str, Any]
+    extra_bytes: float
+    unmodelled: tuple[str, ...]
+
+    def __new__(cls, text: str, *, short: str, layout: dict[str, Any] | None = None,
+                training: dict[str, Any] | None = None, extra_bytes: float = 0.0,
+                unmodelled: tuple[str, ...] = ()) -> Deviation:
+        bad = [u for u in unmodelled if u not in UNMODELLED_KINDS]
+        if bad:
+            raise ValueError(f"Deviation unmodelled={bad!r}: each one of {UNMODELLED_KINDS}")
+        obj = super().__new__(cls, text)
+        obj.short = short
+        obj.layout, obj.training = dict(layout or {}), dict(training or {})
+        obj.extra_bytes, obj.unmodelled = float(extra_bytes), tuple(unmodelled)
+        return obj
+
+
+UNMODELLED_KINDS = ("memory", "step time")
 
 
 def deviations(notes: list[str]) -> list[str]:
@@ -64,7 +92,8 @@ def offload_note(what: str, sharding: str) -> str:
                 "as planned for sharding=" + sharding)
     return Deviation(f"offload=cpu: {what} is FSDP2's CPUOffloadPolicy (parameters, gradients and optimizer on the "
                      f"host); the plan costed sharding={sharding} with an optimizer-only offload (less host traffic, "
-                     "more GPU memory)")
+                     "more GPU memory)", short="whole-model CPU offload, not optimizer-only",
+                     unmodelled=("memory", "step time"))
 
 
 def total_steps(training: TrainingSpec) -> int:
@@ -137,7 +166,7 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
     if L.sharding in ("zero1", "zero2"):
         notes.append(Deviation(f"sharding={L.sharding}: torchtitan has FSDP2 only; fsdp_reshard_after_forward="
                                "'never' keeps the gathered parameters between forward and backward (ZeRO-2-like "
-                               "memory)"))
+                               "memory)", short=f"FSDP2 resharding never for {L.sharding}", layout={"sharding": "zero2"}))
     par: dict[str, Any] = {
         "data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
         "fsdp_reshard_after_forward": "always" if L.sharding in ("zero3", "hsdp") else "never",
@@ -167,7 +196,9 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
                                "FlexAttention by all-gathering K and V over the CP group (no ring, no Ulysses) and "
                                "masks attention per document (block-causal), not the plan's full causal; the "
                                f"gathered K, V that backward keeps add about {extra:.1f} GiB per GPU to the plan's "
-                               "memory (bf16, every layer of the stage)"))
+                               "memory (bf16, every layer of the stage)",
+                               short=f"all-gather CP with block-causal masks for {L.cp_kind} CP",
+                               extra_bytes=extra * 2**30, unmodelled=("step time",)))
     # batch: without PP a rank processes micro_batch per forward, accumulating ga; with PP the local batch
     # is split into pipeline micro-batches of micro_batch
     local = L.micro_batch * ga if L.pp > 1 else L.micro_batch
@@ -183,7 +214,8 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
                 "enable_async_tensor_parallel": bool(L.tp_overlap)}
     if training.kernels == "fused":
         notes.append(Deviation("kernels=fused (Megatron/Transformer Engine kernels) has no torchtitan equivalent; "
-                               "torch.compile is enabled as the nearest"))
+                               "torch.compile is enabled as the nearest", short="torch.compile for fused kernels",
+                               training={"kernels": "compiled"}))
         compile_["enable"] = True
     # keep the last two checkpoints (torchtitan keeps 10 by default: ~12 B/param each, 1.5 TB at 13B): the newest to
     # resume from, the one before it if the newest was cut short
@@ -197,7 +229,7 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
     elif training.fp8 == "tensorwise":
         notes.append(Deviation("precision=fp8-tensorwise: torchtitan 0.3's float8 converter has only rowwise recipes; "
                                "this job runs bf16 (use the Accelerate launch, fp8_config backend AO = torchao "
-                               "tensorwise)"))
+                               "tensorwise)", short="bf16 for FP8 tensorwise", training={"precision": "bf16"}))
     return {"parallelism": par, "training": train, "activation_checkpoint": ac, "compile": compile_,
             "checkpoint": ckpt, "float8": float8,
             "optimizer": {"implementation": training.optimizer_impl}}, notes

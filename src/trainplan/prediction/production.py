@@ -10,6 +10,7 @@ tables are ``published.fit``: ``trainplan validate --heldout``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from trainplan.model.timing import step_time
 from trainplan.model.training import TrainingSpec
 from trainplan.published.fit import comparable_runs, error_pool, interval_bounds, predictive_error_draws
 from trainplan.published.tables import family_class, validate_all
+from trainplan.search.layouts import TIE_FRAC
 
 
 # ------------------------------------------------------------------------------------ production
@@ -134,10 +136,11 @@ def _comparable(rows: list[dict[str, Any]], candidates: pd.DataFrame, model: Mod
     feas = candidates[candidates["feasible"].astype(bool)] if "feasible" in candidates.columns else candidates.iloc[:0]
     feas = feas.sort_values("rank") if "rank" in feas.columns else feas
     if len(feas):
-        chosen_lay = Layout.from_row(feas.iloc[0])
-        for _, r in feas.iterrows():  # the runner-up family as the memo names it: another sharding × TP × PP
-            lay = Layout.from_row(r)
-            if lay.family != chosen_lay.family:
+        chosen_lay, chosen_tps = Layout.from_row(feas.iloc[0]), float(feas.iloc[0]["tokens_per_s"])
+        for _, r in feas.iterrows():  # the runner-up family as page 1 names it (report.memo.runner_up): another
+            lay = Layout.from_row(r)  # sharding × TP × PP, skipping a tie that only shards the states differently
+            same = replace(lay, sharding=chosen_lay.sharding, shard_group=chosen_lay.shard_group) == chosen_lay
+            if lay.family != chosen_lay.family and not (same and float(r["tokens_per_s"]) >= (1 - TIE_FRAC) * chosen_tps):
                 picks.append(("runner-up family", lay.describe(), family_class(lay), float(r["mfu"])))
                 break
     for role, layout, fam, mfu in picks:

@@ -344,6 +344,34 @@ def _unsharded_structure(layout_text: str) -> tuple[str, ...]:
     return tuple(t for t in layout_text.split() if t.split("/")[0] not in SHARDINGS)
 
 
+LAUNCH_SHOW_FRAC = 0.01  # page 1 gives the launch its own row where a modelled figure moves by at least this much
+
+
+def launched_figures(chosen: dict[str, Any] | None, manifest: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the sbatch runs, where its trainer deviates from the plan (the manifest's ``trainer.as_launched``,
+    :func:`trainplan.launch.artifacts.as_launched`): the chosen layout's p10/estimate/p90 of throughput and memory
+    times the modelled ratios of what runs (None where a ratio is not modelled: the plan's figure stands), whether
+    page 1 shows each (a move of LAUNCH_SHOW_FRAC or more), and the memory verdict against the search's limit.
+    None when the launch runs the plan as planned."""
+    al = ((manifest or {}).get("trainer") or {}).get("as_launched")
+    if not al or not chosen:
+        return None
+    out: dict[str, Any] = {"trainer": al.get("trainer"), "changes": list(al.get("changes") or []),
+                           "unmodelled": list(al.get("unmodelled") or []), "tps": None, "mem": None,
+                           "tps_ratio": al.get("throughput_ratio"), "mem_ratio": al.get("memory_ratio")}
+    for key, ratio, field in (("tps", al.get("throughput_ratio"), "tokens_per_s_per_gpu"),
+                              ("mem", al.get("memory_ratio"), "mem_total_gib")):
+        if ratio is not None and all(chosen.get(f"{field}_{p}") is not None for p in ("p10", "p50", "p90")):
+            out[key] = {p: float(chosen[f"{field}_{p}"]) * float(ratio) for p in ("p10", "p50", "p90")}
+            out[f"{key}_show"] = abs(float(ratio) - 1.0) >= LAUNCH_SHOW_FRAC
+    limit = chosen.get("mem_limit_gib")
+    if out["mem"] is not None and limit:
+        m = out["mem"]
+        out["mem_verdict"] = ("over the limit" if m["p50"] > float(limit) else
+                              "at risk" if m["p90"] > float(limit) else "pass")
+    return out
+
+
 def runner_up(families: pd.DataFrame | None, chosen: dict[str, Any] | None) -> dict[str, Any] | None:
     """The best family after the chosen one that fits: its layout, how much slower, its memory, and whether its
     throughput lies inside the chosen layout's p10–p90 (then the model alone does not separate the two).
@@ -518,12 +546,14 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         "cost": cost, "targets": (cost or {}).get("targets") or None,
         "sensitivity": _records(res.csv("sensitivity")) or None,
         "validation": _validation(rec), "launch": _launch(res.path("launch")), "figures": _figures(fig_dir, res),
-        "manifest": manifest,
+        "manifest": manifest, "launched": launched_figures((prod or {}).get("chosen"), manifest),
         "config_rows": _flatten(config),
         # the nccl-tests day-1 check and its threshold (launch.artifacts.all_gpus_busbw), as the manifest states it
         "nccl_check": next((d for d in (manifest or {}).get("day1") or [] if "min_busbw_GBps" in d), None),
+        # the FP8 study's loss check against bf16 (launch.artifacts.day1_commands), as the manifest states it
+        "fp8_parity": next((d for d in (manifest or {}).get("day1") or [] if "max_loss_rel" in d), None),
         "family_bias_target_pct": HELDOUT_TARGETS["family_bias_pct"],
-        "day1_steps": DAY1_THROUGHPUT_STEPS,
+        "day1_steps": DAY1_THROUGHPUT_STEPS, "launched_show_frac": LAUNCH_SHOW_FRAC,
         "training_attn_kernel": (config.get("training") or {}).get("attn_kernel", "fa2") if config else None,
         "training_seq_len": (config.get("training") or {}).get("seq_len") if config else None,
         "training_finetune": (config.get("training") or {}).get("finetune", "full") if config else "full",

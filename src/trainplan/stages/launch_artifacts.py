@@ -35,7 +35,7 @@ def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
                     step_time_s=s["training"].tokens_per_step / (float(tps) * s["cluster"].n_gpus) if tps else None,
                     checkpoint_async=bool(cfg["cost"].get("checkpoint_async", True)),
                     min_tokens_per_s_per_gpu=chosen.get("tokens_per_s_per_gpu_p10"),
-                    summary_path=str(inp["summary"]), study_config=cfg)  # the preflight reads this study's files
+                    summary_path=str(inp["summary"]), study_config=cfg, eff=s.get("efficiency"))  # the preflight reads this study's files
     for f in sorted(outdir.iterdir()):
         if f.is_file() and not f.name.endswith(".provenance.json") and not f.name.startswith("."):
             write_sidecar(f, rule="launch_artifacts", config_slice=cfg, inputs=files_of(inp))

@@ -328,3 +328,23 @@ def test_memo_row_headroom_is_left_at_the_p90_memory():
     out = _memo_row(r, 80 * gib, 0.9)
     assert out["headroom_frac"] == pytest.approx(1 - 72 / 80)
     assert (out["mem_total_gib_p90"], out["mem_limit_gib"]) == pytest.approx((72.0, 72.0))
+
+
+@pytest.mark.parametrize(("ddp_tps", "want"), [(999.9, "zero3"), (990.0, "none")])
+def test_comparable_runs_name_the_runner_up_page_one_names(ddp_tps, want):
+    """The LoRA memo's 'comparable public runs' named DDP as the runner-up family where page 1 names FSDP: DDP is the
+    chosen ZeRO-1 layout with the states unsharded, tied on throughput, which page 1 skips (report.memo.runner_up).
+    The evidence table now skips it the same way, and keeps it where it is slower than a tie."""
+    from trainplan.prediction.production import _comparable
+    from trainplan.search.layouts import TIE_FRAC
+
+    assert 1000.0 - 999.9 < 1000.0 * TIE_FRAC < 1000.0 - 990.0
+    lays = [(Layout(dp=32, sharding="zero1"), 1000.0), (Layout(dp=32, sharding="none"), ddp_tps),
+            (Layout(dp=32, sharding="zero3"), 950.0)]
+    cand = pd.DataFrame([{**lay.to_dict(), "tokens_per_s": tps, "mfu": tps / 3000, "feasible": True, "rank": i}
+                         for i, (lay, tps) in enumerate(lays, 1)])
+    cluster = ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb")
+    rows = [{"layout": lays[0][0].describe(), "interval_family": "FSDP/ZeRO", "mfu_p50": 0.33}]
+    got = _comparable(rows, cand, resolve_model("llama2-13b"), cluster, TrainingSpec(seq_len=4096, global_batch=256))
+    runner = next(g for g in got if g["role"] == "runner-up family")
+    assert runner["layout"] == Layout(dp=32, sharding=want).describe()

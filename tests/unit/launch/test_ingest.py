@@ -227,3 +227,43 @@ def test_resume_check_fails_without_the_checkpoint_on_a_gap_or_a_nan_loss(tmp_pa
     assert ingest.check_resume(log)[0]
     ok, msg = ingest.check_resume(_edit(log, keep, change))
     assert not ok and says in msg
+
+
+def _loss_log(path: Path, losses) -> Path:
+    """A train_entry step log with these losses (steps 1..n)."""
+    lay = Layout(dp=8, sharding="zero3", micro_batch=1)
+    lines = [{"event": "start", "model_spec": MODEL.to_dict(), "layout": lay.to_dict(), "world_size": 8, "nnodes": 1,
+              "device": "cuda", "device_name": H100, "backend": "nccl", "dtype": "bf16", "seq_len": 4096,
+              "global_batch": 64, "n_params": MODEL.n_params, "start_step": 0, "resumed_from": None}]
+    lines += [{"event": "step", "step": i, "loss": float(x), "step_time_s": 10.0, "tokens": 64 * 4096}
+              for i, x in enumerate(losses, 1)]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def test_fp8_loss_parity_compares_the_last_quarters_mean(tmp_path, capsys):
+    """The FP8 day-1 check (search.layouts.FP8_RISK): the FP8 run's mean loss over the last quarter of its steps
+    against a bf16 run's over the same steps. One step's noise does not fail it; a drift of the window's mean does."""
+    rng = np.random.default_rng(0)
+    n = ingest.LOSS_PARITY_STEPS
+    curve = 3.0 * np.exp(-np.arange(n) / 80) + 2.0
+    bf16 = _loss_log(tmp_path / "bf16.jsonl", curve + rng.normal(0, 0.05, n))  # per-step noise of ±2.5%
+    close = _loss_log(tmp_path / "fp8.jsonl", curve * 1.004 + rng.normal(0, 0.05, n))
+    ok, msg = ingest.check_loss_parity(close, bf16)
+    assert ok, msg
+    assert f"steps {n - n // 4 + 1}–{n}" in msg
+    drift = curve.copy()
+    drift[n - n // 4:] *= 1.03  # 3% above bf16 over the window
+    far = _loss_log(tmp_path / "far.jsonl", drift)
+    assert ingest.main([str(far), "--loss-parity", str(bf16)]) == 1
+    assert "loss parity FAIL" in capsys.readouterr().out and not ingest.check_loss_parity(far, bf16)[0]
+    assert ingest.main([str(far), "--loss-parity", str(bf16), "--max-loss-rel", "0.05"]) == 0
+    nan = curve.copy()
+    nan[7] = float("nan")
+    ok, msg = ingest.check_loss_parity(_loss_log(tmp_path / "nan.jsonl", nan), bf16)
+    assert not ok and "run's loss at step 8 is not finite" in msg
+    ok, msg = ingest.check_loss_parity(_loss_log(tmp_path / "short.jsonl", curve[:5]), bf16)
+    assert not ok and "5 steps in both logs" in msg
+    assert ingest.main([str(close), "--loss-parity", str(tmp_path / "missing.jsonl")]) == 2
+    assert ingest.main([str(close), "--loss-parity", str(bf16), "--max-loss-rel", "2"]) == 2
+    assert "--max-loss-rel=2.0: a fraction in (0, 1)" in capsys.readouterr().err

@@ -536,3 +536,46 @@ def test_hsdp_with_cp_shards_over_the_planned_group_in_accelerate():
     par = yaml.safe_load(text)["parallelism_config"]
     assert (par["parallelism_config_dp_shard_size"], par["parallelism_config_dp_replicate_size"]) == (4, 4)
     assert par["parallelism_config_dp_shard_size"] * par["parallelism_config_cp_size"] == 8
+
+
+def test_an_fp8_launch_scripts_its_loss_check_against_bf16(tmp_path):
+    """The FP8 memo named a day-1 loss check (200 steps within 1% of bf16) that no command ran. Under Accelerate the
+    sbatch gets a day1-loss-parity mode with a bf16 config beside the FP8 one (the same FSDP2 settings, Accelerate's
+    own loader reads both); the manifest lists the check with its limits. Without FP8 none of it is written."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from trainplan.launch.ingest import LOSS_PARITY_MAX_REL, LOSS_PARITY_STEPS
+
+    fp8 = replace(TRAINING, precision="fp8-tensorwise")
+    lay = Layout(dp=32, sharding="zero2", micro_batch=1)
+    out = tmp_path / "fp8"
+    launch.write_artifacts(MODEL, CLUSTER, fp8, lay, out, study_hash=HASH, min_tokens_per_s_per_gpu=7000.0)
+    main, ref = load_config_from_file(str(out / "accelerate_fsdp2.yaml")), \
+        load_config_from_file(str(out / launch.ACCELERATE_BF16_FILE))
+    assert str(main.mixed_precision) == "fp8" and str(ref.mixed_precision) == "bf16"
+    assert main.fsdp_config == {**ref.fsdp_config, "fsdp_cpu_ram_efficient_loading": False}
+    sb = (out / "sbatch_4x8.sh").read_text()
+    launch.bash_syntax_check(out / "sbatch_4x8.sh")
+    assert "day1-loss-parity)" in sb and f"STEPS={LOSS_PARITY_STEPS}" in sb
+    assert f"ACCELERATE_NODE_BF16='exec accelerate launch --config_file \"$LAUNCH_DIR\"/{launch.ACCELERATE_BF16_FILE}" in sb
+    man = json.loads((out / "manifest.json").read_text())
+    check = next(d for d in man["day1"] if d["check"] == "FP8 loss parity")
+    assert check["command"] == "sbatch --export=ALL,TRAINPLAN_MODE=day1-loss-parity sbatch_4x8.sh"
+    assert (check["steps"], check["max_loss_rel"]) == (LOSS_PARITY_STEPS, LOSS_PARITY_MAX_REL)
+    assert "--loss-parity" in check["passes_when"]
+    assert [d["check"] for d in man["day1"]].index("FP8 loss parity") == 4  # after the checkpoint check
+    out = tmp_path / "bf16"
+    launch.write_artifacts(MODEL, CLUSTER, TRAINING, lay, out, study_hash=HASH)
+    assert not (out / launch.ACCELERATE_BF16_FILE).exists()
+    assert "day1-loss-parity" not in (out / "sbatch_4x8.sh").read_text()
+    assert not any(d["check"] == "FP8 loss parity" for d in json.loads((out / "manifest.json").read_text())["day1"])
+    # FP8 rowwise runs under torchtitan: the check is listed, run by hand (two job runs), not an sbatch mode
+    rowwise = replace(TRAINING, precision="fp8-rowwise")
+    assert launch.fp8_parity_kind(rowwise, "torchtitan") == "manual"
+    out = tmp_path / "rowwise"
+    launch.write_artifacts(MODEL, CLUSTER, rowwise, lay, out, study_hash=HASH)
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["trainer"]["chosen"] == "torchtitan"
+    check = next(d for d in man["day1"] if d["check"] == "FP8 loss parity")
+    assert check["command"].startswith("trainplan ingest") and "not scripted" in check["passes_when"]
+    assert "day1-loss-parity" not in (out / "sbatch_4x8.sh").read_text()

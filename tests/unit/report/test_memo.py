@@ -849,6 +849,76 @@ def test_launch_deviations_are_on_page_one_and_listed_in_appendix_a(tmp_path):
     assert all(_squash(d) in text for d in differs) and _squash("narrow the config's search section (cp_kinds") in text
 
 
+@pytest.mark.parametrize("tps_ratio", [0.9, None])
+def test_page_one_judges_what_the_launch_runs(tmp_path, tps_ratio):
+    """Where the sbatch's trainer runs something else (QLoRA as LoRA over a bf16 base: 73.1 GiB against the search's
+    71.7 GiB limit, where the plan said 71.6), page 1 kept the plan's verdict and day-1 thresholds. It now gives
+    what runs its own rows and verdict (from the manifest's modelled ratios), sets day-1 checks 1 and 2 on them,
+    and says where a ratio has no model (the plan's figure stands); the ask stays on page 1."""
+    from trainplan.launch.artifacts import day1_commands
+    from trainplan.model.hardware import ClusterSpec, resolve_gpu
+    from trainplan.provenance import write_sidecar
+
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    chosen = json.loads((root / "prediction/production.json").read_text())["chosen"]
+    mem_ratio = 1.5  # 48.2 → 72.3 GiB at the estimate: over the 71.7 GiB limit
+    man = json.loads((root / "launch/manifest.json").read_text())
+    man["trainer"] = {**man.get("trainer", {}), "chosen": "accelerate", "deviations": ["finetune=qlora runs as LoRA"],
+                      "as_launched": {"trainer": "accelerate", "changes": ["LoRA over a bf16 base for QLoRA"],
+                                      "unmodelled": [] if tps_ratio else ["step time"],
+                                      "memory_ratio": mem_ratio, "throughput_ratio": tps_ratio}}
+    man["day1"] = day1_commands(ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb")),
+                                trainer="accelerate", min_tokens_per_s_per_gpu=4464.5)
+    (root / "launch/manifest.json").write_text(json.dumps(man))
+    write_sidecar(root / "launch/manifest.json", rule="launch_artifacts", config_slice={})
+    pdf = _render(root, tmp_path / "memo.pdf")
+    one = _squash(PdfReader(pdf).pages[0].extract_text())
+    mem50 = f"{chosen['mem_total_gib_p50'] * mem_ratio:.1f}"
+    assert _squash(f"memory as launched {mem50}") in one
+    assert _squash(f"{chosen['mem_total_gib_p90'] * mem_ratio:.1f} ≤ 71.7 OVER THE LIMIT") in one
+    assert _squash("the sbatch runs accelerate with 1 difference from the plan: LoRA over a bf16 base for QLoRA; the "
+                   "checks and the “as launched” rows are set on what it runs, by the same models)") in one
+    assert _squash(f"× the modelled {mem50} GiB as launched) ≤ 71.7 GiB") in one  # check 1
+    p10 = chosen["tokens_per_s_per_gpu_p10"]
+    if tps_ratio:
+        assert _squash(f"tokens/s/GPU as launched {chosen['tokens_per_s_per_gpu_p50'] * tps_ratio:,.0f}") in one
+        assert _squash(f"tokens/s/GPU ≥ {p10 * tps_ratio:,.0f} (p10 as launched)") in one  # check 2
+    else:
+        assert _squash("tokens/s/GPU as launched") not in one
+        assert _squash(f"tokens/s/GPU ≥ {p10:,.0f} (p10; the plan's: what accelerate runs has no step-time model)") in one
+    assert "Theask" in one
+
+
+def test_an_fp8_memo_lists_its_loss_check_on_page_one_and_in_risks(tmp_path):
+    """The FP8 memo's technique section named a day-1 loss check (200 steps within 1% of bf16) that neither page 1's
+    checks nor the Risks table carried. Both now read it from the manifest's day-1 list, with its limits."""
+    from trainplan.launch.artifacts import day1_commands
+    from trainplan.model.hardware import ClusterSpec, resolve_gpu
+    from trainplan.provenance import write_sidecar
+
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    man = json.loads((root / "launch/manifest.json").read_text())
+    man["day1"] = day1_commands(ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb")),
+                                trainer="accelerate", min_tokens_per_s_per_gpu=4960.6, fp8_parity="scripted")
+    (root / "launch/manifest.json").write_text(json.dumps(man))
+    write_sidecar(root / "launch/manifest.json", rule="launch_artifacts", config_slice={})
+    pages = [p.extract_text() for p in PdfReader(_render(root, tmp_path / "memo.pdf")).pages]
+    one = _squash(pages[0])
+    assert _squash("FP8 loss: 200 steps in FP8 and in bf16 from the same weights and data, the mean loss of the last "
+                   "50 within 1% of bf16's. Beyond it: train in bf16") in one
+    assert "Theask" in one
+    text = _squash("\n".join(pages))
+    assert _squash("FP8 loss divergence") in text and _squash("Day-1 check 5 compares 200 steps against bf16") in text
+    assert _squash("TRAINPLAN_MODE=day1-loss-parity") in text  # Appendix A's command
+    # a memo without FP8 has neither
+    shutil.copy(FIXTURE / "launch/manifest.json", root / "launch/manifest.json")
+    write_sidecar(root / "launch/manifest.json", rule="launch_artifacts", config_slice={})
+    text = _squash("\n".join(p.extract_text() for p in PdfReader(_render(root, tmp_path / "m2.pdf")).pages))
+    assert _squash("FP8 loss") not in text
+
+
 def test_flops_formula_names_the_parameters_it_counts(tmp_path):
     """The throughput section's 6·N + 12·L·h·s reproduces the FLOPs per token it prints: N is N_dense (all but the
     input embedding; the output projection counts), printed beside the non-embedding count, which differs from it

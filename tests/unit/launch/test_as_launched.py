@@ -1,0 +1,153 @@
+"""What the launch runs where its trainer cannot run the plan exactly (launch.artifacts.as_launched): the planner's
+own models applied to it, so page 1, the day-1 thresholds and the preflight's headroom verdict judge what runs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields, replace
+
+import pytest
+
+from trainplan.launch import artifacts as launch
+from trainplan.launch import preflight as pf
+from trainplan.launch import trainers
+from trainplan.model.arch import resolve_model
+from trainplan.model.hardware import ClusterSpec
+from trainplan.model.layout import Layout
+from trainplan.model.memory import memory_breakdown
+from trainplan.model.timing import step_time
+from trainplan.model.training import TrainingSpec
+
+MODEL = resolve_model("llama2-13b")
+CLUSTER = ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb")
+TRAINING = TrainingSpec(seq_len=4096, global_batch=256)
+HASH = "0123456789abcdef"
+LAYOUT_FIELDS = {f.name for f in fields(Layout)}
+TRAINING_FIELDS = {f.name for f in fields(TrainingSpec)}
+
+# plans whose trainer deviates, one per kind of deviation, and what each runs
+SELECTIVE = Layout(dp=32, sharding="zero3", recompute="selective", micro_batch=1)  # Accelerate: full recompute
+ZERO1 = Layout(dp=32, sharding="zero1", micro_batch=1)  # Accelerate: FSDP2 ZeRO-2
+TP_SP = Layout(dp=16, tp=2, sp=True, sharding="zero3", micro_batch=1)  # torchtitan runs it as planned
+CP = Layout(dp=16, cp=2, cp_kind="ulysses", sharding="zero2", micro_batch=1)  # torchtitan: all-gather CP
+QLORA = replace(TRAINING, finetune="qlora", lora_rank=64, lora_targets=("q", "k", "v", "o", "gate", "up", "down"))
+QLORA_LAYOUT = Layout(dp=32, sharding="zero3", micro_batch=2)
+
+
+def trainer_of(training: TrainingSpec, layout: Layout) -> str:
+    return trainers.choose_trainer(MODEL, training, layout)[0]
+
+
+def plans() -> list[tuple[TrainingSpec, Layout]]:
+    return [(TRAINING, SELECTIVE), (TRAINING, ZERO1), (TRAINING, TP_SP), (TRAINING, CP), (QLORA, QLORA_LAYOUT),
+            (TRAINING, Layout(dp=32, sharding="zero2", offload="cpu", micro_batch=2)),
+            (replace(TRAINING, kernels="fused"), TP_SP),
+            (replace(TRAINING, precision="fp8-rowwise", kernels="eager"), Layout(dp=32, sharding="zero2")),
+            (TRAINING, Layout(dp=8, pp=4, sharding="zero1", micro_batch=1))]
+
+
+@pytest.mark.parametrize("i", range(len(plans())))
+def test_every_deviation_says_in_the_planners_terms_what_runs(i):
+    """A deviation that changes a field the planner does not have, or says nothing about what runs, could not be
+    judged: each names real Layout/TrainingSpec fields, a few words for page 1, and what has no model."""
+    training, layout = plans()[i]
+    for trainer in ("accelerate", "torchtitan"):
+        for d in launch.plan_deviations(MODEL, CLUSTER, training, layout, trainer):
+            assert isinstance(d, trainers.Deviation) and d.short and len(d.short) < 60
+            assert set(d.layout) <= LAYOUT_FIELDS and set(d.training) <= TRAINING_FIELDS, d
+            assert set(d.unmodelled) <= set(trainers.UNMODELLED_KINDS)
+            assert d.extra_bytes >= 0
+
+
+def test_a_deviation_with_an_unknown_unmodelled_kind_is_refused():
+    with pytest.raises(ValueError, match="unmodelled"):
+        trainers.Deviation("x", short="x", unmodelled=("throughput",))
+
+
+def test_a_plan_that_runs_as_planned_has_no_as_launched():
+    lay = Layout(dp=32, sharding="zero2", micro_batch=1)  # the default study's choice, under Accelerate
+    assert launch.as_launched(MODEL, CLUSTER, TRAINING, lay, trainer_of(TRAINING, lay)) is None
+
+
+def test_qlora_as_lora_is_judged_at_loras_memory_and_step_time():
+    """The QLoRA launch trains LoRA over a bf16 base: page 1 said 71.6 GiB (the plan) where the launch's own model
+    says 73.1, over the search's 71.7 GiB limit. Its ratios are those of the LoRA run over the QLoRA plan."""
+    trainer = trainer_of(QLORA, QLORA_LAYOUT)
+    got = launch.as_launched(MODEL, CLUSTER, QLORA, QLORA_LAYOUT, trainer)
+    lora = replace(QLORA, finetune="lora")
+    want_mem = (memory_breakdown(MODEL, CLUSTER, lora, QLORA_LAYOUT)["total"]
+                / memory_breakdown(MODEL, CLUSTER, QLORA, QLORA_LAYOUT)["total"])
+    want_tps = (step_time(MODEL, CLUSTER, QLORA, QLORA_LAYOUT)["step_time_s"]
+                / step_time(MODEL, CLUSTER, lora, QLORA_LAYOUT)["step_time_s"])
+    assert got["training_changes"] == {"finetune": "lora"} and got["layout_changes"] == {}
+    assert got["memory_ratio"] == pytest.approx(want_mem) and got["memory_ratio"] > 1.01  # bf16 base > NF4 base
+    assert got["throughput_ratio"] == pytest.approx(want_tps)
+    assert got["unmodelled"] == [] and "LoRA over a bf16 base" in got["changes"][0]
+
+
+def test_accelerates_full_recompute_for_selective_is_slower_and_smaller():
+    got = launch.as_launched(MODEL, CLUSTER, TRAINING, SELECTIVE, "accelerate")
+    assert got["layout_changes"] == {"recompute": "full"}
+    assert got["throughput_ratio"] < 0.95  # recomputing whole layers costs about a forward
+    assert got["memory_ratio"] < 1.0
+    assert got["layout"] == replace(SELECTIVE, recompute="full").describe()
+
+
+def test_torchtitan_cp_adds_the_gathered_kv_and_has_no_step_time_model():
+    assert trainer_of(TRAINING, CP) == "torchtitan"
+    got = launch.as_launched(MODEL, CLUSTER, TRAINING, CP, "torchtitan")
+    kv = 2 * CP.micro_batch * TRAINING.seq_len * (1 - 1 / CP.cp) * MODEL.kv_dim * 2 * MODEL.layers  # bf16 K, V
+    assert got["extra_gib"] == pytest.approx(kv / 2**30)
+    plan = memory_breakdown(MODEL, CLUSTER, TRAINING, CP)["total"]
+    assert got["memory_ratio"] == pytest.approx((plan + kv) / plan)
+    assert got["throughput_ratio"] is None and got["unmodelled"] == ["step time"]
+
+
+def test_a_deviation_with_no_memory_model_leaves_the_plans_figures():
+    lay = Layout(dp=32, sharding="zero2", offload="cpu", micro_batch=2)  # FSDP2 offloads the whole model
+    got = launch.as_launched(MODEL, CLUSTER, TRAINING, lay, "accelerate")
+    assert got["memory_ratio"] is None and got["throughput_ratio"] is None
+    assert got["unmodelled"] == ["memory", "step time"]
+
+
+def test_the_day1_threshold_and_checkpoint_steps_are_set_on_what_runs(tmp_path):
+    """The day-1 throughput job judged the launch's full-recompute run against the plan's selective p10: it would
+    fail a run going exactly as modelled. The manifest's threshold is the plan's times the throughput ratio."""
+    out = tmp_path / "launch"
+    launch.write_artifacts(MODEL, CLUSTER, TRAINING, SELECTIVE, out, study_hash=HASH, min_tokens_per_s_per_gpu=5000.0,
+                           checkpoint_interval_s=3600.0, step_time_s=10.0)
+    man = json.loads((out / "manifest.json").read_text())
+    al = man["trainer"]["as_launched"]
+    want = round(5000.0 * al["throughput_ratio"])
+    assert want < 4750 and al["plan_min_tokens_per_s_per_gpu"] == 5000.0
+    day1 = next(d for d in man["day1"] if d["check"].startswith("first "))
+    assert f"--min-tokens-per-s-per-gpu {want}`" in day1["passes_when"]
+    # Accelerate checkpoints by seconds: the step interval is the torchtitan job's, which runs the plan as planned
+    assert man["trainer"]["checkpoint_interval_steps"] == trainers.checkpoint_interval_steps(3600.0, 10.0)
+    assert man["trainer"]["deviations"] and all(isinstance(d, str) for d in man["trainer"]["deviations"])
+    # torchtitan checkpoints every N steps: N from the step time of what it runs (torch.compile for fused kernels)
+    fused = replace(TRAINING, kernels="fused")
+    assert trainer_of(fused, TP_SP) == "torchtitan"
+    out3 = tmp_path / "launch3"
+    launch.write_artifacts(MODEL, CLUSTER, fused, TP_SP, out3, study_hash=HASH, checkpoint_interval_s=3600.0,
+                           step_time_s=10.0)
+    man = json.loads((out3 / "manifest.json").read_text())
+    ratio = man["trainer"]["as_launched"]["throughput_ratio"]
+    assert man["trainer"]["as_launched"]["training_changes"] == {"kernels": "compiled"} and ratio < 1.0
+    assert man["trainer"]["checkpoint_interval_steps"] == trainers.checkpoint_interval_steps(3600.0, 10.0 / ratio)
+    # a launch with no step-time model keeps the plan's threshold
+    out2 = tmp_path / "launch2"
+    launch.write_artifacts(MODEL, CLUSTER, TRAINING, CP, out2, study_hash=HASH, min_tokens_per_s_per_gpu=5000.0)
+    day1 = next(d for d in json.loads((out2 / "manifest.json").read_text())["day1"] if d["check"].startswith("first "))
+    assert "--min-tokens-per-s-per-gpu 5000`" in day1["passes_when"]
+
+
+def test_the_preflight_holds_what_runs_to_the_headroom_limit():
+    """The preflight measured the memory error on the slice and multiplied the *plan's* QLoRA peak: a launch 1.5 GiB
+    heavier passed a limit it would break."""
+    peak, notes = pf.production_peak_of(MODEL, CLUSTER, QLORA, QLORA_LAYOUT)
+    lora = memory_breakdown(MODEL, CLUSTER, replace(QLORA, finetune="lora"), QLORA_LAYOUT)["total"]
+    assert peak == pytest.approx(lora) and "LoRA over a bf16 base" in notes[0]
+    plain = Layout(dp=32, sharding="zero2", micro_batch=1)
+    assert pf.production_peak_of(MODEL, CLUSTER, TRAINING, plain) == (
+        pytest.approx(memory_breakdown(MODEL, CLUSTER, TRAINING, plain)["total"]), [])
