@@ -137,10 +137,14 @@ def _comparable(rows: list[dict[str, Any]], candidates: pd.DataFrame, model: Mod
     feas = feas.sort_values("rank") if "rank" in feas.columns else feas
     if len(feas):
         chosen_lay, chosen_tps = Layout.from_row(feas.iloc[0]), float(feas.iloc[0]["tokens_per_s"])
-        for _, r in feas.iterrows():  # the runner-up family as page 1 names it (report.memo.runner_up): another
-            lay = Layout.from_row(r)  # sharding × TP × PP, skipping a tie that only shards the states differently
+        seen = {chosen_lay.family}
+        for _, r in feas.iterrows():  # the runner-up family as page 1 names it (report.memo.runner_up): the best
+            lay = Layout.from_row(r)  # layout of another sharding × TP × PP, skipping a family whose best layout
+            if lay.family in seen:  # ties with the chosen one and only shards the states differently
+                continue
+            seen.add(lay.family)
             same = replace(lay, sharding=chosen_lay.sharding, shard_group=chosen_lay.shard_group) == chosen_lay
-            if lay.family != chosen_lay.family and not (same and float(r["tokens_per_s"]) >= (1 - TIE_FRAC) * chosen_tps):
+            if not (same and float(r["tokens_per_s"]) >= (1 - TIE_FRAC) * chosen_tps):
                 picks.append(("runner-up family", lay.describe(), family_class(lay), float(r["mfu"])))
                 break
     for role, layout, fam, mfu in picks:

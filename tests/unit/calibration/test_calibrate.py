@@ -340,6 +340,7 @@ def test_comparable_runs_name_the_runner_up_page_one_names(ddp_tps, want):
 
     assert 1000.0 - 999.9 < 1000.0 * TIE_FRAC < 1000.0 - 990.0
     lays = [(Layout(dp=32, sharding="zero1"), 1000.0), (Layout(dp=32, sharding="none"), ddp_tps),
+            (Layout(dp=32, sharding="none", offload="cpu"), 980.0),  # the skipped family's next layout: skipped too
             (Layout(dp=32, sharding="zero3"), 950.0)]
     cand = pd.DataFrame([{**lay.to_dict(), "tokens_per_s": tps, "mfu": tps / 3000, "feasible": True, "rank": i}
                          for i, (lay, tps) in enumerate(lays, 1)])
