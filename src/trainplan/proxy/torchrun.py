@@ -278,6 +278,45 @@ def _stale_work_dirs(out: Path, run_id: str) -> None:
                 shutil.rmtree(d, ignore_errors=True)
 
 
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def oom_kills(proc_cgroup: str | Path = "/proc/self/cgroup", root: str | Path = CGROUP_ROOT) -> int | None:
+    """How many processes the kernel's OOM killer has killed in this process's memory cgroup (and the cgroups below
+    it): cgroup v2 ``memory.events`` or v1 ``memory.oom_control``, field ``oom_kill``. A rank killed for host memory
+    (a Slurm job's memory limit, a container's) leaves no result file and torchrun exits 1: this counter is what
+    says it was memory. None where no memory cgroup is readable (the run is then judged without it).
+
+    The path /proc/self/cgroup names may include a prefix this namespace's mount does not show (a container whose
+    own cgroup is the mount's root): leading components are dropped until the file exists."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    root = Path(root)
+    tries: list[tuple[Path, str, str]] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            tries.append((root / "memory", path, "memory.oom_control"))  # v1
+        elif controllers == "":
+            tries.append((root, path, "memory.events"))  # v2 (unified)
+    for base, path, name in tries:
+        parts = [p for p in path.split("/") if p]
+        for i in range(len(parts) + 1):
+            f = base.joinpath(*parts[i:], name)
+            try:
+                text = f.read_text()
+            except OSError:
+                continue
+            for field in text.splitlines():
+                key, _, val = field.partition(" ")
+                if key == "oom_kill" and val.strip().isdigit():
+                    return int(val)
+            break  # the file is there but counts no kills (an old kernel): this hierarchy cannot say
+    return None
+
+
 def launch(spec: dict[str, Any], out: str | Path, *, log=None) -> tuple[dict[str, Any], int]:
     """Run the proxy, write the RECORD to ``out`` atomically; returns (record, exit code). ``log``: where torchrun's
     output goes (a file with a descriptor), the process's stderr at call time by default (a default bound at import
@@ -298,6 +337,7 @@ def launch(spec: dict[str, Any], out: str | Path, *, log=None) -> tuple[dict[str
                 cmd = torchrun_command(spec, str(spec_path), str(rank_dir))
                 env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
                 t0 = time.monotonic()
+                kills0 = oom_kills()
                 _prctl()  # resolved here, in the parent
                 # no signal between fork and ``proc = ``: the handler must always know what to kill
                 blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
@@ -313,8 +353,10 @@ def launch(spec: dict[str, Any], out: str | Path, *, log=None) -> tuple[dict[str
                       "no record written", file=log, flush=True)
                 raise SystemExit(128 + e.signum) from None
         wall = time.monotonic() - t0
+        kills = oom_kills()
         ranks = [_rank_result(p) for p in sorted(rank_dir.glob("rank*.json"))]
-        record = assemble_record(spec, ranks, timed_out=timed_out, returncode=rc, wall_s=wall)
+        record = assemble_record(spec, ranks, timed_out=timed_out, returncode=rc, wall_s=wall,
+                                 host_oom_kills=kills - kills0 if kills is not None and kills0 is not None else 0)
         write_json(out, record)
         return record, (1 if record["status"] == "error" else 0)
     finally:
