@@ -93,11 +93,14 @@ def test_oom_kills_reads_both_cgroup_versions_and_a_container_prefix(tmp_path):
     assert oom_kills(tmp_path / "missing", v2) is None
 
 
-def test_only_a_failed_run_with_kills_is_oom():
-    """A kill counted in a cgroup that another run shares does not turn a run that finished into an OOM."""
+def test_only_a_failed_run_missing_a_rank_with_kills_is_oom():
+    """A kill counted in a cgroup that another run shares does not turn a run that finished, or one whose every rank
+    wrote its own error, into an OOM: a rank the kernel killed writes nothing."""
     ok = [{"rank": 0, "status": "ok"}, {"rank": 1, "status": "ok"}]
-    assert _status(ok, False, 0, host_oom_kills=1) == ("ok", "")
-    status, msg = _status(ok[:1], False, 1, host_oom_kills=1)
+    assert _status(ok, False, 0, host_oom_kills=1, world=2) == ("ok", "")
+    status, msg = _status(ok[:1], False, 1, host_oom_kills=1, world=2)
     assert status == "oom" and "launcher exited 1 with 1 rank result(s)" in msg
-    assert _status(ok[:1], False, 1, host_oom_kills=0)[0] == "error"
-    assert _status(ok[:1], True, 1, host_oom_kills=1)[0] == "timeout"
+    assert _status(ok[:1], False, 1, host_oom_kills=0, world=2)[0] == "error"
+    assert _status(ok[:1], True, 1, host_oom_kills=1, world=2)[0] == "timeout"
+    failed = [{"rank": 0, "status": "error", "message": "ValueError: bad"}, {"rank": 1, "status": "ok"}]
+    assert _status(failed, False, 1, host_oom_kills=1, world=2) == ("error", "rank 0: ValueError: bad")

@@ -178,42 +178,97 @@ def test_torchtitan_day1_jobs_judge_the_console_log(tmp_path):
     assert r.returncode != 0 and "checkpoint restore FAIL" in r.stdout
 
 
-@pytest.mark.parametrize(("fp8_drift", "passes"), [(1.002, True), (1.03, False)])
-def test_the_fp8_loss_parity_mode_runs_fp8_then_bf16_and_judges_them(tmp_path, fp8_drift, passes):
-    """The sbatch's day1-loss-parity mode: the FP8 run and then the bf16 run (its own Accelerate config), each with its
-    own step log and checkpoint folder, then `trainplan ingest --loss-parity`. FP8 does not run on a CPU, so
-    `accelerate` here is a stand-in that writes the step log the entry point would (its loss curve scaled by
-    ``fp8_drift`` under the FP8 config); the script's control flow and the verdict are real."""
+def _titan_line(i: int, loss: float) -> str:
+    return f"step: {i}  loss: {loss:.5f}  memory: 30.00GiB(40%)  tps: 1,000  tflops: 100  mfu: 30.00%"
+
+
+@pytest.mark.parametrize(("trainer", "fp8_drift", "passes"), [("accelerate", 1.002, True), ("accelerate", 1.03, False),
+                                                              ("torchtitan", 1.002, True), ("torchtitan", 1.03, False)])
+def test_the_fp8_loss_parity_mode_runs_fp8_then_bf16_and_judges_them(tmp_path, trainer, fp8_drift, passes):
+    """The sbatch's day1-loss-parity mode: the FP8 run and then the bf16 run (Accelerate: its bf16 config; torchtitan:
+    the job module with TRAINPLAN_PRECISION=bf16), each with its own step log and checkpoint folder, then
+    `trainplan ingest --loss-parity --min-steps`. FP8 does not run on a CPU, so the trainer here (`accelerate`, or
+    `torchrun` for torchtitan) is a stand-in that writes what the real one would log (its loss curve scaled by
+    ``fp8_drift`` in the FP8 run); the script's control flow and the verdict are real."""
     from trainplan.launch.ingest import LOSS_PARITY_STEPS
 
     out = tmp_path / "launch"
     cluster = ClusterSpec(nodes=1, gpus_per_node=2, gpu="h100-sxm-80gb")
-    training = TrainingSpec(seq_len=32, global_batch=8, dataset_tokens=20 * 8 * 32, precision="fp8-tensorwise")
-    launch.write_artifacts(MODEL_PRESETS["debug"], cluster, training, Layout(dp=2, sharding="zero2"), out,
-                           study_hash=HASH, min_tokens_per_s_per_gpu=1.0)
-    argv_log = tmp_path / "accelerate.argv"
+    model = MODEL_PRESETS["debug"] if trainer == "accelerate" else resolve_model("llama2-7b")
+    precision = "fp8-tensorwise" if trainer == "accelerate" else "fp8-rowwise"
+    training = TrainingSpec(seq_len=32, global_batch=8, dataset_tokens=20 * 8 * 32, precision=precision)
+    launch.write_artifacts(model, cluster, training, Layout(dp=2, sharding="zero2"), out, study_hash=HASH,
+                           min_tokens_per_s_per_gpu=1.0)
+    assert json.loads((out / "manifest.json").read_text())["trainer"]["chosen"] == trainer
+    argv_log = tmp_path / "trainer.argv"
     env = _env(tmp_path, out, TRAINPLAN_MODE="day1-loss-parity", TRAINPLAN_DATA=str(_tokens(tmp_path)))
-    _fake_bin(tmp_path / "bin", "accelerate", f"""echo "$* | $TRAINPLAN_STEP_LOG | $TRAINPLAN_CKPT_DIR" >> {argv_log}
+    curve = (f"(2.0 + 3.0 * math.exp(-i / 80)) * ({fp8_drift} if fp8 else 1.0)")
+    if trainer == "accelerate":
+        env["TRAINPLAN_ALLOW_RANDOM_INIT"] = "1"  # like train, the mode wants the base weights
+        _fake_bin(tmp_path / "bin", "accelerate", f"""echo "$* | $TRAINPLAN_STEP_LOG | $TRAINPLAN_CKPT_DIR" >> {argv_log}
 python - "$@" <<'PY'
 import json, math, os, sys
 fp8 = "accelerate_fsdp2.yaml" in " ".join(sys.argv)
 steps = int(sys.argv[sys.argv.index("--steps") + 1])
 with open(os.environ["TRAINPLAN_STEP_LOG"], "a") as f:
     for i in range(1, steps + 1):
-        loss = (2.0 + 3.0 * math.exp(-i / 80)) * ({fp8_drift} if fp8 else 1.0)
-        f.write(json.dumps({{"event": "step", "step": i, "loss": loss}}) + "\\n")
+        f.write(json.dumps({{"event": "step", "step": i, "loss": {curve}}}) + "\\n")
 PY""")
-    shim = tmp_path / "pyshim" / "torchao"  # the FP8 guard imports torchao; the stand-in never uses it
-    shim.mkdir(parents=True)
-    (shim / "__init__.py").write_text("")
-    env["PYTHONPATH"] = str(shim.parent)
+        shim = tmp_path / "pyshim" / "torchao"  # the FP8 guard imports torchao; the stand-in never uses it
+        shim.mkdir(parents=True)
+        (shim / "__init__.py").write_text("")
+        env["PYTHONPATH"] = str(shim.parent)
+    else:
+        (tmp_path / "hf").mkdir()
+        (tmp_path / "data.jsonl").write_text('{"text": "a"}\n')
+        env.update(TRAINPLAN_HF_ASSETS=str(tmp_path / "hf"), TRAINPLAN_DATASET_PATH=str(tmp_path / "data.jsonl"))
+        _fake_bin(tmp_path / "bin", "torchrun", f"""echo "$* | $TRAINPLAN_PRECISION | $TRAINPLAN_DUMP_FOLDER" >> {argv_log}
+python - "$@" <<'PY'
+import math, os, sys
+fp8 = os.environ.get("TRAINPLAN_PRECISION", "fp8") != "bf16"
+steps = int(sys.argv[sys.argv.index("--training.steps") + 1])
+for i in range(1, steps + 1):
+    loss = {curve}
+    print(f"step: {{i}}  loss: {{loss:.5f}}  memory: 30.00GiB(40%)  tps: 1,000  tflops: 100  mfu: 30.00%")
+PY""")
     r = subprocess.run(["bash", str(out / "sbatch_1x2.sh")], env=env, cwd=out, capture_output=True, text=True,
                        timeout=120)
     runs = argv_log.read_text().splitlines()
     assert len(runs) == 2, r.stdout + r.stderr
     run = out / f"run-{HASH}" / "day1-loss-parity-42"
-    assert "--config_file " + str(out / "accelerate_fsdp2.yaml") in runs[0] and str(run / "fp8.jsonl") in runs[0]
-    assert str(out / launch.ACCELERATE_BF16_FILE) in runs[1] and str(run / "bf16.jsonl") in runs[1]
-    assert f"--steps {LOSS_PARITY_STEPS}" in runs[0] and "fp8-checkpoints" in runs[0] and "bf16-checkpoints" in runs[1]
+    if trainer == "accelerate":
+        assert "--config_file " + str(out / "accelerate_fsdp2.yaml") in runs[0] and str(run / "fp8.jsonl") in runs[0]
+        assert str(out / launch.ACCELERATE_BF16_FILE) in runs[1] and str(run / "bf16.jsonl") in runs[1]
+        assert f"--steps {LOSS_PARITY_STEPS}" in runs[0] and "fp8-checkpoints" in runs[0] and "bf16-checkpoints" in runs[1]
+    else:
+        assert runs[0].endswith(f"| fp8 | {run / 'fp8'}") and runs[1].endswith(f"| bf16 | {run / 'bf16'}")
+        assert f"--training.steps {LOSS_PARITY_STEPS}" in runs[0]
+        assert (run / "fp8.out").exists() and (run / "bf16.out").exists()
     assert (r.returncode == 0) == passes, r.stdout + r.stderr
     assert ("loss parity PASS" if passes else "loss parity FAIL") in r.stdout
+
+
+def test_a_loss_parity_run_cut_short_fails_the_check(tmp_path):
+    """A stop request (USR1 near the time limit) during the FP8 run: train_entry saves and exits 0, but the check did
+    not run its steps; the job says so and exits non-zero instead of comparing a shorter window or starting bf16."""
+    out = tmp_path / "launch"
+    cluster = ClusterSpec(nodes=1, gpus_per_node=2, gpu="h100-sxm-80gb")
+    training = TrainingSpec(seq_len=32, global_batch=8, dataset_tokens=20 * 8 * 32, precision="fp8-tensorwise")
+    launch.write_artifacts(MODEL_PRESETS["debug"], cluster, training, Layout(dp=2, sharding="zero2"), out,
+                           study_hash=HASH, min_tokens_per_s_per_gpu=1.0)
+    env = _env(tmp_path, out, TRAINPLAN_MODE="day1-loss-parity", TRAINPLAN_DATA=str(_tokens(tmp_path)),
+               TRAINPLAN_ALLOW_RANDOM_INIT="1")
+    calls = tmp_path / "calls"
+    # the stand-in trainer: 20 steps, then a stop arrives (the file the sbatch's USR1 trap touches)
+    _fake_bin(tmp_path / "bin", "accelerate", f"""echo x >> {calls}
+for i in $(seq 1 20); do echo '{{"event": "step", "step": '$i', "loss": 2.0}}' >> "$TRAINPLAN_STEP_LOG"; done
+touch "$TRAINPLAN_STOP_FILE"
+""")
+    shim = tmp_path / "pyshim" / "torchao"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("")
+    env["PYTHONPATH"] = str(shim.parent)
+    r = subprocess.run(["bash", str(out / "sbatch_1x2.sh")], env=env, cwd=out, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0 and "stop requested before the bf16 run: the loss check did not finish" in r.stderr
+    assert len(calls.read_text().splitlines()) == 1  # bf16 never started

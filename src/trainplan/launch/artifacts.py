@@ -188,8 +188,8 @@ def _accelerate_parts(cluster: ClusterSpec, training: TrainingSpec, layout: Layo
     elif training.fp8 == "rowwise":
         notes.append(Deviation("training.precision=fp8-rowwise: Accelerate's config file cannot select torchao's "
                                "rowwise recipe (AO backend = tensorwise); the torchtitan job carries it (float8 "
-                               "converter, rowwise)", short="FP8 tensorwise for rowwise",
-                               training={"precision": "fp8-tensorwise"}))
+                               "converter, rowwise); this config trains in bf16", short="bf16 for FP8 rowwise",
+                               training={"precision": "bf16"}))
     par: dict[str, Any] = {}
     replicas = L.dp
     shard = L.dp
@@ -443,7 +443,7 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
                   accelerate_file: str = "accelerate_fsdp2.yaml", checkpoint_interval_s: float | None = None,
                   step_time_s: float | None = None, min_tokens_per_s_per_gpu: float | None = None,
                   signal_lead_s: int = 300, gpu_directive: bool = True, checkpoint_async: bool = True,
-                  fp8_parity: bool = False) -> str:
+                  fp8_parity: bool = True) -> str:
     """The Slurm batch script for nodes x gpus_per_node: runs the chosen trainer (:func:`trainers.choose_trainer`).
     ``checkpoint_async`` (cost.checkpoint_async, what the cost model charges): interval checkpoints written while
     training goes on.
@@ -492,7 +492,13 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         min_tps=round(min_tokens_per_s_per_gpu or 0), rdzv_port=master_port,
         own_entry=not train_script,  # the data guard knows what trainplan.train_entry reads, not a custom script
         fp8_accelerate=training.fp8 == "tensorwise", ckpt_async=int(bool(checkpoint_async)),
-        fp8_parity=fp8_parity, parity_steps=LOSS_PARITY_STEPS,
+        # the FP8 day-1 loss check, for each trainer that runs FP8 for this plan (Accelerate: tensorwise through
+        # torchao AO; torchtitan: its float8 converter, rowwise); ``fp8_parity`` False leaves it out
+        fp8_parity_accelerate=fp8_parity and runs_fp8(training, "accelerate"),
+        fp8_parity_torchtitan=fp8_parity and runs_fp8(training, "torchtitan") and not titan_no,
+        fp8_parity=fp8_parity and (runs_fp8(training, "accelerate")
+                                   or (runs_fp8(training, "torchtitan") and not titan_no)),
+        parity_steps=LOSS_PARITY_STEPS,
         accelerate_bf16_node_command=shlex.quote(accelerate_node_command(cluster, train_script=train_script,
                                                                          train_args=train_args,
                                                                          accelerate_file=ACCELERATE_BF16_FILE)),
@@ -554,14 +560,13 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
                   config_path: str | Sequence[str] = "config/config.yaml",
                   min_tokens_per_s_per_gpu: float | None = None,
                   checkpoint_interval_s: float | None = None, study_hash: str | None = None,
-                  titan_ingest: str = "", fp8_parity: str | None = None) -> list[dict[str, Any]]:
+                  titan_ingest: str = "", fp8_parity: bool = False) -> list[dict[str, Any]]:
     """The memo's day-1 go/no-go checks as commands: [{check, command, passes_when}] (manifest.json ``day1``; the
     nccl-tests check also carries its threshold, ``min_busbw_GBps``). The sbatch commands run in the study's launch
     folder (beside ``summary_path``'s analytic/), as the script says; the others from the project root, so the
     paths into the launch folder name it. ``titan_ingest``: the flags ``trainplan ingest`` needs for a torchtitan
-    console log (model, layout, shapes), which has no record of them. ``fp8_parity`` (:func:`fp8_parity_kind`):
-    the FP8 study's loss check against bf16, an sbatch mode ("scripted") or two torchtitan runs by hand
-    ("manual")."""
+    console log (model, layout, shapes), which has no record of them. ``fp8_parity``: the trainer runs FP8
+    (:func:`runs_fp8`), so the loss check against bf16 (the sbatch's day1-loss-parity mode) is listed."""
     sb = sbatch_name(cluster)
     tps = f"{min_tokens_per_s_per_gpu:,.0f}" if min_tokens_per_s_per_gpu else "the p10 prediction"
     launch_dir = _launch_dir(summary_path)
@@ -609,20 +614,17 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
     ]
     if fp8_parity:
         limits = {"steps": LOSS_PARITY_STEPS, "window_steps": LOSS_PARITY_STEPS // 4, "max_loss_rel": LOSS_PARITY_MAX_REL}
-        window = f"mean loss over the last {LOSS_PARITY_STEPS // 4} steps within {LOSS_PARITY_MAX_REL:.0%} of bf16's"
-        if fp8_parity == "scripted":
-            par = f"{run}/day1-loss-parity-<job>"
-            out.insert(4, {"check": "FP8 loss parity", **limits,
-                           "command": f"sbatch --export=ALL,TRAINPLAN_MODE=day1-loss-parity {sb}",
-                           "passes_when": f"the job exits 0: {LOSS_PARITY_STEPS} steps in FP8, then {LOSS_PARITY_STEPS} "
-                                          f"in bf16 ({ACCELERATE_BF16_FILE}) from the same weights and data, ending with "
-                                          f"`trainplan ingest {par}/fp8.jsonl --loss-parity {par}/bf16.jsonl` ({window})"})
-        else:
-            out.insert(4, {"check": "FP8 loss parity", **limits,
-                           "command": "trainplan ingest <fp8 job>.out --format torchtitan --loss-parity <bf16 job>.out",
-                           "passes_when": f"run the torchtitan job for {LOSS_PARITY_STEPS} steps as written, and again "
-                                          "with its float8 converter removed (bf16), from the same weights and data; "
-                                          f"exit 0: {window} (not scripted in the sbatch)"})
+        par = f"{run}/day1-loss-parity-<job>"
+        logs = (f"{par}/fp8.jsonl --loss-parity {par}/bf16.jsonl" if trainer == "accelerate" else
+                f"{par}/fp8.out --format torchtitan --loss-parity {par}/bf16.out")
+        ref = (f"bf16 ({ACCELERATE_BF16_FILE})" if trainer == "accelerate" else
+               "bf16 (the job module without its float8 converter: TRAINPLAN_PRECISION=bf16)")
+        out.insert(4, {"check": "FP8 loss parity", **limits,
+                       "command": f"sbatch --export=ALL,TRAINPLAN_MODE=day1-loss-parity {sb}",
+                       "passes_when": f"the job exits 0: {LOSS_PARITY_STEPS} steps in FP8, then {LOSS_PARITY_STEPS} in "
+                                      f"{ref} from the same weights and data, each to the last step, ending with "
+                                      f"`trainplan ingest {logs} --min-steps {LOSS_PARITY_STEPS}` (mean loss over the "
+                                      f"last {LOSS_PARITY_STEPS // 4} steps within {LOSS_PARITY_MAX_REL:.0%} of bf16's)"})
     if cluster.n_gpus == 1:  # one GPU: no collective for nccl-tests to measure
         out = [d for d in out if "min_busbw_GBps" not in d]
     if checkpoint_interval_s:
@@ -631,13 +633,11 @@ def day1_commands(cluster: ClusterSpec, *, trainer: str, summary_path: str = "re
     return out
 
 
-def fp8_parity_kind(training: TrainingSpec, trainer: str) -> str | None:
-    """How the FP8 day-1 loss check runs (search.layouts.FP8_RISK): None without FP8; "scripted" under Accelerate (the
-    sbatch's day1-loss-parity mode, with a bf16 Accelerate config beside the FP8 one); "manual" under torchtitan
-    (two runs of the job module, with and without its float8 converter, then ``trainplan ingest --loss-parity``)."""
-    if not training.fp8:
-        return None
-    return "scripted" if trainer == "accelerate" else "manual"
+def runs_fp8(training: TrainingSpec, trainer: str) -> bool:
+    """Whether ``trainer`` runs this plan's GEMMs in FP8 (then the FP8 day-1 loss check applies): Accelerate runs
+    tensorwise (mixed_precision fp8, torchao AO; its config cannot select rowwise, which it runs in bf16), torchtitan
+    0.3 rowwise (its float8 converter has no tensorwise recipe)."""
+    return training.fp8 == ("tensorwise" if trainer == "accelerate" else "rowwise")
 
 
 def titan_ingest_flags(model: ModelSpec, training: TrainingSpec, layout: Layout, cluster: ClusterSpec,
@@ -707,7 +707,7 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         if trainer == "torchtitan":  # its step time sets torchtitan's checkpoint interval in steps (Accelerate's is
             step_time_s = step_time_s / ratio if step_time_s else None  # in seconds; the torchtitan job as planned)
     ckpt_steps = checkpoint_interval_steps(checkpoint_interval_s, step_time_s)
-    parity = fp8_parity_kind(training, trainer)
+    parity = runs_fp8(training, trainer) and not (trainer == "torchtitan" and titan_no)
     texts: dict[str, tuple[str, str]] = {
         "accelerate_fsdp2.yaml": (accelerate_config(model, cluster, training, layout, study_hash=study_hash),
                                   "Accelerate FSDP2 config"),
@@ -715,11 +715,11 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                         "torchrun command, one per node"),
         sbatch_name(cluster): (sbatch_script(model, cluster, training, layout, checkpoint_interval_s=checkpoint_interval_s,
                                              step_time_s=step_time_s, min_tokens_per_s_per_gpu=min_tokens_per_s_per_gpu,
-                                             checkpoint_async=checkpoint_async, fp8_parity=parity == "scripted",
+                                             checkpoint_async=checkpoint_async,
                                              **opts, **kw),
                                f"Slurm batch script (runs {trainer}; requeue on USR1/TERM; day-1 modes)"),
     }
-    if parity == "scripted":
+    if runs_fp8(training, "accelerate"):  # the loss check's bf16 reference (also for TRAINPLAN_TRAINER=accelerate)
         texts[ACCELERATE_BF16_FILE] = (
             accelerate_config(model, cluster, replace(training, precision="bf16"), layout, study_hash=study_hash),
             "Accelerate FSDP2 config in bf16: the FP8 day-1 loss check's reference run")

@@ -247,11 +247,15 @@ def _losses(path: str | Path, fmt: str) -> dict[int, float]:
 
 
 def check_loss_parity(path: str | Path, reference: str | Path, *, max_rel: float = LOSS_PARITY_MAX_REL,
-                      fmt: str = "auto") -> tuple[bool, str]:
+                      fmt: str = "auto", min_steps: int | None = None) -> tuple[bool, str]:
     """The FP8 day-1 loss check: the mean loss of ``path`` (the FP8 run) over the last quarter of the steps both
     logs have is within ``max_rel`` of ``reference``'s (a bf16 run from the same weights and data) over the same
-    steps, and every loss of both is finite. Fewer than 8 common steps is a failure: too short to tell."""
+    steps, and every loss of both is finite. Fewer than 8 common steps is a failure: too short to tell; so is a log
+    that stops before ``min_steps`` (a run cut short compares a shorter window than the check promises)."""
     run, ref = _losses(path, fmt), _losses(reference, fmt)
+    for name, log in (("run", run), ("reference", ref)):
+        if min_steps and max(log, default=0) < min_steps:
+            return False, f"the {name} log ends at step {max(log, default=0)} of {min_steps}: the run did not finish"
     common = sorted(set(run) & set(ref))
     if len(common) < 8:
         return False, f"{len(common)} steps in both logs: at least 8 are needed ({LOSS_PARITY_STEPS} planned)"
@@ -319,6 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "the last quarter of the common steps within --max-loss-rel of REF's, a bf16 run's step log")
     ap.add_argument("--max-loss-rel", type=float, default=LOSS_PARITY_MAX_REL,
                     help=f"--loss-parity tolerance (default {LOSS_PARITY_MAX_REL})")
+    ap.add_argument("--min-steps", type=int, help="--loss-parity: both logs must reach this step (the runs finished)")
     a = ap.parse_args(argv)
     try:
         if a.warmup < 0:
@@ -335,7 +340,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a.loss_parity is not None:
             if not (math.isfinite(a.max_loss_rel) and 0 < a.max_loss_rel < 1):
                 raise ConfigError("--max-loss-rel", a.max_loss_rel, "a fraction in (0, 1), e.g. 0.01")
-            ok, msg = check_loss_parity(a.log, a.loss_parity, max_rel=a.max_loss_rel, fmt=a.format)
+            if a.min_steps is not None and a.min_steps < 1:
+                raise ConfigError("--min-steps", a.min_steps, "a positive number of steps")
+            ok, msg = check_loss_parity(a.log, a.loss_parity, max_rel=a.max_loss_rel, fmt=a.format,
+                                        min_steps=a.min_steps)
             print(f"trainplan ingest: loss parity {'PASS' if ok else 'FAIL'}: {msg}")
             return 0 if ok else 1
         if a.check_resume:

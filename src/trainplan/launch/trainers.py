@@ -74,8 +74,18 @@ class Deviation(str):
         obj.extra_bytes, obj.unmodelled = float(extra_bytes), tuple(unmodelled)
         return obj
 
+    def __reduce__(self) -> tuple[Any, ...]:  # copy and pickle: the keywords, not only the text
+        return (_deviation, (str(self), self.short, self.layout, self.training, self.extra_bytes, self.unmodelled))
+
 
 UNMODELLED_KINDS = ("memory", "step time")
+
+
+def _deviation(text: str, short: str, layout: dict[str, Any], training: dict[str, Any], extra_bytes: float,
+               unmodelled: tuple[str, ...]) -> Deviation:
+    """:class:`Deviation` from its fields, positionally (its ``__reduce__``)."""
+    return Deviation(text, short=short, layout=layout, training=training, extra_bytes=extra_bytes,
+                     unmodelled=unmodelled)
 
 
 def deviations(notes: list[str]) -> list[str]:
@@ -299,7 +309,9 @@ def {TORCHTITAN_CONFIG_FN}():
     cfg = llama3_8b()  # torchtitan's production recipe (AdamW, warmup/decay, chunked loss, metrics) ...
     base = model_registry("8B")
     model_cfg = llama_model()
-    if SETTINGS.get("float8"):  # torchao Float8 on the block linears (torchtitan's converter)
+    # torchao Float8 on the block linears (torchtitan's converter); TRAINPLAN_PRECISION=bf16: without it, the bf16
+    # reference run of the FP8 day-1 loss check (the sbatch's day1-loss-parity mode)
+    if SETTINGS.get("float8") and os.environ.get("TRAINPLAN_PRECISION", "fp8") != "bf16":
         conv = Float8LinearConverter.Config(model_compile_enabled=SETTINGS["compile"]["enable"], **SETTINGS["float8"])
         model_cfg = conv.build().convert(model_cfg)
     cfg.model_spec = ModelSpec(name="llama3", flavor={json.dumps("trainplan-" + model.name)}, model=model_cfg,

@@ -137,7 +137,7 @@ def _comparable(rows: list[dict[str, Any]], candidates: pd.DataFrame, model: Mod
     feas = feas.sort_values("rank") if "rank" in feas.columns else feas
     if len(feas):
         chosen_lay, chosen_tps = Layout.from_row(feas.iloc[0]), float(feas.iloc[0]["tokens_per_s"])
-        seen = {chosen_lay.family}
+        seen, skipped, pick = {chosen_lay.family}, None, None
         for _, r in feas.iterrows():  # the runner-up family as page 1 names it (report.memo.runner_up): the best
             lay = Layout.from_row(r)  # layout of another sharding × TP × PP, skipping a family whose best layout
             if lay.family in seen:  # ties with the chosen one and only shards the states differently
@@ -145,8 +145,12 @@ def _comparable(rows: list[dict[str, Any]], candidates: pd.DataFrame, model: Mod
             seen.add(lay.family)
             same = replace(lay, sharding=chosen_lay.sharding, shard_group=chosen_lay.shard_group) == chosen_lay
             if not (same and float(r["tokens_per_s"]) >= (1 - TIE_FRAC) * chosen_tps):
-                picks.append(("runner-up family", lay.describe(), family_class(lay), float(r["mfu"])))
+                pick = (lay, r)
                 break
+            skipped = skipped or (lay, r)
+        pick = pick or skipped  # every other family an equivalent: the best of them, as page 1 names it
+        if pick is not None:
+            picks.append(("runner-up family", pick[0].describe(), family_class(pick[0]), float(pick[1]["mfu"])))
     for role, layout, fam, mfu in picks:
         out.append({"role": role, "layout": layout, "family": fam, "predicted_mfu": float(mfu),
                     "runs": comparable_runs(model, cluster.gpu.generation, training.kernels, fam, rows=pub,

@@ -26,14 +26,16 @@ def predicted_state_terms(analytic_mem: dict[str, Any] | None) -> tuple[dict[str
     return {k: float(bd[k]) for k in STATE_TERMS if bd.get(k) is not None}, "memory_breakdown"
 
 
-def _status(ranks: list[dict], timed_out: bool, returncode: int, host_oom_kills: int = 0) -> tuple[str, str]:
+def _status(ranks: list[dict], timed_out: bool, returncode: int, host_oom_kills: int = 0,
+            world: int | None = None) -> tuple[str, str]:
     by = {r.get("status") for r in ranks}
     msgs = "; ".join(f"rank {r.get('rank')}: {r['message']}" for r in ranks if r.get("message"))
     if "oom" in by:
         return "oom", msgs
-    if host_oom_kills > 0 and returncode != 0 and not timed_out:
+    if host_oom_kills > 0 and returncode != 0 and not timed_out and world is not None and len(ranks) < world:
         # a rank the kernel killed for host memory writes nothing: the memory cgroup's counter says why it died.
-        # Only for a run that failed: another run sharing the cgroup may have been the one killed
+        # Only for a run that failed with a rank result missing: another run sharing the cgroup may have been the one
+        # killed, and a rank that failed on its own wrote its error
         return "oom", (f"the kernel's OOM killer killed {host_oom_kills} process(es) of this memory cgroup during the "
                        f"run (host memory, not the accelerator's); launcher exited {returncode} with {len(ranks)} rank "
                        "result(s)" + (f"; {msgs}" if msgs else ""))
@@ -51,7 +53,8 @@ def assemble_record(spec: dict[str, Any], ranks: list[dict], *, timed_out: bool,
     """One RECORD: rank 0's measurements, every rank's state bytes, analytic predictions beside them.
     ``host_oom_kills``: processes the kernel's OOM killer killed in the run's memory cgroup while it ran
     (:func:`trainplan.proxy.torchrun.oom_kills`); a failed run with any is ``oom``."""
-    status, message = _status(ranks, timed_out, returncode, host_oom_kills)
+    status, message = _status(ranks, timed_out, returncode, host_oom_kills,
+                              world=int(spec["nproc_per_node"]) * int(spec.get("nnodes", 1)))
     ok = sorted((r for r in ranks if r.get("status") == "ok"), key=lambda r: r["rank"])
     r0 = ok[0] if ok and status == "ok" else {}
     mspec, layout = ModelSpec.from_dict(spec["model"]), Layout.from_dict(spec["layout"])

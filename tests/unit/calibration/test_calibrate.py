@@ -349,3 +349,16 @@ def test_comparable_runs_name_the_runner_up_page_one_names(ddp_tps, want):
     got = _comparable(rows, cand, resolve_model("llama2-13b"), cluster, TrainingSpec(seq_len=4096, global_batch=256))
     runner = next(g for g in got if g["role"] == "runner-up family")
     assert runner["layout"] == Layout(dp=32, sharding=want).describe()
+
+
+def test_comparable_runs_fall_back_to_an_equivalent_when_no_other_family_fits():
+    """Page 1's runner_up names the best equivalent when every other family is one; the evidence table did not."""
+    from trainplan.prediction.production import _comparable
+
+    lays = [(Layout(dp=32, sharding="zero1"), 1000.0), (Layout(dp=32, sharding="none"), 999.9)]
+    cand = pd.DataFrame([{**lay.to_dict(), "tokens_per_s": tps, "mfu": tps / 3000, "feasible": True, "rank": i}
+                         for i, (lay, tps) in enumerate(lays, 1)])
+    cluster = ClusterSpec(nodes=4, gpus_per_node=8, gpu="h100-sxm-80gb")
+    rows = [{"layout": lays[0][0].describe(), "interval_family": "FSDP/ZeRO", "mfu_p50": 0.33}]
+    got = _comparable(rows, cand, resolve_model("llama2-13b"), cluster, TrainingSpec(seq_len=4096, global_batch=256))
+    assert [g["layout"] for g in got if g["role"] == "runner-up family"] == [lays[1][0].describe()]

@@ -264,6 +264,14 @@ def test_fp8_loss_parity_compares_the_last_quarters_mean(tmp_path, capsys):
     assert not ok and "run's loss at step 8 is not finite" in msg
     ok, msg = ingest.check_loss_parity(_loss_log(tmp_path / "short.jsonl", curve[:5]), bf16)
     assert not ok and "5 steps in both logs" in msg
+    # a run cut short (a stop request) compares a shorter window than promised: --min-steps fails it
+    cut = _loss_log(tmp_path / "cut.jsonl", curve[:60])
+    assert ingest.check_loss_parity(cut, bf16)[0]  # 60 steps alike
+    ok, msg = ingest.check_loss_parity(cut, bf16, min_steps=n)
+    assert not ok and f"the run log ends at step 60 of {n}" in msg
+    assert ingest.main([str(bf16), "--loss-parity", str(cut), "--min-steps", str(n)]) == 1
+    assert ingest.main([str(close), "--loss-parity", str(bf16), "--min-steps", str(n)]) == 0
+    assert ingest.main([str(close), "--loss-parity", str(bf16), "--min-steps", "0"]) == 2
     assert ingest.main([str(close), "--loss-parity", str(tmp_path / "missing.jsonl")]) == 2
     assert ingest.main([str(close), "--loss-parity", str(bf16), "--max-loss-rel", "2"]) == 2
     assert "--max-loss-rel=2.0: a fraction in (0, 1)" in capsys.readouterr().err

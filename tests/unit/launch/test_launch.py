@@ -569,13 +569,25 @@ def test_an_fp8_launch_scripts_its_loss_check_against_bf16(tmp_path):
     assert not (out / launch.ACCELERATE_BF16_FILE).exists()
     assert "day1-loss-parity" not in (out / "sbatch_4x8.sh").read_text()
     assert not any(d["check"] == "FP8 loss parity" for d in json.loads((out / "manifest.json").read_text())["day1"])
-    # FP8 rowwise runs under torchtitan: the check is listed, run by hand (two job runs), not an sbatch mode
+    # FP8 rowwise runs under torchtitan (its float8 converter): the same mode, the job module without the converter
+    # as the reference (TRAINPLAN_PRECISION=bf16), no bf16 Accelerate config
     rowwise = replace(TRAINING, precision="fp8-rowwise")
-    assert launch.fp8_parity_kind(rowwise, "torchtitan") == "manual"
     out = tmp_path / "rowwise"
     launch.write_artifacts(MODEL, CLUSTER, rowwise, lay, out, study_hash=HASH)
     man = json.loads((out / "manifest.json").read_text())
-    assert man["trainer"]["chosen"] == "torchtitan"
+    assert man["trainer"]["chosen"] == "torchtitan" and not (out / launch.ACCELERATE_BF16_FILE).exists()
     check = next(d for d in man["day1"] if d["check"] == "FP8 loss parity")
-    assert check["command"].startswith("trainplan ingest") and "not scripted" in check["passes_when"]
-    assert "day1-loss-parity" not in (out / "sbatch_4x8.sh").read_text()
+    assert "--format torchtitan --loss-parity" in check["passes_when"] and "TRAINPLAN_PRECISION=bf16" in check["passes_when"]
+    sb = (out / "sbatch_4x8.sh").read_text()
+    assert "day1-loss-parity)" in sb and 'TRAINPLAN_PRECISION="$PREC"' in sb
+    assert 'os.environ.get("TRAINPLAN_PRECISION", "fp8") != "bf16"' in (out / "trainplan_torchtitan.py").read_text()
+    # FP8 tensorwise with TP runs under torchtitan, which has no tensorwise recipe: it trains bf16, so no FP8 check
+    # (it would compare bf16 with bf16)
+    tp = Layout(dp=16, tp=2, sp=True, sharding="zero2", micro_batch=1)
+    out = tmp_path / "tensorwise-tp"
+    launch.write_artifacts(MODEL, CLUSTER, fp8, tp, out, study_hash=HASH)
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["trainer"]["chosen"] == "torchtitan" and not launch.runs_fp8(fp8, "torchtitan")
+    assert not any(d["check"] == "FP8 loss parity" for d in man["day1"])
+    sb = (out / "sbatch_4x8.sh").read_text()  # TRAINPLAN_TRAINER=accelerate still runs it in FP8: its mode stays
+    assert "accelerate) ;;" in sb and "torchtitan) ;;" not in sb

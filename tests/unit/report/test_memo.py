@@ -889,11 +889,40 @@ def test_page_one_judges_what_the_launch_runs(tmp_path, tps_ratio, mem_ratio):
     p10 = chosen["tokens_per_s_per_gpu_p10"]
     if tps_ratio:
         assert _squash(f"as launched {chosen['tokens_per_s_per_gpu_p50'] * tps_ratio:,.0f}") in one
+        cost = json.loads((root / "cost/cost.json").read_text())
+        assert _squash(f"as launched (0.90× the plan's throughput) about {cost['ask']['gpu_hours'] / tps_ratio:,.0f} "
+                       "GPU-hours.") in one  # the ask
         assert _squash(f"tokens/s/GPU ≥ {p10 * tps_ratio:,.0f} (p10 as launched)") in one  # check 2
     else:
         assert one.count(_squash("as launched")) == 3  # the memory row, the heading, check 1: no throughput row
         assert _squash(f"tokens/s/GPU ≥ {p10:,.0f} (p10; the plan's: what accelerate runs has no step-time model)") in one
     assert "Theask" in one
+
+
+def test_a_launch_nothing_models_keeps_the_plans_figures_and_says_so(tmp_path):
+    """A deviation with no model (FSDP2's whole-model CPU offload for an optimizer-only plan): no "as launched" rows,
+    and the heading does not claim the checks are set on what runs."""
+    from trainplan.launch.artifacts import day1_commands
+    from trainplan.model.hardware import ClusterSpec, resolve_gpu
+    from trainplan.provenance import write_sidecar
+
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    man = json.loads((root / "launch/manifest.json").read_text())
+    man["trainer"] = {**man.get("trainer", {}), "chosen": "accelerate", "deviations": ["offload=cpu: ..."],
+                      "as_launched": {"trainer": "accelerate", "changes": ["whole-model CPU offload, not optimizer-only"],
+                                      "unmodelled": ["memory", "step time"], "memory_ratio": None,
+                                      "throughput_ratio": None}}
+    man["day1"] = day1_commands(ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb")),
+                                trainer="accelerate", min_tokens_per_s_per_gpu=4960.6)
+    (root / "launch/manifest.json").write_text(json.dumps(man))
+    write_sidecar(root / "launch/manifest.json", rule="launch_artifacts", config_slice={})
+    one = _squash(PdfReader(_render(root, tmp_path / "memo.pdf")).pages[0].extract_text())
+    assert _squash("whole-model CPU offload, not optimizer-only; checks on the plan's figures: what it runs has no "
+                   "model)") in one
+    assert "setonwhatitruns" not in one
+    assert _squash("the plan's: what accelerate runs has no memory model") in one
+    assert _squash("(p10; the plan's: what accelerate runs has no step-time model)") in one
 
 
 def test_an_fp8_memo_lists_its_loss_check_on_page_one_and_in_risks(tmp_path):
