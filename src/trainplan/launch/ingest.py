@@ -38,15 +38,14 @@ from trainplan.model.base import ConfigError
 from trainplan.model.flops import model_train_step_flops
 from trainplan.model.layout import Layout
 from trainplan.proxy.schema import validate_record
+from trainplan.search.layouts import FP8_LOSS_MAX_REL, FP8_LOSS_STEPS
 
 __all__ = ["LOSS_PARITY_MAX_REL", "LOSS_PARITY_STEPS", "check_loss_parity", "check_resume", "main", "parse_torchtitan_log", "read_step_log", "record_from_log"]
 
 DEFAULT_WARMUP = 3  # steps after each (re)start that are not timed: allocator warm-up, first collectives
-# The FP8 day-1 loss check (search.layouts.FP8_RISK names it): 200 steps of the FP8 run and of a bf16 run from the same
-# weights and data; the mean loss of the last quarter of the steps within 1% of bf16's. A mean over 50 steps, not one
-# step's loss: one batch's loss moves by more than 1% between steps, a window's mean shows a drift.
-LOSS_PARITY_STEPS = 200
-LOSS_PARITY_MAX_REL = 0.01
+# The FP8 day-1 loss check's steps and tolerance (search.layouts.FP8_RISK states them)
+LOSS_PARITY_STEPS = FP8_LOSS_STEPS
+LOSS_PARITY_MAX_REL = FP8_LOSS_MAX_REL
 
 
 def read_step_log(path: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

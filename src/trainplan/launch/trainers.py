@@ -176,7 +176,7 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
     if L.sharding in ("zero1", "zero2"):
         notes.append(Deviation(f"sharding={L.sharding}: torchtitan has FSDP2 only; fsdp_reshard_after_forward="
                                "'never' keeps the gathered parameters between forward and backward (ZeRO-2-like "
-                               "memory)", short=f"FSDP2 resharding never for {L.sharding}", layout={"sharding": "zero2"}))
+                               "memory)", short=f"FSDP2 for {'ZeRO-1' if L.sharding == 'zero1' else 'ZeRO-2'}", layout={"sharding": "zero2"}))
     par: dict[str, Any] = {
         "data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
         "fsdp_reshard_after_forward": "always" if L.sharding in ("zero3", "hsdp") else "never",
@@ -207,7 +207,7 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
                                "masks attention per document (block-causal), not the plan's full causal; the "
                                f"gathered K, V that backward keeps add about {extra:.1f} GiB per GPU to the plan's "
                                "memory (bf16, every layer of the stage)",
-                               short=f"all-gather CP with block-causal masks for {L.cp_kind} CP",
+                               short=f"all-gather CP, block-causal masks, for {'Ulysses' if L.cp_kind == 'ulysses' else 'ring'} CP",
                                extra_bytes=extra * 2**30, unmodelled=("step time",)))
     # batch: without PP a rank processes micro_batch per forward, accumulating ga; with PP the local batch
     # is split into pipeline micro-batches of micro_batch

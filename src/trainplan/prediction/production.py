@@ -177,6 +177,8 @@ def stage_predict_production(candidates: pd.DataFrame, calibration: dict[str, An
         "interval": {"quantiles": list(calib.get("interval", (0.1, 0.9))),
                      "throughput_errors_n": len(calibration.get("loo_relative_errors") or []),
                      "memory_errors_n": len(calibration.get("memory_relative_errors") or []),
+                     # the pool itself: the memo counts the errors that put the launch's own peak over the limit
+                     "memory_relative_errors": [float(x) for x in calibration.get("memory_relative_errors") or []],
                      "memory_error_sources": calibration.get("memory_error_sources") or {}},
         "comparable_runs": _comparable(rows, candidates, model, cluster, training),
         "heldout_coverage": calibration.get("heldout_coverage"),

@@ -14,7 +14,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -347,12 +347,15 @@ def _unsharded_structure(layout_text: str) -> tuple[str, ...]:
 LAUNCH_SHOW_FRAC = 0.01  # page 1 gives the launch its own row where a modelled figure moves by at least this much
 
 
-def launched_figures(chosen: dict[str, Any] | None, manifest: dict[str, Any] | None) -> dict[str, Any] | None:
+def launched_figures(chosen: dict[str, Any] | None, manifest: dict[str, Any] | None,
+                     mem_errors: Sequence[float] = (), usable_hbm_gib: float | None = None) -> dict[str, Any] | None:
     """What the sbatch runs, where its trainer deviates from the plan (the manifest's ``trainer.as_launched``,
     :func:`trainplan.launch.artifacts.as_launched`): the chosen layout's p10/estimate/p90 of throughput and memory
     times the modelled ratios of what runs (None where a ratio is not modelled: the plan's figure stands), whether
-    page 1 shows each (a move of LAUNCH_SHOW_FRAC or more), and the memory verdict against the search's limit.
-    None when the launch runs the plan as planned."""
+    page 1 shows each (a move of LAUNCH_SHOW_FRAC or more), and the memory verdict against the search's limit:
+    fail (the estimate above it), at risk (the p90), pass; with how many of the memory model's errors
+    (``mem_errors``, production.json's pool) put the launch's peak over the limit and over usable HBM, as the plan's
+    row counts them. None when the launch runs the plan as planned."""
     al = ((manifest or {}).get("trainer") or {}).get("as_launched")
     if not al or not chosen:
         return None
@@ -367,8 +370,11 @@ def launched_figures(chosen: dict[str, Any] | None, manifest: dict[str, Any] | N
     limit = chosen.get("mem_limit_gib")
     if out["mem"] is not None and limit:
         m = out["mem"]
-        out["mem_verdict"] = ("over the limit" if m["p50"] > float(limit) else
-                              "at risk" if m["p90"] > float(limit) else "pass")
+        out["mem_verdict"] = ("fail" if m["p50"] > float(limit) else "at risk" if m["p90"] > float(limit) else "pass")
+        peaks = [m["p50"] / (1.0 + float(e)) for e in mem_errors]  # what each pool error makes the launch's peak
+        out["mem_errors_n"] = len(peaks)
+        out["mem_over_limit_errors"] = sum(p > float(limit) for p in peaks)
+        out["mem_over_hbm_errors"] = sum(p > float(usable_hbm_gib) for p in peaks) if usable_hbm_gib else None
     return out
 
 
@@ -546,7 +552,10 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         "cost": cost, "targets": (cost or {}).get("targets") or None,
         "sensitivity": _records(res.csv("sensitivity")) or None,
         "validation": _validation(rec), "launch": _launch(res.path("launch")), "figures": _figures(fig_dir, res),
-        "manifest": manifest, "launched": launched_figures((prod or {}).get("chosen"), manifest),
+        "manifest": manifest,
+        "launched": launched_figures((prod or {}).get("chosen"), manifest,
+                                     ((prod or {}).get("interval") or {}).get("memory_relative_errors") or (),
+                                     (summary or {}).get("hbm_gib")),
         "config_rows": _flatten(config),
         # the nccl-tests day-1 check and its threshold (launch.artifacts.all_gpus_busbw), as the manifest states it
         "nccl_check": next((d for d in (manifest or {}).get("day1") or [] if "min_busbw_GBps" in d), None),

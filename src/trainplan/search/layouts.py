@@ -592,8 +592,14 @@ def _extra_cause(r: pd.Series, o: pd.Series) -> str:
     return max(extra, key=lambda k: extra[k])
 
 
+# The FP8 day-1 loss check (launch.ingest.check_loss_parity, the sbatch's day1-loss-parity mode): FP8_LOSS_STEPS
+# steps of the FP8 run and of a bf16 run from the same weights and data; the mean loss of the last quarter of the steps
+# within FP8_LOSS_MAX_REL of bf16's. A window's mean, not one step's loss: one batch moves the loss by more than 1%.
+FP8_LOSS_STEPS = 200
+FP8_LOSS_MAX_REL = 0.01
 FP8_RISK = ("risk for a fine-tune: loss divergence from the bf16 run (FP8's 3-bit mantissa on small updates); "
-            "day-1 check: the first 200 steps' loss within 1% of a bf16 run from the same checkpoint and data")
+            f"day-1 check: {FP8_LOSS_STEPS} steps in FP8 and in bf16 from the same weights and data, the mean loss of "
+            f"the last {FP8_LOSS_STEPS // 4} within {FP8_LOSS_MAX_REL:.0%} of bf16's")
 
 
 def fp8_technique_rows(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,

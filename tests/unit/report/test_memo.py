@@ -871,31 +871,40 @@ def test_page_one_judges_what_the_launch_runs(tmp_path, tps_ratio, mem_ratio):
                                 trainer="accelerate", min_tokens_per_s_per_gpu=4464.5)
     (root / "launch/manifest.json").write_text(json.dumps(man))
     write_sidecar(root / "launch/manifest.json", rule="launch_artifacts", config_slice={})
+    errors = [0.0, -0.12, 0.03]  # the memory model's error pool (production.json), as calibrate writes it
+    prod = json.loads((root / "prediction/production.json").read_text())
+    prod["interval"] = {**(prod.get("interval") or {}), "memory_relative_errors": errors, "memory_errors_n": 3}
+    (root / "prediction/production.json").write_text(json.dumps(prod))
+    write_sidecar(root / "prediction/production.json", rule="predict_production", config_slice={})
     pdf = _render(root, tmp_path / "memo.pdf")
     one = _squash(PdfReader(pdf).pages[0].extract_text())
     mem50 = f"{chosen['mem_total_gib_p50'] * mem_ratio:.1f}"
     if mem_ratio < 1.01:  # under 1%: no rows, the heading says so (and the thresholds still use the ratios)
         assert "aslaunched" not in one.split("Day-1")[0].replace(" ", "")
         assert ("the sbatch runs accelerate with 1 difference from the plan: LoRA over a bf16 base for QLoRA; "
-                "checks set on what it runs (they move throughput and memory by under 1%))"
+                "checks on what runs (they move throughput and memory by under 1%))"
                 ) in " ".join(PdfReader(pdf).pages[0].extract_text().split())
         assert _squash(f"tokens/s/GPU ≥ {chosen['tokens_per_s_per_gpu_p10'] * tps_ratio:,.0f} (p10 as launched)") in one
         return
-    assert _squash(f"as launched {mem50}") in one  # 48.2 × 1.5 = 72.3 GiB: over the 71.7 GiB limit
-    assert _squash(f"{chosen['mem_total_gib_p90'] * mem_ratio:.1f} ≤ 71.7 OVER THE LIMIT") in one
+    assert _squash(f"memory as launched {mem50}") in one  # 48.2 × 1.5 = 72.3 GiB: over the 71.7 GiB limit
+    # the verdict counts the memory model's errors that put the launch's own peak over the limit and over HBM
+    peaks = [chosen["mem_total_gib_p50"] * mem_ratio / (1 + e) for e in errors]
+    assert _squash(f"{chosen['mem_total_gib_p90'] * mem_ratio:.1f} ≤ 71.7 FAIL: the estimate above the limit "
+                   f"({sum(p > 71.68 for p in peaks)} of 3 errors, {sum(p > 79.6 for p in peaks)} above HBM); check 1 "
+                   "decides") in one
     assert _squash("the sbatch runs accelerate with 1 difference from the plan: LoRA over a bf16 base for QLoRA; "
-                   "checks and “as launched” rows set on what it runs)") in one
+                   "checks and “as launched” rows on what runs)") in one
     assert _squash(f"× the modelled {mem50} GiB as launched) ≤ 71.7 GiB") in one  # check 1
     p10 = chosen["tokens_per_s_per_gpu_p10"]
     if tps_ratio:
-        assert _squash(f"as launched {chosen['tokens_per_s_per_gpu_p50'] * tps_ratio:,.0f}") in one
+        assert _squash(f"tokens/s/GPU as launched {chosen['tokens_per_s_per_gpu_p50'] * tps_ratio:,.0f}") in one
         cost = json.loads((root / "cost/cost.json").read_text())
         assert _squash(f"as launched (0.90× the plan's throughput) about {cost['ask']['gpu_hours'] / tps_ratio:,.0f} "
                        "GPU-hours.") in one  # the ask
         assert _squash(f"tokens/s/GPU ≥ {p10 * tps_ratio:,.0f} (p10 as launched)") in one  # check 2
     else:
         assert one.count(_squash("as launched")) == 3  # the memory row, the heading, check 1: no throughput row
-        assert _squash(f"tokens/s/GPU ≥ {p10:,.0f} (p10; the plan's: what accelerate runs has no step-time model)") in one
+        assert _squash(f"tokens/s/GPU ≥ {p10:,.0f} (the plan's p10: what accelerate runs has no step-time model)") in one
     assert "Theask" in one
 
 
@@ -920,9 +929,9 @@ def test_a_launch_nothing_models_keeps_the_plans_figures_and_says_so(tmp_path):
     one = _squash(PdfReader(_render(root, tmp_path / "memo.pdf")).pages[0].extract_text())
     assert _squash("whole-model CPU offload, not optimizer-only; checks on the plan's figures: what it runs has no "
                    "model)") in one
-    assert "setonwhatitruns" not in one
-    assert _squash("the plan's: what accelerate runs has no memory model") in one
-    assert _squash("(p10; the plan's: what accelerate runs has no step-time model)") in one
+    assert "checksonwhatruns" not in one
+    assert _squash("the plan's figure: what accelerate runs has no memory model") in one
+    assert _squash("(the plan's p10: what accelerate runs has no step-time model)") in one
 
 
 def test_an_fp8_memo_lists_its_loss_check_on_page_one_and_in_risks(tmp_path):
@@ -945,7 +954,9 @@ def test_an_fp8_memo_lists_its_loss_check_on_page_one_and_in_risks(tmp_path):
                    "50 within 1% of bf16's. Beyond it: train in bf16") in one
     assert "Theask" in one
     text = _squash("\n".join(pages))
-    assert _squash("FP8 loss divergence") in text and _squash("Day-1 check 5 compares 200 steps against bf16") in text
+    assert _squash("FP8 loss divergence") in text
+    assert _squash("Day-1 check 5: 200 steps in FP8 and in bf16 from the same weights and data, the mean loss of the "
+                   "last 50 within 1% of bf16's; beyond it, train in bf16.") in text
     assert _squash("TRAINPLAN_MODE=day1-loss-parity") in text  # Appendix A's command
     # a memo without FP8 has neither
     shutil.copy(FIXTURE / "launch/manifest.json", root / "launch/manifest.json")
