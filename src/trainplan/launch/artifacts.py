@@ -464,6 +464,7 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     minutes = max(1, round(time_limit_h * 60))
     trainer, why = choose_trainer(model, training, layout)
     titan_no = torchtitan_model_problems(model, training)
+    parity = fp8_check_trainers(training, titan_no)
     ckpt_steps = checkpoint_interval_steps(checkpoint_interval_s, step_time_s)
     lead = int(min(signal_lead_s, max(30, minutes * 60 // 4)))
     return _template("sbatch.sh.j2").render(
@@ -492,13 +493,10 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         min_tps=round(min_tokens_per_s_per_gpu or 0), rdzv_port=master_port,
         own_entry=not train_script,  # the data guard knows what trainplan.train_entry reads, not a custom script
         fp8_accelerate=training.fp8 == "tensorwise", ckpt_async=int(bool(checkpoint_async)),
-        # the FP8 day-1 loss check, for each trainer that runs FP8 for this plan (Accelerate: tensorwise through
-        # torchao AO; torchtitan: its float8 converter, rowwise); ``fp8_parity`` False leaves it out
-        fp8_parity_accelerate=fp8_parity and runs_fp8(training, "accelerate"),
-        fp8_parity_torchtitan=fp8_parity and runs_fp8(training, "torchtitan") and not titan_no,
-        fp8_parity=fp8_parity and (runs_fp8(training, "accelerate")
-                                   or (runs_fp8(training, "torchtitan") and not titan_no)),
-        parity_steps=LOSS_PARITY_STEPS,
+        # the FP8 day-1 loss check, for each trainer that runs FP8 for this plan; ``fp8_parity`` False leaves it out
+        fp8_parity_accelerate=fp8_parity and parity["accelerate"],
+        fp8_parity_torchtitan=fp8_parity and parity["torchtitan"],
+        fp8_parity=fp8_parity and any(parity.values()), parity_steps=LOSS_PARITY_STEPS,
         accelerate_bf16_node_command=shlex.quote(accelerate_node_command(cluster, train_script=train_script,
                                                                          train_args=train_args,
                                                                          accelerate_file=ACCELERATE_BF16_FILE)),
@@ -640,6 +638,14 @@ def runs_fp8(training: TrainingSpec, trainer: str) -> bool:
     return training.fp8 == ("tensorwise" if trainer == "accelerate" else "rowwise")
 
 
+def fp8_check_trainers(training: TrainingSpec, titan_no: Sequence[str]) -> dict[str, bool]:
+    """Per trainer, whether the FP8 day-1 loss check applies: it runs FP8 (:func:`runs_fp8`) and, for torchtitan,
+    can build the model (``titan_no``: :func:`~trainplan.launch.trainers.torchtitan_model_problems`). The sbatch
+    gets a day1-loss-parity branch for each, the manifest the check for the trainer it runs."""
+    return {"accelerate": runs_fp8(training, "accelerate"),
+            "torchtitan": runs_fp8(training, "torchtitan") and not titan_no}
+
+
 def titan_ingest_flags(model: ModelSpec, training: TrainingSpec, layout: Layout, cluster: ClusterSpec,
                        summary_path: str) -> str:
     """``trainplan ingest`` flags for a torchtitan console log of this plan: the model (a preset name, else the launch
@@ -707,7 +713,7 @@ def write_artifacts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         if trainer == "torchtitan":  # its step time sets torchtitan's checkpoint interval in steps (Accelerate's is
             step_time_s = step_time_s / ratio if step_time_s else None  # in seconds; the torchtitan job as planned)
     ckpt_steps = checkpoint_interval_steps(checkpoint_interval_s, step_time_s)
-    parity = runs_fp8(training, trainer) and not (trainer == "torchtitan" and titan_no)
+    parity = fp8_check_trainers(training, titan_no)[trainer]
     texts: dict[str, tuple[str, str]] = {
         "accelerate_fsdp2.yaml": (accelerate_config(model, cluster, training, layout, study_hash=study_hash),
                                   "Accelerate FSDP2 config"),

@@ -25,6 +25,7 @@ from trainplan.model.memory import memory_breakdown
 from trainplan.model.timing import step_time
 from trainplan.model.training import TrainingSpec
 from trainplan.published.fit import comparable_runs, error_pool, interval_bounds, predictive_error_draws
+from trainplan.published.intervals import memory_pool_peaks
 from trainplan.published.tables import family_class, validate_all
 from trainplan.search.layouts import TIE_FRAC
 
@@ -86,7 +87,7 @@ def predict_production(candidates: pd.DataFrame, model: ModelSpec, cluster: Clus
         # run falls below the k-th of n pool values with probability k/(n + 1) (numpy's "weibull" quantile). The
         # default study's pool is 15 exact zeros and four errors (two near −6%): 2,000 draws from it put p90 on
         # either side of that step, 66.9 or 70.1 GiB for two layouts of the same memory.
-        mem_pool = mem / (1.0 + mem_rel)  # what each pool error would make the measured peak
+        mem_pool = memory_pool_peaks(mem, mem_rel)  # what each pool error would make the measured peak
         mem_q = np.quantile(mem_pool, [ql, qh], method="weibull")
         # how many of those errors would put the run above usable HBM (an OOM at the preflight): the count behind
         # a p90 above HBM, which the memo states instead of a negative headroom alone

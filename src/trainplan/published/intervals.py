@@ -15,7 +15,7 @@ import numpy as np
 
 from trainplan.model.efficiency import generation_fits
 
-__all__ = ["MIN_FAMILY_ROWS", "error_pool", "family_class", "heldout_errors_by_family", "interval_bounds",
+__all__ = ["MIN_FAMILY_ROWS", "error_pool", "family_class", "memory_pool_peaks", "heldout_errors_by_family", "interval_bounds",
            "memory_interval_factors", "predictive_error_draws", "throughput_interval"]
 
 MIN_FAMILY_ROWS = 3  # fewer held-out rows of a family than this: its interval uses the whole generation's errors
@@ -102,6 +102,13 @@ def throughput_interval(js: dict[str, Any], generation: str, family: str) -> dic
                       + (f" of the {family} family" if own else f" (every family: {family} has too few)")
                       + f", mean {bias:+.1%} (the model predicts {'slower' if bias < 0 else 'faster'} than published)"}
     return out
+
+
+def memory_pool_peaks(peak: float, rel_errors: Any) -> np.ndarray:
+    """What each memory-model error (measured = modelled ÷ (1 + error)) makes a modelled ``peak``: the pool the
+    production memory interval is an order statistic of, and that page 1 counts against the search's limit and
+    usable HBM (prediction.production for the plan, report.memo for what the launch runs)."""
+    return float(peak) / (1.0 + np.asarray(rel_errors, dtype=float))
 
 
 def memory_interval_factors(chosen: Mapping[str, Any]) -> tuple[float, float] | None:

@@ -29,7 +29,7 @@ from trainplan.model.layout import SHARDINGS, Layout
 from trainplan.model.timing import STEP_PARTS, attention_kernel_rel
 from trainplan.provenance import sidecar_path
 from trainplan.published.fit import HELDOUT_TARGETS, bias_se
-from trainplan.published.intervals import memory_interval_factors
+from trainplan.published.intervals import memory_interval_factors, memory_pool_peaks
 from trainplan.published.tables import NEVER_FITTED
 from trainplan.report.figures import parity_table, representative_layouts, short_number
 from trainplan.report.labels import memo_labels as report_labels  # noqa: F401 (re-exported)
@@ -371,10 +371,10 @@ def launched_figures(chosen: dict[str, Any] | None, manifest: dict[str, Any] | N
     if out["mem"] is not None and limit:
         m = out["mem"]
         out["mem_verdict"] = ("fail" if m["p50"] > float(limit) else "at risk" if m["p90"] > float(limit) else "pass")
-        peaks = [m["p50"] / (1.0 + float(e)) for e in mem_errors]  # what each pool error makes the launch's peak
+        peaks = memory_pool_peaks(m["p50"], list(mem_errors))  # what each pool error makes the launch's peak
         out["mem_errors_n"] = len(peaks)
-        out["mem_over_limit_errors"] = sum(p > float(limit) for p in peaks)
-        out["mem_over_hbm_errors"] = sum(p > float(usable_hbm_gib) for p in peaks) if usable_hbm_gib else None
+        out["mem_over_limit_errors"] = int((peaks > float(limit)).sum())
+        out["mem_over_hbm_errors"] = int((peaks > float(usable_hbm_gib)).sum()) if usable_hbm_gib else None
     return out
 
 
