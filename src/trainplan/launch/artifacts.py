@@ -33,7 +33,7 @@ import json
 import shlex
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -70,7 +70,8 @@ from trainplan.model.training import TrainingSpec
 from trainplan.provenance import study_hash
 
 __all__ = ["Artifact", "DEEPSPEED_DOCUMENTED_KEYS", "accelerate_config", "as_launched", "bash_syntax_check",
-           "deepspeed_config", "deepspeed_unsupported_reason", "entry_finetune", "main", "plan_deviations",
+           "deepspeed_config", "deepspeed_unsupported_reason", "entry_finetune", "launch_judge", "main",
+           "plan_deviations",
            "qlora_as_lora_note", "sbatch_name", "sbatch_script",
            "sbatch_test_only", "torchrun_command", "torchrun_script", "write_artifacts"]
 
@@ -239,7 +240,7 @@ def plan_deviations(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
 
 
 def as_launched(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, trainer: str,
-                eff: Any = None) -> dict[str, Any] | None:
+                eff: Any = None, *, step: bool = True) -> dict[str, Any] | None:
     """What the launch runs, judged by the same models as the plan; None when it runs the plan as planned.
 
     The deviations' field changes applied to the planned layout and training give the run the planner can model;
@@ -247,7 +248,8 @@ def as_launched(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     step time over its step time is ``throughput_ratio``. Ratios, not figures: the plan's p10/estimate/p90 come
     from the model's errors, and times a ratio they are the launch's (the memo's page 1, the day-1 thresholds,
     the preflight's headroom verdict). A ratio is None where a deviation has no model (``unmodelled``): the
-    plan's figure stays and the caller says so."""
+    plan's figure stays and the caller says so. ``step=False`` sizes the memory only (``throughput_ratio`` stays None,
+    not judged): the day-1 switch's walk over the candidates."""
     devs = plan_deviations(model, cluster, training, layout, trainer)
     if not devs:
         return None
@@ -271,11 +273,24 @@ def as_launched(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         planned = float(memory_breakdown(model, cluster, training, layout, eff)["total"])
         ran = float(memory_breakdown(model, cluster, run_training, run_layout, eff)["total"]) + extra
         out["memory_ratio"] = ran / planned
-    if "step time" not in unmodelled:
+    if step and "step time" not in unmodelled:
         planned_s = float(step_time(model, cluster, training, layout, eff)["step_time_s"])
         ran_s = float(step_time(model, cluster, run_training, run_layout, eff)["step_time_s"])
         out["throughput_ratio"] = planned_s / ran_s
     return out
+
+
+def launch_judge(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                 eff: Any = None) -> Callable[..., dict[str, Any] | None]:
+    """``judge(layout, step=True)``: :func:`as_launched` for any layout of the study, under the trainer the launch
+    would pick for it (:func:`~trainplan.launch.trainers.choose_trainer`). What the day-1 switch is judged by
+    (``report.memo.fit_fallback``): a layout the search names for the launch to run is sized as it runs."""
+
+    def judge(layout: Layout, step: bool = True) -> dict[str, Any] | None:
+        trainer = choose_trainer(model, training, layout)[0]
+        return as_launched(model, cluster, training, layout, trainer, eff, step=step)
+
+    return judge
 
 
 def entry_finetune(training: TrainingSpec) -> str:

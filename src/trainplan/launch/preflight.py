@@ -30,8 +30,7 @@ from typing import Any
 
 from trainplan.calibration.gpu import harness_layout, harness_training
 from trainplan.io import read_json, write_json
-from trainplan.launch.artifacts import as_launched, load_inputs
-from trainplan.launch.trainers import choose_trainer
+from trainplan.launch.artifacts import launch_judge, load_inputs
 from trainplan.model.arch import ModelSpec, resolve_model
 from trainplan.model.base import ConfigError
 from trainplan.model.estimate import DEFAULT_MAX_MEM_FRAC
@@ -43,7 +42,7 @@ from trainplan.model.training import TrainingSpec
 from trainplan.proxy.aggregate import attn_kernel_of
 from trainplan.proxy.record import predicted_state_terms
 from trainplan.proxy.schema import RUN_DEFAULTS
-from trainplan.report.memo import fit_fallback, memory_fallback
+from trainplan.report.memo import Judge, fit_fallback, memory_fallback
 
 __all__ = ["ACT_REL_TOL", "HEADROOM_FRAC", "PEAK_REL_TOL", "STATE_REL_TOL", "TIME_REL_TOL", "Check",
            "evaluate", "fallback_line", "format_report", "main", "memory_error_ratio", "preflight_fallback",
@@ -345,7 +344,7 @@ def production_peak_of(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     torchtitan's gathered K/V, ...: :func:`~trainplan.launch.artifacts.as_launched`), the peak of what it runs,
     not the plan's; the plan's where the memory model cannot size what runs (the notes say which)."""
     peak = float(memory_breakdown(model, cluster, training, layout, eff)["total"])
-    launched = as_launched(model, cluster, training, layout, choose_trainer(model, training, layout)[0], eff)
+    launched = launch_judge(model, cluster, training, eff)(layout)
     if launched is None:
         return peak, []
     mr = launched["memory_ratio"]
@@ -369,14 +368,15 @@ def memory_error_ratio(checks: Sequence[Check]) -> float | None:
 
 
 def preflight_fallback(candidates: str | Path, mem_ratio: float | None = None,
-                       max_hbm_frac: float = HEADROOM_FRAC) -> dict[str, Any] | None:
+                       max_hbm_frac: float = HEADROOM_FRAC, judge: Judge | None = None) -> dict[str, Any] | None:
     """The layout to switch to when the preflight fails, from the study's ``candidates.csv``; ``None`` when there
     is none (or no candidates file): no-go, re-plan.
 
     With a measured memory error above the model (``mem_ratio`` > 1, :func:`memory_error_ratio`): the fastest
     other layout whose modelled peak × ``mem_ratio`` is within ``max_hbm_frac`` of usable HBM, i.e. the
     search's choice had it known the error (the sensitivity's ``memory_x``). Otherwise the memo's day-1 fallback
-    (``memo.memory_fallback``: a fixed margin more headroom than the chosen layout)."""
+    (``memo.memory_fallback``: a fixed margin more headroom than the chosen layout). ``judge``
+    (:func:`~trainplan.launch.artifacts.launch_judge`): every peak is that of what the launch runs, as on page 1."""
     import pandas as pd  # not at module level: `trainplan preflight --help` stays light
 
     path = Path(candidates)
@@ -388,8 +388,8 @@ def preflight_fallback(candidates: str | Path, mem_ratio: float | None = None,
         return None
     chosen = ok.sort_values("rank").iloc[0].to_dict()
     if mem_ratio is None or not mem_ratio > 1.0:
-        return memory_fallback(ok, chosen)
-    return fit_fallback(ok, chosen, mem_ratio, max_hbm_frac)  # the memo names the same rule at the p90 error
+        return memory_fallback(ok, chosen, judge)
+    return fit_fallback(ok, chosen, mem_ratio, max_hbm_frac, judge)  # the memo names the same rule at the p90 error
 
 
 def fallback_line(fallback: dict[str, Any] | None) -> str:
@@ -468,7 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if res["verdict"] == "PASS":
         return 0
     fallback = preflight_fallback(a.candidates or Path(a.summary).parent / "candidates.csv",
-                                  mem_ratio=memory_error_ratio(checks), max_hbm_frac=frac)
+                                  mem_ratio=memory_error_ratio(checks), max_hbm_frac=frac,
+                                  judge=launch_judge(model, cluster, training, eff))
     write_json(out / "preflight.json", {**res, "fallback": fallback, "fallback_line": fallback_line(fallback)})
     print(fallback_line(fallback))
     return 1

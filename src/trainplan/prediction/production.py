@@ -10,7 +10,6 @@ tables are ``published.fit``: ``trainplan validate --heldout``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -27,7 +26,7 @@ from trainplan.model.training import TrainingSpec
 from trainplan.published.fit import comparable_runs, error_pool, interval_bounds, predictive_error_draws
 from trainplan.published.intervals import memory_pool_peaks
 from trainplan.published.tables import family_class, validate_all
-from trainplan.search.layouts import TIE_FRAC
+from trainplan.search.layouts import runner_up_index
 
 
 # ------------------------------------------------------------------------------------ production
@@ -138,20 +137,16 @@ def _comparable(rows: list[dict[str, Any]], candidates: pd.DataFrame, model: Mod
     feas = feas.sort_values("rank") if "rank" in feas.columns else feas
     if len(feas):
         chosen_lay, chosen_tps = Layout.from_row(feas.iloc[0]), float(feas.iloc[0]["tokens_per_s"])
-        seen, skipped, pick = {chosen_lay.family}, None, None
-        for _, r in feas.iterrows():  # the runner-up family as page 1 names it (report.memo.runner_up): the best
-            lay = Layout.from_row(r)  # layout of another sharding × TP × PP, skipping a family whose best layout
-            if lay.family in seen:  # ties with the chosen one and only shards the states differently
-                continue
-            seen.add(lay.family)
-            same = replace(lay, sharding=chosen_lay.sharding, shard_group=chosen_lay.shard_group) == chosen_lay
-            if not (same and float(r["tokens_per_s"]) >= (1 - TIE_FRAC) * chosen_tps):
-                pick = (lay, r)
-                break
-            skipped = skipped or (lay, r)
-        pick = pick or skipped  # every other family an equivalent: the best of them, as page 1 names it
-        if pick is not None:
-            picks.append(("runner-up family", pick[0].describe(), family_class(pick[0]), float(pick[1]["mfu"])))
+        seen, others = {chosen_lay.family}, []
+        for _, r in feas.iterrows():  # the best layout of each other sharding × TP × PP, best first
+            lay = Layout.from_row(r)
+            if lay.family not in seen:
+                seen.add(lay.family)
+                others.append((lay, r))
+        pick = runner_up_index(chosen_lay, chosen_tps, [(lay, float(r["tokens_per_s"])) for lay, r in others])[0]
+        if pick is not None:  # the runner-up family as page 1 names it (report.memo.runner_up: the same rule)
+            lay, r = others[pick]
+            picks.append(("runner-up family", lay.describe(), family_class(lay), float(r["mfu"])))
     for role, layout, fam, mfu in picks:
         out.append({"role": role, "layout": layout, "family": fam, "predicted_mfu": float(mfu),
                     "runs": comparable_runs(model, cluster.gpu.generation, training.kernels, fam, rows=pub,

@@ -14,7 +14,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from trainplan.cost.budget import duration_text, point_usd
 from trainplan.io import read_json, write_bytes
 from trainplan.launch.artifacts import DAY1_THROUGHPUT_STEPS
 from trainplan.model.estimate import DEFAULT_MAX_MEM_FRAC
-from trainplan.model.layout import SHARDINGS, Layout
+from trainplan.model.layout import Layout
 from trainplan.model.timing import STEP_PARTS, attention_kernel_rel
 from trainplan.provenance import sidecar_path
 from trainplan.published.fit import HELDOUT_TARGETS, bias_se
@@ -33,7 +33,14 @@ from trainplan.published.intervals import memory_interval_factors, memory_pool_p
 from trainplan.published.tables import NEVER_FITTED
 from trainplan.report.figures import parity_table, representative_layouts, short_number
 from trainplan.report.labels import memo_labels as report_labels  # noqa: F401 (re-exported)
-from trainplan.search.layouts import TIE_FRAC, best_row, group_infeasible, ranked
+from trainplan.search.layouts import (
+    TIE_FRAC,
+    best_row,
+    family_layout,
+    group_infeasible,
+    ranked,
+    runner_up_index,
+)
 
 # The template and stylesheet (package data; in a checkout symlinks to report/templates/, which the memo rule
 # declares as inputs and passes in): render_memo reads the paths it is given, these by default.
@@ -338,12 +345,6 @@ def _families(fam: pd.DataFrame | None, top: int = FAMILIES_SHOWN) -> dict[str, 
     return {"families": merged, "families_total": len(fam), "families_shown": shown}
 
 
-def _unsharded_structure(layout_text: str) -> tuple[str, ...]:
-    """A layout's description without its data-parallel sharding word (``hsdp/8`` included): two layouts with the
-    same structure run the same parallelism, recompute and micro-batch, and differ only in how states are sharded."""
-    return tuple(t for t in layout_text.split() if t.split("/")[0] not in SHARDINGS)
-
-
 LAUNCH_SHOW_FRAC = 0.01  # page 1 gives the launch its own row where a modelled figure moves by at least this much
 
 
@@ -382,9 +383,9 @@ def runner_up(families: pd.DataFrame | None, chosen: dict[str, Any] | None) -> d
     """The best family after the chosen one that fits: its layout, how much slower, its memory, and whether its
     throughput lies inside the chosen layout's p10–p90 (then the model alone does not separate the two).
 
-    Skipped, and listed as ``equivalents``: families whose best layout ties with the chosen one (within TIE_FRAC)
-    and has its structure but for the sharding (a LoRA study's DDP against its ZeRO-1: the adapters' optimizer
-    states are a few MB). Such a layout is no day-1 fallback: if the chosen one runs slow, so does it."""
+    Passed over, and listed as ``equivalents``: families whose best layout ties with the chosen one and only shards
+    the states differently (``search.layouts.runner_up_index``, the rule the comparable-runs table applies too), on
+    the layouts families.csv carries (``layout.*``) and the search's throughputs."""
     if families is None or not len(families) or not chosen or "verdict" not in families:
         return None
     verdict = families["verdict"].astype(str)
@@ -395,21 +396,25 @@ def runner_up(families: pd.DataFrame | None, chosen: dict[str, Any] | None) -> d
     ranked = "rank" in fam and pd.to_numeric(fam["rank"], errors="coerce").notna().all()
     fam = fam.sort_values("rank", kind="stable") if ranked else fam.sort_values("tokens_per_s_per_gpu", ascending=False)
     p50 = float(chosen["tokens_per_s_per_gpu_p50"])
-    mine = _unsharded_structure(str(chosen.get("layout") or ""))
+    mine = families[verdict == "chosen"]
+    mine_lay = family_layout(mine.iloc[0]) if len(mine) else None
+    lays = [family_layout(r) for _, r in fam.iterrows()]
+    tps = [float(t) for t in fam["tokens_per_s_per_gpu"]]
+    if mine_lay is None or any(lay is None for lay in lays):  # no layouts to compare: the best other family
+        pick, passed = 0, []
+    else:
+        pick, passed = runner_up_index(mine_lay, float(mine["tokens_per_s_per_gpu"].iloc[0]),
+                                       list(zip(lays, tps, strict=True)))
     layout_of = [str(r.get("best_layout") or r.get("layout") or "") for _, r in fam.iterrows()]
-    same = [bool(mine) and _unsharded_structure(t) == mine
-            and float(tps) >= (1.0 - TIE_FRAC) * p50 for t, tps in zip(layout_of, fam["tokens_per_s_per_gpu"], strict=True)]
-    pick = next((i for i, s in enumerate(same) if not s), 0)  # every family an equivalent: the best of them
-    r, tps = fam.iloc[pick], float(fam["tokens_per_s_per_gpu"].iloc[pick])
-    equivalents = [{"family": str(fam["family"].iloc[i]), "layout": layout_of[i],
-                    "slower_frac": 1.0 - float(fam["tokens_per_s_per_gpu"].iloc[i]) / p50}
-                   for i in range(pick) if same[i]]
+    r = fam.iloc[pick]
+    equivalents = [{"family": str(fam["family"].iloc[i]), "layout": layout_of[i], "slower_frac": 1.0 - tps[i] / p50}
+                   for i in passed]
     mem = float(r["mem_total_gib"])
     mem_x = memory_interval_factors(chosen)  # the same factors for every layout: the chosen one's carry over
     mem_p90 = mem * mem_x[1] if mem_x is not None else None
     return {"family": str(r["family"]), "layout": layout_of[pick],
-            "tokens_per_s_per_gpu": tps, "mem_total_gib": mem, "mem_total_gib_p90": mem_p90,
-            "slower_frac": 1.0 - tps / p50, "inside_interval": tps >= float(chosen["tokens_per_s_per_gpu_p10"]),
+            "tokens_per_s_per_gpu": tps[pick], "mem_total_gib": mem, "mem_total_gib_p90": mem_p90,
+            "slower_frac": 1.0 - tps[pick] / p50, "inside_interval": tps[pick] >= float(chosen["tokens_per_s_per_gpu_p10"]),
             "equivalents": equivalents}
 
 
@@ -500,10 +505,12 @@ def family_bias_rows(calib: dict | None, chosen: dict | None) -> list[dict[str, 
 
 
 def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, git_commit: str,
-                  results_root: str | Path | None = None) -> dict[str, Any]:
+                  results_root: str | Path | None = None, judge: Judge | None = None) -> dict[str, Any]:
     """Everything the template shows, read from the named ``inputs`` (the memo rule's ``input``; names in
     :data:`MEMO_INPUTS`) and nothing else (no number is computed from thin air). ``results_root`` only names
-    files (default: the results dir the inputs sit in)."""
+    files (default: the results dir the inputs sit in). ``judge`` (the memo stage's
+    :func:`~trainplan.launch.artifacts.launch_judge` for the study): page 1's day-1 switch is sized as the launch
+    would run it; without it, on the plan's figures."""
     res = Inputs(inputs, results_root)
     summary = res.json("summary")
     cand = res.csv("candidates")
@@ -520,7 +527,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         ok = cand[cand["feasible"].astype(bool)]
         chosen_row = _records(ok.sort_values("rank").head(1))[0] if len(ok) else None
         rep = _records(representative_layouts(cand))
-        fallback = day1_fallback(ok, chosen_row, (prod or {}).get("chosen") or {}) if chosen_row else None
+        fallback = day1_fallback(ok, chosen_row, (prod or {}).get("chosen") or {}, judge) if chosen_row else None
         tie_won = tie_winner(ok, chosen_row) if chosen_row else None
     if fallback and fallback.get("at") == "p90" and cost and summary:
         fallback = fallback | {"extra_gpu_hours": switch_extra_gpu_hours(cost, fallback, summary.get("n_gpus"))}
@@ -586,12 +593,21 @@ def tie_winner(feasible: pd.DataFrame, chosen: dict[str, Any]) -> dict[str, Any]
             "more_gib": float(fast["mem_total_gib"]) - float(chosen["mem_total_gib"])}
 
 
+# launch.artifacts.launch_judge's ``judge(layout, step=True)``: :func:`~trainplan.launch.artifacts.as_launched` of a
+# layout under the trainer the launch picks for it (None where it runs the plan as planned)
+Judge = Callable[..., "dict[str, Any] | None"]
 FALLBACK_EXTRA_HEADROOM = 0.15  # the memory fallback leaves at least this much more HBM free than the choice
 
 
-def memory_fallback(feasible: pd.DataFrame, chosen: dict[str, Any]) -> dict[str, Any] | None:
+def memory_fallback(feasible: pd.DataFrame, chosen: dict[str, Any], judge: Judge | None = None
+                    ) -> dict[str, Any] | None:
     """The day-1 fallback if the preflight measures more memory than predicted: the fastest feasible layout
-    with at least FALLBACK_EXTRA_HEADROOM more headroom than the chosen one (simplest on ties)."""
+    with at least FALLBACK_EXTRA_HEADROOM more headroom than the chosen one (simplest on ties). With ``judge``
+    (:func:`~trainplan.launch.artifacts.launch_judge`), both headrooms are those of what the launch runs."""
+    if judge is not None:
+        hbm = _usable_hbm_gib(chosen)
+        need = 1.0 - float(chosen["mem_total_gib"]) * _launched_memory_ratio(judge, chosen) / hbm + FALLBACK_EXTRA_HEADROOM
+        return _launched_choice(feasible, chosen, 1.0, (1.0 - need) * hbm, judge)
     need = float(chosen["headroom_frac"]) + FALLBACK_EXTRA_HEADROOM
     c = feasible[feasible["headroom_frac"] >= need]
     if not len(c):
@@ -604,21 +620,30 @@ def _usable_hbm_gib(row: Mapping[str, Any]) -> float:
     return float(row["mem_total_gib"]) / (1.0 - float(row["headroom_frac"]))
 
 
+def _launched_memory_ratio(judge: Judge, row: Mapping[str, Any]) -> float:
+    """The launch's modelled peak over the plan's for the layout of ``row``; 1 where it runs the plan or where what
+    it runs has no memory model (the plan's peak stands, as on page 1)."""
+    a = judge(Layout.from_row(row), step=False)
+    return float((a or {}).get("memory_ratio") or 1.0)
+
+
 def day1_fallback(feasible: pd.DataFrame, chosen_row: dict[str, Any],
-                  prod_chosen: Mapping[str, Any]) -> dict[str, Any] | None:
+                  prod_chosen: Mapping[str, Any], judge: Judge | None = None) -> dict[str, Any] | None:
     """Page 1's day-1 switch: the preflight's rule (:func:`fit_fallback`) at the memory model's p90 error when that
     is above the limit (``at: p90``, page 1's AT RISK), else at the error where the chosen layout would run out of
     usable HBM (``at: oom``): a switch that holds over the whole band of errors that fail the preflight, not one
     that fits only just past its threshold (LoRA's ZeRO-2, 0.1 GiB under its ZeRO-1, fitted a 0.2% band); without a
-    memory interval, the fixed-margin :func:`memory_fallback`."""
+    memory interval, the fixed-margin :func:`memory_fallback`. With ``judge``, the chosen layout's peak and every
+    candidate's are those of what the launch runs (page 1's "as launched" row)."""
     mem_x = memory_interval_factors(prod_chosen)
     if mem_x is None or not mem_x[1] > 1.0:
-        return memory_fallback(feasible, chosen_row)
+        return memory_fallback(feasible, chosen_row, judge)
     frac = float(prod_chosen.get("max_hbm_frac", DEFAULT_MAX_MEM_FRAC))
     hbm = _usable_hbm_gib(chosen_row)
-    at_p90 = float(prod_chosen["mem_total_gib_p90"]) > frac * hbm
-    oom_at = hbm / float(chosen_row["mem_total_gib"])  # the error at which the chosen layout exhausts usable HBM
-    fb = fit_fallback(feasible, chosen_row, mem_x[1] if at_p90 else oom_at, frac)
+    mine = 1.0 if judge is None else _launched_memory_ratio(judge, chosen_row)
+    at_p90 = float(prod_chosen["mem_total_gib_p90"]) * mine > frac * hbm
+    oom_at = hbm / (float(chosen_row["mem_total_gib"]) * mine)  # the error at which the chosen layout exhausts HBM
+    fb = fit_fallback(feasible, chosen_row, mem_x[1] if at_p90 else oom_at, frac, judge)
     return fb | {"at": "p90" if at_p90 else "oom"} if fb else None
 
 
@@ -633,15 +658,23 @@ def switch_extra_gpu_hours(cost: Mapping[str, Any], fallback: Mapping[str, Any],
 
 
 def fit_fallback(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: float,
-                 max_hbm_frac: float) -> dict[str, Any] | None:
+                 max_hbm_frac: float, judge: Judge | None = None) -> dict[str, Any] | None:
     """The layout to switch to when the memory model errs by ``mem_ratio`` (measured ÷ modelled peak): the fastest
     other feasible layout (the search's tie-aware rank) whose modelled peak × ``mem_ratio`` is within
     ``max_hbm_frac`` of usable HBM, i.e. what the search would have chosen knowing the error; None if none fits.
-    The memo names it at the p90 error, the preflight at the error it measured (one rule, one function)."""
+    The memo names it at the p90 error, the preflight at the error it measured (one rule, one function).
+
+    With ``judge`` (:func:`~trainplan.launch.artifacts.launch_judge`) each candidate's peak is that of what the
+    launch runs for it (QLoRA's LoRA over a bf16 base, torchtitan's FSDP2 for ZeRO-1, its gathered K/V under CP), and
+    a candidate whose launch has no memory model is passed over: a switch is only named where its peak is sized."""
     if not len(feasible):
         return None
-    mem = feasible["mem_total_gib"].astype(float)
     hbm = _usable_hbm_gib(chosen)
+    if judge is not None:
+        fb = _launched_choice(feasible, chosen, mem_ratio, max_hbm_frac * hbm, judge)
+        return fb | {"mem_ratio": float(mem_ratio), "max_hbm_frac": float(max_hbm_frac),
+                     "mem_expected_gib": fb["mem_total_gib"] * float(mem_ratio)} if fb else None
+    mem = feasible["mem_total_gib"].astype(float)
     fits = feasible[(mem * mem_ratio <= max_hbm_frac * hbm) & (feasible["layout_text"] != chosen["layout_text"])]
     if not len(fits):
         return None
@@ -654,6 +687,41 @@ def fit_fallback(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: floa
                                         "mem_expected_gib": float(r["mem_total_gib"]) * float(mem_ratio)}
 
 
+def _launched_choice(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: float, cap_gib: float,
+                     judge: Judge) -> dict[str, Any] | None:
+    """The search's tie-aware choice among the other feasible layouts whose peak as launched × ``mem_ratio`` is at
+    most ``cap_gib``, as :func:`fallback_entry` names it with ``judge``. Walks the layouts fastest first and sizes
+    each as launched (a few ms: not all 20,000+) until the first that fits, then the rest of its tie band
+    (TIE_FRAC): the first rank only ever goes to a layout within it. A layout whose launch has no memory model is
+    passed over, and so is one the launch runs as another candidate's layout (torchtitan's ZeRO-1 is its FSDP2
+    ZeRO-2): the switch names the layout that runs."""
+    other = feasible[feasible["layout_text"] != chosen["layout_text"]]
+    order = other.sort_values("tokens_per_s", ascending=False, kind="stable")
+    tps = order["tokens_per_s"].to_numpy(dtype=float)
+    hbm = _usable_hbm_gib(chosen)
+    planned = set(feasible["layout_text"].astype(str))
+    keep: list[Any] = []
+    peaks: list[float] = []
+    band = None
+    for i, (idx, r) in enumerate(order.iterrows()):
+        if band is not None and tps[i] < band:
+            break
+        a = judge(Layout.from_row(r), step=False)
+        ratio = 1.0 if a is None else a["memory_ratio"]
+        if ratio is None or (a and a["layout_changes"] and a["layout"] in planned):
+            continue  # unsized, or it runs another candidate's layout: that row names what runs
+        peak = float(r["mem_total_gib"]) * float(ratio)
+        if peak * mem_ratio <= cap_gib:
+            keep.append(idx)
+            peaks.append(peak)
+            band = (1.0 - TIE_FRAC) * tps[i] if band is None else band
+    if not keep:
+        return None
+    fits = order.loc[keep].assign(headroom_frac=[1.0 - p * mem_ratio / hbm for p in peaks])
+    best = ranked(fits).iloc[0] if "complexity" in fits else fits.iloc[0]
+    return fallback_entry(other.loc[best.name], chosen, judge)
+
+
 def layout_overlay(lay: Layout) -> str:
     """The config overlay that pins ``lay``: a ``layout:`` section in YAML flow style, every field written out, so
     that a study rerun with it plans, launches and preflights exactly that layout."""
@@ -662,14 +730,37 @@ def layout_overlay(lay: Layout) -> str:
     return "layout: " + yaml.safe_dump(lay.to_dict(), default_flow_style=True, sort_keys=False, width=10**6).strip()
 
 
-def fallback_entry(r: pd.Series, chosen: dict[str, Any]) -> dict[str, Any]:
+def fallback_entry(r: pd.Series, chosen: dict[str, Any], judge: Judge | None = None) -> dict[str, Any]:
     """A fallback as the memo and the preflight name it: the candidates.csv row ``r`` against the chosen one;
-    ``pin``: the config overlay that switches to it (:func:`layout_overlay`), where the row has the layout's fields."""
+    ``pin``: the config overlay that switches to it (:func:`layout_overlay`), where the row has the layout's fields.
+
+    With ``judge``, its figures are those of what the launch runs (the same models, :func:`~trainplan.launch.
+    artifacts.as_launched`): the peak, its headroom, and how much slower than the chosen layout as launched; where
+    that differs from the plan, ``launched`` says how (its few-word changes) and ``plan`` keeps the plan's figures.
+    Where either launch has no step-time model, ``slower_frac`` stays the plan's and ``slower_is_plan`` says so."""
     out = {"layout": str(r.get("layout_text", "")), "tokens_per_s_per_gpu": float(r["tokens_per_s_per_gpu"]),
            "mem_total_gib": float(r["mem_total_gib"]), "headroom_frac": float(r["headroom_frac"]),
            "slower_frac": 1.0 - float(r["tokens_per_s"]) / float(chosen["tokens_per_s"])}
     if all(k in r for k in ("dp", "tp", "pp", "cp", "sharding")):
         out["pin"] = layout_overlay(Layout.from_row(r))
+    if judge is None:
+        return out
+    out["as_launched"] = True
+    mine, run = judge(Layout.from_row(chosen)), judge(Layout.from_row(r))
+    plan = {k: out[k] for k in ("mem_total_gib", "headroom_frac", "slower_frac")}
+    if run is not None and run["memory_ratio"] is not None:
+        out["mem_total_gib"] = plan["mem_total_gib"] * float(run["memory_ratio"])
+        out["headroom_frac"] = 1.0 - out["mem_total_gib"] / _usable_hbm_gib(r)
+    t_run = 1.0 if run is None else run["throughput_ratio"]
+    t_mine = 1.0 if mine is None else mine["throughput_ratio"]
+    if t_run is not None and t_mine is not None:
+        out["slower_frac"] = 1.0 - float(r["tokens_per_s"]) * float(t_run) / (float(chosen["tokens_per_s"]) * float(t_mine))
+    elif run is not None or mine is not None:
+        out["slower_is_plan"] = True
+    if run is not None and (run["unmodelled"] or run["layout_changes"] or run["training_changes"] or run["extra_gib"]):
+        out["launched"] = {"trainer": run["trainer"], "changes": list(run["changes"]),
+                           "unmodelled": list(run["unmodelled"])}
+        out["plan"] = plan
     return out
 
 
@@ -719,16 +810,18 @@ def code_spans(text: Any) -> Any:
 
 def render_memo(inputs: Mapping[str, Any], out_pdf: str | Path, *, config: dict, study_hash: str, git_commit: str,
                 results_root: str | Path | None = None, benchmarks: dict | None = None,
-                template: str | Path | None = None, css: str | Path | None = None) -> Path:
+                template: str | Path | None = None, css: str | Path | None = None, judge: Judge | None = None) -> Path:
     """Render the design memo PDF from the named ``inputs`` (see :func:`build_context`); attach the resolved
     config and provenance table. ``results_root`` names files and is the HTML's base URL (the figures' ``src``
     are relative to it; they lie in ``inputs["figures"]``).
     ``benchmarks``: ``benchmarks_report.benchmark_summary`` of the rules' benchmark files (Appendix D).
-    ``template``, ``css``: the memo rule's declared inputs; default the package's memo.html.j2 and memo.css."""
+    ``template``, ``css``: the memo rule's declared inputs; default the package's memo.html.j2 and memo.css.
+    ``judge``: see :func:`build_context`."""
     from weasyprint import CSS, HTML, Attachment
 
     root = Path(results_root) if results_root is not None else _results_root(inputs)
-    ctx = build_context(inputs, config=config, study_hash=study_hash, git_commit=git_commit, results_root=root)
+    ctx = build_context(inputs, config=config, study_hash=study_hash, git_commit=git_commit, results_root=root,
+                        judge=judge)
     ctx["benchmarks"] = benchmarks
     html = render_html(ctx, template)
     when = source_date()

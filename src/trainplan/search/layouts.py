@@ -39,7 +39,7 @@ from trainplan.model.layout import (
 )
 from trainplan.model.training import TrainingSpec
 
-__all__ = ["best_row", "row_layout", "pinned_options", "search", "tie_order", "enumerate_layouts", "family_verdicts", "technique_verdicts", "structural_reasons", "OPTION_KEYS",
+__all__ = ["best_row", "family_layout", "row_layout", "runner_up_index", "shards_alike", "pinned_options", "search", "tie_order", "enumerate_layouts", "family_verdicts", "technique_verdicts", "structural_reasons", "OPTION_KEYS",
            "infeasible_summary", "require_feasible"]
 
 OPTION_KEYS = ("tp", "pp", "cp", "vpp", "micro_batch", "sp", "pp_schedule", "cp_kind", "sharding", "recompute",
@@ -469,8 +469,27 @@ def require_feasible(df: pd.DataFrame, pinned: Layout | None = None) -> None:
                                                       "training batch or the search lists")
 
 
+def _layout_columns(r: pd.Series) -> dict[str, Any]:
+    """The :class:`Layout` fields of a candidates row, prefixed ``layout.`` (families.csv: the best layout as a
+    Layout, not only its text), where the row has them."""
+    if not {"dp", "tp", "pp", "cp", "sharding"} <= set(r.index):
+        return {}
+    return {f"layout.{k}": v for k, v in Layout.from_row(r).to_dict().items()}
+
+
+def family_layout(row: Any) -> Layout | None:
+    """The best layout of a families.csv row (:func:`family_verdicts`'s ``layout.*`` columns); None without them
+    (an infeasible family, or a table written before they were)."""
+    names = list(row.keys())  # a Series or a dict (iterating a Series gives its values)
+    fields = {k.removeprefix("layout."): row[k] for k in names if str(k).startswith("layout.")}
+    if not fields or any(v is None or v != v for k, v in fields.items() if k != "shard_group"):
+        return None
+    return Layout.from_row(fields)
+
+
 def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per family: its best layout and why it loses to the chosen one (OOM / slower by x% and the cause)."""
+    """One row per family: its best layout (text and ``layout.*`` fields) and why it loses to the chosen one (OOM /
+    slower by x% and the cause)."""
     feas = df[df["feasible"]]
     best = best_row(feas)
     rows = []
@@ -504,10 +523,32 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
                     f"tokens/s/GPU), mostly {cause}" + (f": +{extra[cause]:.2f} s/step" if slower >= TIE_FRAC else ""))
         rows.append({"family": fam, "best_layout": r["layout_text"], "tokens_per_s_per_gpu": r["tokens_per_s_per_gpu"],
                      "mem_total_gib": r["mem_total_gib"], "rank": r.get("rank", np.nan),
-                     "verdict": verdict, "line": line})
+                     "verdict": verdict, "line": line, **_layout_columns(r)})
     out = pd.DataFrame(rows)
     key = "rank" if out["rank"].notna().any() else "tokens_per_s_per_gpu"
     return out.sort_values(key, ascending=key == "rank", na_position="last", kind="stable").reset_index(drop=True)
+
+
+def shards_alike(a: Layout, b: Layout) -> bool:
+    """``a`` is ``b`` but for how the data-parallel states are sharded (``sharding``, ``shard_group``): the same
+    parallelism, recompute, offload and micro-batch."""
+    return replace(a, sharding=b.sharding, shard_group=b.shard_group) == b
+
+
+def runner_up_index(chosen: Layout, chosen_tps: float, others: list[tuple[Layout, float]]
+                    ) -> tuple[int | None, list[int]]:
+    """The runner-up strategy among ``others``, the best layout of each other family (best first, with its
+    throughput): its position, and the positions passed over before it as equivalents of the chosen layout, a
+    family whose best layout ties with it (within TIE_FRAC of ``chosen_tps``) and only shards the states
+    differently (:func:`shards_alike`; a LoRA study's DDP against its ZeRO-1, whose adapter states are a few MB).
+    Such a layout is no day-1 fallback: if the chosen one runs slow, so does it. When every other family is one,
+    the best of them (and none passed over); ``(None, [])`` without others. The one rule page 1's runner-up
+    (``report.memo.runner_up``) and the comparable-runs table (``prediction.production``) apply."""
+    if not others:
+        return None, []
+    same = [shards_alike(lay, chosen) and tps >= (1.0 - TIE_FRAC) * chosen_tps for lay, tps in others]
+    pick = next((i for i, s in enumerate(same) if not s), 0)
+    return pick, [i for i in range(pick) if same[i]]
 
 
 def group_infeasible(rows: list[dict[str, Any]], key: str = "line") -> list[dict[str, Any]]:

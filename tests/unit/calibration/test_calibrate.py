@@ -362,3 +362,30 @@ def test_comparable_runs_fall_back_to_an_equivalent_when_no_other_family_fits():
     rows = [{"layout": lays[0][0].describe(), "interval_family": "FSDP/ZeRO", "mfu_p50": 0.33}]
     got = _comparable(rows, cand, resolve_model("llama2-13b"), cluster, TrainingSpec(seq_len=4096, global_batch=256))
     assert [g["layout"] for g in got if g["role"] == "runner-up family"] == [lays[1][0].describe()]
+
+
+def test_page_one_and_the_evidence_table_name_one_runner_up_from_one_rule():
+    """Page 1's runner-up (report.memo.runner_up, on families.csv) and the comparable-runs table's
+    (prediction.production._comparable, on candidates.csv) had one rule in two copies, on layout text and on
+    Layouts. Both now call search.layouts.runner_up_index on Layouts (families.csv carries its best layouts'
+    fields): on a real LoRA search, where DDP and ZeRO-2 tie with the chosen ZeRO-1, they name the same family."""
+    from pathlib import Path
+
+    from trainplan.config import load_config
+    from trainplan.prediction.production import _comparable
+    from trainplan.report.memo import runner_up
+    from trainplan.search.layouts import family_verdicts, search
+
+    root = Path(__file__).resolve().parents[3] / "config"
+    cfg = load_config([root / "config.yaml", root / "lora.yaml"])
+    cand = search(cfg.model, cfg.cluster, cfg.training, None,
+                  {"tp": [1], "pp": [1], "cp": [1], "micro_batch": [1, 2], "recompute": ["none"], "offload": ["none"]})
+    fam = family_verdicts(cand)
+    best = cand[cand["rank"] == 1].iloc[0]
+    chosen = {"layout": best["layout_text"], "tokens_per_s_per_gpu_p50": float(best["tokens_per_s_per_gpu"]),
+              "tokens_per_s_per_gpu_p10": 0.9 * float(best["tokens_per_s_per_gpu"])}
+    page1 = runner_up(fam, chosen)
+    assert {e["family"] for e in page1["equivalents"]} == {"DDP", "ZeRO-2"}  # the ties the rule passes over
+    rows = [{"layout": best["layout_text"], "interval_family": "FSDP/ZeRO", "mfu_p50": float(best["mfu"])}]
+    got = _comparable(rows, cand, cfg.model, cfg.cluster, cfg.training)
+    assert [g["layout"] for g in got if g["role"] == "runner-up family"] == [page1["layout"]]

@@ -151,3 +151,100 @@ def test_the_preflight_holds_what_runs_to_the_headroom_limit():
     plain = Layout(dp=32, sharding="zero2", micro_batch=1)
     assert pf.production_peak_of(MODEL, CLUSTER, TRAINING, plain) == (
         pytest.approx(memory_breakdown(MODEL, CLUSTER, TRAINING, plain)["total"]), [])
+
+
+# ----------------------------------------------------------------------------- the day-1 switch, sized as it runs
+def _switch_case(overlay: str, options: dict):
+    """A real study config (config.yaml + a variant overlay), its search over ``options``, the feasible rows, the
+    chosen row and the launch's judge."""
+    from pathlib import Path
+
+    from trainplan.config import load_config
+    from trainplan.search.layouts import search
+
+    root = Path(__file__).resolve().parents[3] / "config"
+    cfg = load_config([root / "config.yaml", root / overlay])
+    d = search(cfg.model, cfg.cluster, cfg.training, None, options)
+    feas = d[d["feasible"].astype(bool)]
+    chosen = feas.sort_values("rank").iloc[0].to_dict()
+    return cfg, feas, chosen, launch.launch_judge(cfg.model, cfg.cluster, cfg.training)
+
+
+def _row(feas, text: str):
+    return feas[feas["layout_text"] == text].iloc[0]
+
+
+def test_the_day1_switch_is_the_fastest_layout_that_fits_as_the_launch_runs_it():
+    """QLoRA runs as LoRA over a bf16 base (no NF4 path): every layout's peak grows by the base weights it holds in
+    bf16, most where they are not sharded. The plan's switch at the p90 error (ZeRO-1 mb1, 44.2 GiB × 1.19 = 52.5)
+    holds 61.2 GiB as launched, 72.8 at the error, over the 71.7 GiB limit: it would fail the preflight it is
+    named by. Sized as launched, the switch fits, with its figures from the same models as the launch's."""
+    from trainplan.report.memo import fit_fallback
+
+    cfg, feas, chosen, judge = _switch_case("qlora.yaml", {"micro_batch": [1, 2], "offload": ["none", "cpu"],
+                                                           "recompute": ["none"], "tp": [1], "pp": [1], "cp": [1]})
+    usable = chosen["mem_total_gib"] / (1 - chosen["headroom_frac"])
+    limit, err = 0.9 * usable, 1.19
+    plan = fit_fallback(feas, chosen, err, 0.9)
+    plan_ran = judge(Layout.from_row(_row(feas, plan["layout"])), step=False)
+    assert plan["mem_expected_gib"] <= limit < plan["mem_total_gib"] * plan_ran["memory_ratio"] * err
+    ran = fit_fallback(feas, chosen, err, 0.9, judge)
+    lay = Layout.from_row(_row(feas, ran["layout"]))
+    lora = replace(cfg.training, finetune="lora")
+    peak = memory_breakdown(cfg.model, cfg.cluster, lora, lay)["total"] / 2**30
+    assert ran["mem_total_gib"] == pytest.approx(peak) and ran["mem_expected_gib"] == pytest.approx(peak * err)
+    assert ran["mem_expected_gib"] <= limit and ran["layout"] != plan["layout"]
+    assert ran["launched"]["changes"] == ["LoRA over a bf16 base for QLoRA (no NF4 path)"]
+    assert ran["plan"]["mem_total_gib"] < ran["mem_total_gib"]
+    # slower than the chosen layout as launched: both run as LoRA, by the same step-time model
+    mine = Layout.from_row(chosen)
+    t = lambda L: step_time(cfg.model, cfg.cluster, lora, L)["step_time_s"]  # noqa: E731
+    assert ran["slower_frac"] == pytest.approx(1 - t(mine) / t(lay), rel=1e-9)
+    # and it is the search's pick among what fits as launched: no layout faster by more than a tie (TIE_FRAC) fits
+    from trainplan.search.layouts import TIE_FRAC
+
+    for _, r in feas[feas["tokens_per_s"] * (1 - TIE_FRAC) > _row(feas, ran["layout"])["tokens_per_s"]].iterrows():
+        a = judge(Layout.from_row(r), step=False)
+        assert (r["layout_text"] == chosen["layout_text"] or a["memory_ratio"] is None
+                or r["mem_total_gib"] * a["memory_ratio"] * err > limit)
+
+
+def test_the_day1_switch_is_never_a_layout_the_launch_cannot_size():
+    """A LoRA plan runs under Accelerate, which has no pipeline parallelism: a pp=2 layout is not what the launch can
+    run, and nothing about it is modelled. At the LoRA study's error (×1.47, where its ZeRO-1 would exhaust usable
+    HBM) the plan's switch was such a layout; judged as launched it is the fastest layout the launch runs and sizes."""
+    from trainplan.report.memo import fit_fallback
+
+    _, feas, chosen, judge = _switch_case("lora.yaml", {"micro_batch": [1, 2], "offload": ["none"],
+                                                        "recompute": ["none"], "tp": [1], "cp": [1], "pp": [1, 2],
+                                                        "sharding": ["zero1", "zero3"]})
+    plan = fit_fallback(feas, chosen, 1.47, 0.9)
+    assert "pp2" in plan["layout"] and judge(Layout.from_row(_row(feas, plan["layout"])))["memory_ratio"] is None
+    ran = fit_fallback(feas, chosen, 1.47, 0.9, judge)
+    assert "pp1" in ran["layout"] and ran["mem_expected_gib"] <= 0.9 * chosen["mem_total_gib"] / (1 - chosen["headroom_frac"])
+    runs = {r["layout_text"] for _, r in feas.iterrows() if (judge(Layout.from_row(r), step=False) or {"memory_ratio": 1})
+            ["memory_ratio"] is not None}
+    assert ran["layout"] in runs and len(runs) < len(feas)
+
+
+def test_the_day1_switch_names_the_layout_that_runs_not_one_the_trainer_turns_into_it(tmp_path):
+    """torchtitan has no ZeRO-1: it runs a TP ZeRO-1 plan as its FSDP2 ZeRO-2, the ZeRO-2 row's layout (its peak,
+    its step). Judged as launched, the ZeRO-1 row fits where its plan did not (the 8k study at its p90 error, ×1.19)
+    and, faster on paper by 0.02%, would be named: a switch that pins a layout which runs as another. The switch
+    names the ZeRO-2 row; and the preflight names the same one as page 1 from the study's candidates.csv."""
+    from trainplan.launch.preflight import preflight_fallback
+    from trainplan.report.memo import fit_fallback
+
+    _, feas, chosen, judge = _switch_case("seq8k.yaml", {"micro_batch": [1], "offload": ["none"], "recompute": ["none"],
+                                                         "tp": [1, 2], "cp": [1, 2], "pp": [1],
+                                                         "sharding": ["zero1", "zero2"]})
+    z1, z2 = (_row(feas, f"dp16·tp2(sp)·pp1·cp1 {s} rc=none mb=1") for s in ("zero1", "zero2"))
+    usable = chosen["mem_total_gib"] / (1 - chosen["headroom_frac"])
+    ran = judge(Layout.from_row(z1))
+    assert ran["layout"] == z2["layout_text"] and z1["tokens_per_s"] > z2["tokens_per_s"]
+    assert z1["mem_total_gib"] * 1.19 > 0.9 * usable >= z1["mem_total_gib"] * ran["memory_ratio"] * 1.19
+    fb = fit_fallback(feas, chosen, 1.19, 0.9, judge)
+    assert fb["layout"] == z2["layout_text"] and "launched" not in fb  # it runs as planned (FSDP2 is its ZeRO-2)
+    path = tmp_path / "candidates.csv"
+    feas.to_csv(path, index=False)
+    assert preflight_fallback(path, mem_ratio=1.19, judge=judge) == fb

@@ -107,15 +107,32 @@ def test_page_one_names_the_runner_up_with_its_numbers_from_families_csv(rendere
     assert _squash("keep the faster of the two measured") in p1
 
 
-def test_runner_up_skips_the_chosen_and_oom_families():
+def _families(layouts, tps, mem, verdicts, names=None):
+    """A families.csv frame (search.family_verdicts' columns) of these best layouts: text and ``layout.*`` fields;
+    a None layout is a family without one (OOM)."""
     import pandas as pd
 
-    fam = pd.DataFrame({"family": ["A", "B", "C", "D"], "best_layout": ["a", "b", "c", "d"],
-                        "tokens_per_s_per_gpu": [100.0, float("nan"), 90.0, 50.0],
-                        "mem_total_gib": [60.0, 200.0, 40.0, 30.0], "verdict": ["chosen", "OOM", "slower", "slower"]})
+    from trainplan.model.layout import Layout
+
+    rows = []
+    for k, (lay, t, m, v) in enumerate(zip(layouts, tps, mem, verdicts, strict=True)):
+        lay = Layout(**lay) if isinstance(lay, dict) else lay
+        rows.append({"family": names[k] if names else (lay.family if lay else f"F{k}"),
+                     "best_layout": lay.describe() if lay else "", "tokens_per_s_per_gpu": t, "mem_total_gib": m,
+                     "verdict": v, **({f"layout.{f}": x for f, x in lay.to_dict().items()} if lay else {})})
+    return pd.DataFrame(rows)
+
+
+def test_runner_up_skips_the_chosen_and_oom_families():
+    from trainplan.model.layout import Layout
+
+    a, c, d = (Layout(dp=32, sharding="zero2"), Layout(dp=16, tp=2, sp=True, sharding="zero2", micro_batch=2),
+               Layout(dp=16, pp=2, sharding="zero1"))
+    fam = _families([a, None, c, d], [100.0, float("nan"), 90.0, 50.0], [60.0, 200.0, 40.0, 30.0],
+                    ["chosen", "OOM", "slower", "slower"], names=["A", "B", "C", "D"])
     ch = {"tokens_per_s_per_gpu_p50": 100.0, "tokens_per_s_per_gpu_p10": 85.0}
     r = memo.runner_up(fam, ch)
-    assert (r["family"], r["layout"], r["inside_interval"]) == ("C", "c", True)
+    assert (r["family"], r["layout"], r["inside_interval"]) == ("C", c.describe(), True)
     assert r["slower_frac"] == pytest.approx(0.10)
     assert not memo.runner_up(fam, {**ch, "tokens_per_s_per_gpu_p10": 95.0})["inside_interval"]
     assert memo.runner_up(fam.iloc[[0, 1]], ch) is None and memo.runner_up(None, ch) is None
@@ -124,28 +141,33 @@ def test_runner_up_skips_the_chosen_and_oom_families():
 def test_runner_up_is_no_tie_that_only_shards_the_states_differently(rendered):
     """LoRA: DDP ties with the chosen ZeRO-1 (same layout, adapter states unsharded). It was the runner-up and the
     day-1 throughput fallback, though it runs exactly as fast or as slow; it is named as an equivalent instead and
-    the runner-up is the next strategy. A tie of another structure, or a slower same-structure layout, still counts."""
-    import pandas as pd
+    the runner-up is the next strategy. A tie of another structure, or a slower same-structure layout, still counts.
+    The rule compares Layouts (search.layouts.runner_up_index, also the comparable-runs table's): an offload or a
+    micro-batch apart is another structure."""
+    from dataclasses import replace
 
-    z1 = "dp32·tp1·pp1·cp1 zero1 rc=none mb=1"
-    fam = pd.DataFrame({"family": ["ZeRO-1", "DDP", "HSDP", "FSDP", "ZeRO-1×PP"],
-                        "best_layout": [z1, "dp32·tp1·pp1·cp1 none rc=none mb=1", "dp32·tp1·pp1·cp1 hsdp/8 rc=none mb=1",
-                                        "dp32·tp1·pp1·cp1 zero3 rc=none mb=1", "dp16·tp1·pp2(1f1b)·cp1 zero1 rc=none mb=1"],
-                        "tokens_per_s_per_gpu": [6291.0, 6290.4, 6289.0, 6000.0, 5900.0],
-                        "mem_total_gib": [54.3, 54.6, 50.0, 45.0, 40.0],
-                        "verdict": ["chosen", "slower", "slower", "slower", "slower"]})
-    ch = {"tokens_per_s_per_gpu_p50": 6291.0, "tokens_per_s_per_gpu_p10": 5926.0, "layout": z1}
+    from trainplan.model.layout import Layout
+
+    z1 = Layout(dp=32, sharding="zero1")
+    lays = [z1, replace(z1, sharding="none"), replace(z1, sharding="hsdp", shard_group=8), replace(z1, sharding="zero3"),
+            Layout(dp=16, pp=2, sharding="zero1")]
+    tps = [6291.0, 6290.4, 6289.0, 6000.0, 5900.0]
+    fam = _families(lays, tps, [54.3, 54.6, 50.0, 45.0, 40.0], ["chosen", "slower", "slower", "slower", "slower"])
+    ch = {"tokens_per_s_per_gpu_p50": 6291.0, "tokens_per_s_per_gpu_p10": 5926.0, "layout": z1.describe()}
     r = memo.runner_up(fam, ch)
     assert (r["family"], r["layout"]) == ("FSDP", "dp32·tp1·pp1·cp1 zero3 rc=none mb=1")  # 4.6% slower: not a tie
     assert [e["family"] for e in r["equivalents"]] == ["DDP", "HSDP"]
+    # another structure ties too: an optimizer offload, or another micro-batch, is a real alternative
+    for other in (replace(lays[1], offload="cpu"), replace(lays[1], micro_batch=2),
+                  Layout(dp=16, tp=2, sp=True, sharding="none")):
+        assert memo.runner_up(_families([z1, other, *lays[2:]], tps, [54.3] * 5, list(fam["verdict"])),
+                              ch)["layout"] == other.describe()
     import html as html_mod
 
     ctx = memo.build_context(memo.memo_inputs(rendered["root"]), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
     text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx | {"runner_up": r}))).split())
     assert "DDP, HSDP tie with it: the same layout with the states sharded differently, so no throughput fallback." in text
     assert "run the same steps with the runner-up, FSDP ( dp32·tp1·pp1·cp1 zero3 rc=none mb=1 ," in text
-    tie_other = fam.assign(best_layout=fam["best_layout"].where(fam["family"] != "DDP", "dp16·tp2(sp)·pp1·cp1 none rc=none mb=1"))
-    assert memo.runner_up(tie_other, ch)["family"] == "DDP"  # a tie of another structure is a real alternative
     only = fam.iloc[:2]
     assert memo.runner_up(only, ch)["family"] == "DDP" and memo.runner_up(only, ch)["equivalents"] == []
 
@@ -738,7 +760,7 @@ def test_a_memory_p90_above_the_searchs_limit_is_at_risk_and_names_the_preflight
 
     fb = ctx["fallback"]
     # page 1 offers that one layout as the trade (not the runner-up, a throughput fallback of check 2)
-    assert (f"The chosen layout's memory p90 is above the search's limit (90% of usable HBM, 71.7 GiB); at that error "
+    assert (f"The chosen layout's memory p90 is above the search's limit (71.7 GiB); at that error "
             f"the search would choose {fb['layout']} ({fb['mem_expected_gib']:.1f} GiB at p90, "
             f"{100 * fb['slower_frac']:.1f}% slower; day-1 check 1's switch): if giving up "
             f"{100 * fb['slower_frac']:.1f}% of throughput is cheaper than a day-1 re-plan, run it.") in text
@@ -758,6 +780,14 @@ def test_a_memory_p90_above_the_searchs_limit_is_at_risk_and_names_the_preflight
             "HBM, 71.7 GiB): 5 of 27 memory-model errors put the planned sequence over it;") in risks
     assert f"Day-1 check 1 measures the error on one node; above the limit, switch to {fb['layout']} as page 1 says." in risks
     assert "above usable HBM" not in text
+    # a switch sized as the launch runs it (memo.fallback_entry with the launch's judge) says so where what runs
+    # differs, and where its slowdown is the plan's (what runs has no step-time model); check 1 only for the latter
+    ctx["fallback"] = fb | {"as_launched": True, "launched": {"trainer": "torchtitan", "changes": ["FSDP2 for ZeRO-1"],
+                                                              "unmodelled": []}, "slower_is_plan": True}
+    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    pct = f"{100 * fb['slower_frac']:.1f}% slower"
+    assert f"({fb['mem_expected_gib']:.1f} GiB at p90, {pct}, as launched: FSDP2 for ZeRO-1; day-1 check 1's switch)" in text
+    assert f"{pct}, as launched: FSDP2 for ZeRO-1 (the plan's step time)) and rerun the preflight" in text
     # errors that would exceed usable HBM itself are an OOM, not a limit breach: page 1 and the risk row count them
     prod["chosen"]["mem_over_hbm_errors"] = 2
     (root / "prediction/production.json").write_text(json.dumps(prod))
