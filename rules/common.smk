@@ -15,7 +15,8 @@ from trainplan.config import (
 from trainplan.provenance import code_version, study_hash
 from trainplan.proxy.slurm_resources import proxy_job_resources
 from trainplan.model.base import ConfigError
-from trainplan.search.layouts import pinned_options, require_feasible, search
+from trainplan.launch.artifacts import plan_search
+from trainplan.search.layouts import pinned_options, require_feasible
 
 try:
     for _configfile in workflow.configfiles:
@@ -27,17 +28,19 @@ try:
     )  # defaults filled, YAML 1.2 numbers (1e10) read, specs resolved, pinned layout checked
     # proxies.device: cuda needs a CUDA torch in the interpreter every job runs (the venv's is the CPU wheel)
     require_proxy_torch(STUDY.raw["proxies"])
-    # a study no layout fits (every one OOM, an empty search space, a pinned layout too big) is refused here, not by
-    # the cost stage after the proxies ran: the search takes about a second, so only the process that plans the
-    # DAG runs it, not every cluster job's own parse (exec mode remote), which the main process has checked
+    # a study no layout fits (every one OOM, also as its trainer runs it; an empty search space, a pinned layout
+    # too big) is refused here, not by the cost stage after the proxies ran: the search takes about a second, so
+    # only the process that plans the DAG runs it, not every cluster job's own parse (exec mode remote), which the
+    # main process has checked
     if workflow.exec_mode == ExecMode.DEFAULT:
         require_feasible(
-            search(
+            plan_search(
                 STUDY.model,
                 STUDY.cluster,
                 STUDY.training,
                 STUDY.efficiency,
                 pinned_options(STUDY.search, STUDY.layout),
+                int(STUDY.search["top_k"]),
             ),
             STUDY.layout,
         )

@@ -8,6 +8,7 @@ from rich.table import Table
 
 from trainplan.commands.common import check_out_path, console, warn, write_csv_arg
 from trainplan.config import default_config_path, load_config
+from trainplan.launch.artifacts import plan_search
 from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
 from trainplan.published.intervals import error_pool, family_class, heldout_errors_by_family, interval_bounds
@@ -19,7 +20,6 @@ from trainplan.search.layouts import (
     impossible_techniques,
     infeasible_summary,
     pinned_options,
-    search,
     technique_verdicts,
 )
 
@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
         raise
     eff = cfg.efficiency  # the generation's fitted Efficiency with the config's overrides (config.build_efficiency)
     options = pinned_options(cfg.search, cfg.layout)
-    df = search(cfg.model, cfg.cluster, cfg.training, eff, options)
+    # the study's search: what the launch could not fit ruled out (each layout sized as its trainer runs it)
+    df = plan_search(cfg.model, cfg.cluster, cfg.training, eff, options, max(args.top, int(cfg.search["top_k"])))
     if not len(df):  # nothing to size, rank or explain: a config error, before any file is written
         raise ConfigError("layout" if cfg.layout is not None else "search", f"{len(df)} layouts",
                           f"needs at least one; {infeasible_summary(df)}")

@@ -68,9 +68,10 @@ from trainplan.model.memory import memory_breakdown
 from trainplan.model.timing import step_time
 from trainplan.model.training import TrainingSpec
 from trainplan.provenance import study_hash
+from trainplan.search.layouts import refit_as_launched, search
 
 __all__ = ["Artifact", "DEEPSPEED_DOCUMENTED_KEYS", "accelerate_config", "as_launched", "bash_syntax_check",
-           "deepspeed_config", "deepspeed_unsupported_reason", "entry_finetune", "launch_judge", "main",
+           "deepspeed_config", "deepspeed_unsupported_reason", "entry_finetune", "launch_judge", "launched_peak", "main", "plan_search",
            "plan_deviations",
            "qlora_as_lora_note", "sbatch_name", "sbatch_script",
            "sbatch_test_only", "torchrun_command", "torchrun_script", "write_artifacts"]
@@ -291,6 +292,30 @@ def launch_judge(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         return as_launched(model, cluster, training, layout, trainer, eff, step=step)
 
     return judge
+
+
+def launched_peak(judge: Callable[..., dict[str, Any] | None]) -> Callable[[Any], tuple[float | None, str]]:
+    """``peak_of(row)`` for ``search.layouts.refit_as_launched``: the modelled peak (GiB) of what the launch runs
+    for a candidates row's layout (``judge``: :func:`launch_judge`) and a few words on how it differs; ``(None, "")``
+    where it runs the plan or has no memory model."""
+
+    def peak_of(row: Any) -> tuple[float | None, str]:
+        a = judge(Layout.from_row(row), step=False)
+        if a is None or a["memory_ratio"] is None:
+            return None, ""
+        return float(row["mem_total_gib"]) * float(a["memory_ratio"]), f"{a['trainer']}: " + "; ".join(a["changes"])
+
+    return peak_of
+
+
+def plan_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: Any = None,
+                options: dict[str, Any] | None = None, top: int = 10) -> Any:
+    """The search a study plans with (the analytic stage, ``trainplan plan``, the workflow's up-front check that a
+    layout fits): ``search.layouts.search``, then ``refit_as_launched`` with what the launch runs for each layout
+    (:func:`launch_judge`), so that no layout the launch could not fit is chosen, ranked in the production table's
+    ``top`` rows or named for a family."""
+    df = search(model, cluster, training, eff, options)
+    return refit_as_launched(df, launched_peak(launch_judge(model, cluster, training, eff)), cluster, options, top)
 
 
 def entry_finetune(training: TrainingSpec) -> str:

@@ -522,13 +522,14 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
     families = res.csv("families")
     chosen_row = None
     rep = None
-    fallback = tie_won = None
+    fallback = tie_won = ruled = None
     if cand is not None and len(cand):
         ok = cand[cand["feasible"].astype(bool)]
         chosen_row = _records(ok.sort_values("rank").head(1))[0] if len(ok) else None
         rep = _records(representative_layouts(cand))
         fallback = day1_fallback(ok, chosen_row, (prod or {}).get("chosen") or {}, judge) if chosen_row else None
         tie_won = tie_winner(ok, chosen_row) if chosen_row else None
+        ruled = ruled_out_as_launched(cand, chosen_row) if chosen_row else None
     if fallback and fallback.get("at") == "p90" and cost and summary:
         fallback = fallback | {"extra_gpu_hours": switch_extra_gpu_hours(cost, fallback, summary.get("n_gpus"))}
     layout_str = None
@@ -547,7 +548,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         # the step's terms for the chosen layout's row (CPU offload only when it offloads): they add up to its step
         "step_parts": [(k, v) for k, v in STEP_PARTS.items()
                        if k != "offload_s" or float((chosen_row or {}).get("offload_s") or 0.0) > 0],
-        "fallback": fallback, "tie_won": tie_won,
+        "fallback": fallback, "tie_won": tie_won, "ruled_as_launched": ruled,
         **_families(families), "runner_up": runner_up(families, (prod or {}).get("chosen")),
         "techniques": _techniques(res.csv("techniques"), cost),
         "calibration": calib, "source": source, "source_label": ((calib or {}).get("source_detail") if source == "gpu-proxies" else None)
@@ -578,6 +579,26 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         "assumptions": _assumptions(config) if config else [],
         "provenance": [{"file": f, **sc} for f, sc in res.sidecars()],
     }
+
+
+LAUNCH_OOM = "OOM as launched ("  # search.layouts.refit_as_launched's reason: fits as planned, not as it runs
+
+
+def ruled_out_as_launched(cand: pd.DataFrame, chosen: dict[str, Any]) -> dict[str, Any] | None:
+    """The layouts faster than the chosen one that the search ruled out because the launch would not fit them
+    (``search.layouts.refit_as_launched``): how many, and the fastest with its reason; None when none was."""
+    if "reason" not in cand or "tokens_per_s" not in cand:
+        return None
+    out = cand[cand["reason"].astype(str).str.startswith(LAUNCH_OOM)
+               & (cand["tokens_per_s"].astype(float) > float(chosen["tokens_per_s"]))]
+    if not len(out):
+        return None
+    fast = out.loc[out["tokens_per_s"].astype(float).idxmax()]
+    why = str(fast["reason"])[len(LAUNCH_OOM):]
+    how, need = why.split("): ", 1) if "): " in why else (why, "")
+    return {"n": int(len(out)), "layout": str(fast["layout_text"]), "how": how, "need": need,
+            "mem_total_gib": float(fast["mem_total_gib"]),
+            "faster_frac": float(fast["tokens_per_s"]) / float(chosen["tokens_per_s"]) - 1.0}
 
 
 def tie_winner(feasible: pd.DataFrame, chosen: dict[str, Any]) -> dict[str, Any] | None:

@@ -39,7 +39,7 @@ from trainplan.model.layout import (
 )
 from trainplan.model.training import TrainingSpec
 
-__all__ = ["best_row", "family_layout", "row_layout", "runner_up_index", "shards_alike", "pinned_options", "search", "tie_order", "enumerate_layouts", "family_verdicts", "technique_verdicts", "structural_reasons", "OPTION_KEYS",
+__all__ = ["best_row", "family_layout", "refit_as_launched", "row_layout", "runner_up_index", "shards_alike", "pinned_options", "search", "tie_order", "enumerate_layouts", "family_verdicts", "technique_verdicts", "structural_reasons", "OPTION_KEYS",
            "infeasible_summary", "require_feasible"]
 
 OPTION_KEYS = ("tp", "pp", "cp", "vpp", "micro_batch", "sp", "pp_schedule", "cp_kind", "sharding", "recompute",
@@ -410,6 +410,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: 
     df["layout_text"] = _describe(df)
     df["complexity"] = _complexity(df)
     df["grad_accum"] = np.maximum(1, training.global_batch // df["dp"] // df["micro_batch"])
+    return _rank(df)
+
+
+def _rank(df: pd.DataFrame) -> pd.DataFrame:
+    """``rank`` (1 = chosen, 0 = infeasible) and ``pareto`` of the feasible rows, the table sorted by rank."""
     feas = ranked(df[df["feasible"]])
     df["rank"] = 0
     df.loc[feas.index, "rank"] = np.arange(1, len(feas) + 1)
@@ -418,6 +423,44 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: 
         df.loc[feas.index, "pareto"] = _pareto(feas["tokens_per_s"].to_numpy(), feas["headroom_frac"].to_numpy())
     df["_r"] = np.where(df["rank"] > 0, df["rank"], np.iinfo(np.int64).max)
     return df.sort_values(["_r"], kind="stable").drop(columns="_r").reset_index(drop=True)
+
+
+def refit_as_launched(df: pd.DataFrame, peak_of: Any, cluster: ClusterSpec, options: dict[str, Any] | None,
+                      top: int) -> pd.DataFrame:
+    """``df`` (a :func:`search` result) with the layouts whose launch would not fit ruled out and the rest reranked.
+
+    ``peak_of(row)`` → ``(GiB or None, how)``: the modelled peak of what the launch runs for that layout (the
+    analytic stage's ``launch.artifacts.launch_judge``: QLoRA as LoRA over a bf16 base, torchtitan's gathered K/V
+    under CP, ...), None where it runs the plan or has no memory model (the plan's peak, already held to the
+    limit, stands), and a few words on what differs. A layout whose launched peak is above ``limit_gib`` becomes
+    infeasible, reason ``OOM as launched (how): needs …``. Sizing a launch takes milliseconds, so the walk goes in
+    rank order and stops once ``top`` layouts and the best of every family fit as launched: those are what the
+    study names (the chosen layout, the production table's top rows, the runner-up and each family's line); a
+    layout further down keeps its planned verdict."""
+    frac = float(_opts(cluster, options)["max_mem_frac"])
+    hbm_gib = cluster.gpu.hbm_bytes / GiB
+    feas = df[df["feasible"].astype(bool)].sort_values("rank", kind="stable")
+    families, fitted_fams, fits = set(feas["family"]), set(), 0
+    reason = df["reason"].astype(object).copy()
+    changed = False
+    for idx, r in feas.iterrows():
+        if fits >= top and fitted_fams == families:
+            break
+        if fits >= top and r["family"] in fitted_fams:
+            continue
+        peak, how = peak_of(r)
+        if peak is not None and peak > frac * hbm_gib:
+            reason[idx] = f"OOM as launched ({how}): needs {peak:.1f} GiB > {frac:.0%} of {hbm_gib:.1f} GiB"
+            changed = True
+            continue
+        fits += 1
+        fitted_fams.add(r["family"])
+    if not changed:
+        return df
+    df = df.copy()
+    df["reason"] = reason
+    df["feasible"] = reason == ""
+    return _rank(df)
 
 
 def _describe(df: pd.DataFrame) -> list[str]:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainplan.io import write_csv, write_json
+from trainplan.launch.artifacts import plan_search
 from trainplan.model.estimate import estimate
 from trainplan.model.flops import n_params_dense, train_flops_per_token
 from trainplan.model.layout import Layout
@@ -15,7 +16,6 @@ from trainplan.search.layouts import (
     fp8_technique_rows,
     impossible_techniques,
     pinned_options,
-    search,
     technique_verdicts,
 )
 from trainplan.stages.common import (
@@ -29,7 +29,8 @@ def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
     """candidates.csv, families.csv, techniques.csv, summary.json from ``trainplan.search.layouts``."""
     s = specs_from_cfg(cfg)
     options = pinned_options(cfg["search"], s["layout"])  # a pinned layout: its fields as single values
-    df = search(s["model"], s["cluster"], s["training"], s["efficiency"], options)
+    # the search, then what the launch could not fit ruled out (each layout sized as its trainer runs it)
+    df = plan_search(s["model"], s["cluster"], s["training"], s["efficiency"], options, int(cfg["search"]["top_k"]))
     fam = family_verdicts(df)
     summary: dict[str, Any] = {"status": "ok", "layout": None}
     best = df[df["rank"] == 1] if "rank" in df else df.iloc[:0]

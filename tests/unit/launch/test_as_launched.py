@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import fields, replace
 
+import pandas as pd
 import pytest
 
 from trainplan.launch import artifacts as launch
@@ -248,3 +249,56 @@ def test_the_day1_switch_names_the_layout_that_runs_not_one_the_trainer_turns_in
     path = tmp_path / "candidates.csv"
     feas.to_csv(path, index=False)
     assert preflight_fallback(path, mem_ratio=1.19, judge=judge) == fb
+
+
+# ------------------------------------------------------------------------- the search, judged on what the launch runs
+def test_the_study_chooses_no_layout_the_launch_could_not_fit():
+    """The QLoRA study chose FSDP mb2 (71.6 GiB as QLoRA, under the 71.7 GiB limit), which the launch runs as LoRA over
+    a bf16 base: 73.1 GiB, over it (page 1's 'memory as launched: FAIL'). launch.artifacts.plan_search rules out
+    every layout the launch would not fit, with the reason, before ranking: the chosen layout, the production table's
+    top rows and each family's best layout fit as launched. A plan search alone still chooses FSDP mb2."""
+    from pathlib import Path
+
+    from trainplan.config import load_config
+    from trainplan.search.layouts import search
+
+    root = Path(__file__).resolve().parents[3] / "config"
+    cfg = load_config([root / "config.yaml", root / "qlora.yaml"])
+    planned = search(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
+    assert planned.iloc[0]["layout_text"] == "dp32·tp1·pp1·cp1 zero3 rc=none mb=2"
+    df = launch.plan_search(cfg.model, cfg.cluster, cfg.training, cfg.efficiency, None, 10)
+    limit = 0.9 * CLUSTER.gpu.hbm_bytes / 2**30
+    judge = launch.launch_judge(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
+
+    def launched(r) -> float:
+        a = judge(Layout.from_row(r), step=False)
+        return r["mem_total_gib"] * (a["memory_ratio"] or 1.0) if a else r["mem_total_gib"]
+
+    out = df.set_index("layout_text").loc["dp32·tp1·pp1·cp1 zero3 rc=none mb=2"]
+    assert not out["feasible"] and out["reason"] == ("OOM as launched (accelerate: LoRA over a bf16 base for QLoRA (no "
+                                                     "NF4 path)): needs 73.1 GiB > 90% of 79.6 GiB")
+    ruled = df[df["reason"].astype(str).str.startswith("OOM as launched")]
+    assert len(ruled) and all(launched(r) > limit for _, r in ruled.iterrows())
+    feas = df[df["feasible"]].sort_values("rank")
+    named = pd.concat([feas.head(10), feas.groupby("family", sort=False).head(1)])
+    assert all(launched(r) <= limit for _, r in named.iterrows())
+    assert feas.iloc[0]["layout_text"] == "dp32·tp1·pp1·cp1 zero1 rc=none mb=1"
+    assert list(feas["rank"]) == list(range(1, len(feas) + 1))  # reranked: no gap where the ruled-out rows were
+
+
+def test_a_pinned_layout_the_launch_could_not_fit_is_refused_before_any_job(tmp_path):
+    """A QLoRA study pinned to FSDP mb2 fits as planned and not as launched: refused up front (the workflow's
+    require_feasible on plan_search), naming the layout and why."""
+    from pathlib import Path
+
+    from trainplan.config import load_config
+    from trainplan.model.base import ConfigError
+    from trainplan.search.layouts import pinned_options, require_feasible
+
+    root = Path(__file__).resolve().parents[3] / "config"
+    pin = tmp_path / "pin.yaml"
+    pin.write_text("layout: {dp: 32, tp: 1, pp: 1, cp: 1, sharding: zero3, micro_batch: 2}\n")
+    cfg = load_config([root / "config.yaml", root / "qlora.yaml", pin])
+    df = launch.plan_search(cfg.model, cfg.cluster, cfg.training, cfg.efficiency, pinned_options(cfg.search, cfg.layout))
+    with pytest.raises(ConfigError, match=r"layout.*OOM as launched \(accelerate: LoRA over a bf16 base"):
+        require_feasible(df, cfg.layout)
