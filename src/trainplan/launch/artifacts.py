@@ -71,7 +71,7 @@ from trainplan.provenance import study_hash
 from trainplan.search.layouts import refit_as_launched, search
 
 __all__ = ["Artifact", "DEEPSPEED_DOCUMENTED_KEYS", "accelerate_config", "as_launched", "bash_syntax_check",
-           "deepspeed_config", "deepspeed_unsupported_reason", "entry_finetune", "launch_judge", "launched_peak", "main", "plan_search",
+           "cannot_run_mask", "deepspeed_config", "deepspeed_unsupported_reason", "entry_finetune", "launch_judge", "launched_peak", "main", "plan_search",
            "plan_deviations",
            "qlora_as_lora_note", "sbatch_name", "sbatch_script",
            "sbatch_test_only", "torchrun_command", "torchrun_script", "write_artifacts"]
@@ -224,7 +224,8 @@ def _accelerate_parts(cluster: ClusterSpec, training: TrainingSpec, layout: Layo
     if L.pp > 1:
         notes.append(Deviation(f"pp={L.pp} is not expressible in Accelerate 1.x (no pipeline-parallel training "
                                "with FSDP2); use torchtitan or Megatron for this layout. The config covers dp/tp/cp "
-                               "only", short=f"no pp={L.pp}: Accelerate cannot run it", unmodelled=("memory", "step time")))
+                               "only", short=f"no pp={L.pp}: Accelerate cannot run it", unmodelled=("memory", "step time"),
+                               cannot_run=True))
     return fsdp, par, notes
 
 
@@ -261,7 +262,8 @@ def as_launched(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     out: dict[str, Any] = {"trainer": trainer, "changes": [d.short for d in devs],
                            "layout_changes": lay_changes, "training_changes": tr_changes,
                            "extra_gib": extra / 2**30, "unmodelled": unmodelled, "layout": None,
-                           "memory_ratio": None, "throughput_ratio": None}
+                           "memory_ratio": None, "throughput_ratio": None,
+                           "cannot_run": [d.short for d in devs if d.cannot_run]}
     try:
         run_layout, run_training = replace(layout, **lay_changes), replace(training, **tr_changes)
         check_layout(model, cluster, run_training, run_layout)
@@ -294,18 +296,32 @@ def launch_judge(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     return judge
 
 
-def launched_peak(judge: Callable[..., dict[str, Any] | None]) -> Callable[[Any], tuple[float | None, str]]:
+def launched_peak(judge: Callable[..., dict[str, Any] | None]) -> Callable[[Any], tuple[float | None, str, bool]]:
     """``peak_of(row)`` for ``search.layouts.refit_as_launched``: the modelled peak (GiB) of what the launch runs
-    for a candidates row's layout (``judge``: :func:`launch_judge`) and a few words on how it differs; ``(None, "")``
-    where it runs the plan or has no memory model."""
+    for a candidates row's layout (``judge``: :func:`launch_judge`; None where it runs the plan or has no memory
+    model), a few words on how it differs, and whether the trainer can run it at all."""
 
-    def peak_of(row: Any) -> tuple[float | None, str]:
+    def peak_of(row: Any) -> tuple[float | None, str, bool]:
         a = judge(Layout.from_row(row), step=False)
-        if a is None or a["memory_ratio"] is None:
-            return None, ""
-        return float(row["mem_total_gib"]) * float(a["memory_ratio"]), f"{a['trainer']}: " + "; ".join(a["changes"])
+        if a is None:
+            return None, "", True
+        if a["cannot_run"]:
+            return None, f"{a['trainer']}: " + "; ".join(a["cannot_run"]), False
+        how = f"{a['trainer']}: " + "; ".join(a["changes"])
+        return (None if a["memory_ratio"] is None else float(row["mem_total_gib"]) * float(a["memory_ratio"])), how, True
 
     return peak_of
+
+
+def cannot_run_mask(model: ModelSpec, training: TrainingSpec, df: Any) -> tuple[Any, str]:
+    """(rows of ``df`` the launch cannot run, the trainer's words for why), decided per table without sizing a row:
+    where torchtitan cannot build the model (a LoRA or QLoRA plan, a non-Llama block), the sbatch runs Accelerate,
+    which has no pipeline parallelism, so every pp > 1 layout. The same verdict :func:`as_launched` reaches one
+    layout at a time (its ``cannot_run``); :func:`plan_search` rules them out before its walk, so that a family of
+    such layouts is not sized row by row."""
+    titan_no = torchtitan_model_problems(model, training)
+    mask = (df["pp"] > 1) if titan_no else (df["pp"] < 0)
+    return mask, "accelerate: no pipeline parallelism in Accelerate (torchtitan cannot build this model: " + "; ".join(titan_no) + ")"
 
 
 def plan_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: Any = None,
@@ -315,7 +331,9 @@ def plan_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     (:func:`launch_judge`), so that no layout the launch could not fit is chosen, ranked in the production table's
     ``top`` rows or named for a family."""
     df = search(model, cluster, training, eff, options)
-    return refit_as_launched(df, launched_peak(launch_judge(model, cluster, training, eff)), cluster, options, top)
+    no_run, why = cannot_run_mask(model, training, df)
+    return refit_as_launched(df, launched_peak(launch_judge(model, cluster, training, eff)), cluster, options, top,
+                             cannot_run=(no_run, why))
 
 
 def entry_finetune(training: TrainingSpec) -> str:

@@ -54,17 +54,19 @@ class Deviation(str):
     :class:`Layout` / :class:`TrainingSpec` (``{"sp": False}``: TP without SP), ``extra_bytes`` is memory per GPU
     the planner has no term for (torchtitan's gathered K/V), and ``unmodelled`` names what the model cannot say
     about it (``"memory"``, ``"step time"``): there the plan's figures stay, and the memo says so. ``short`` is a
-    few words for page 1 ("TP without SP")."""
+    few words for page 1 ("TP without SP"). ``cannot_run``: the trainer cannot run the layout at all (Accelerate
+    has no pipeline parallelism): the study does not choose it (``launch.artifacts.plan_search``)."""
 
     short: str
     layout: dict[str, Any]
     training: dict[str, Any]
     extra_bytes: float
     unmodelled: tuple[str, ...]
+    cannot_run: bool
 
     def __new__(cls, text: str, *, short: str, layout: dict[str, Any] | None = None,
                 training: dict[str, Any] | None = None, extra_bytes: float = 0.0,
-                unmodelled: tuple[str, ...] = ()) -> Deviation:
+                unmodelled: tuple[str, ...] = (), cannot_run: bool = False) -> Deviation:
         bad = [u for u in unmodelled if u not in UNMODELLED_KINDS]
         if bad:
             raise ValueError(f"Deviation unmodelled={bad!r}: each one of {UNMODELLED_KINDS}")
@@ -72,20 +74,25 @@ class Deviation(str):
         obj.short = short
         obj.layout, obj.training = dict(layout or {}), dict(training or {})
         obj.extra_bytes, obj.unmodelled = float(extra_bytes), tuple(unmodelled)
+        obj.cannot_run = bool(cannot_run)
+        if obj.cannot_run and set(obj.unmodelled) != set(UNMODELLED_KINDS):
+            raise ValueError("Deviation cannot_run: nothing about a run that cannot happen is modelled "
+                             f"(unmodelled={UNMODELLED_KINDS})")
         return obj
 
     def __reduce__(self) -> tuple[Any, ...]:  # copy and pickle: the keywords, not only the text
-        return (_deviation, (str(self), self.short, self.layout, self.training, self.extra_bytes, self.unmodelled))
+        return (_deviation, (str(self), self.short, self.layout, self.training, self.extra_bytes, self.unmodelled,
+                             self.cannot_run))
 
 
 UNMODELLED_KINDS = ("memory", "step time")
 
 
 def _deviation(text: str, short: str, layout: dict[str, Any], training: dict[str, Any], extra_bytes: float,
-               unmodelled: tuple[str, ...]) -> Deviation:
+               unmodelled: tuple[str, ...], cannot_run: bool = False) -> Deviation:
     """:class:`Deviation` from its fields, positionally (its ``__reduce__``)."""
     return Deviation(text, short=short, layout=layout, training=training, extra_bytes=extra_bytes,
-                     unmodelled=unmodelled)
+                     unmodelled=unmodelled, cannot_run=cannot_run)
 
 
 def deviations(notes: list[str]) -> list[str]:

@@ -34,6 +34,7 @@ from trainplan.published.tables import NEVER_FITTED
 from trainplan.report.figures import parity_table, representative_layouts, short_number
 from trainplan.report.labels import memo_labels as report_labels  # noqa: F401 (re-exported)
 from trainplan.search.layouts import (
+    LAUNCH_OOM,
     TIE_FRAC,
     best_row,
     family_layout,
@@ -579,9 +580,6 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         "assumptions": _assumptions(config) if config else [],
         "provenance": [{"file": f, **sc} for f, sc in res.sidecars()],
     }
-
-
-LAUNCH_OOM = "OOM as launched ("  # search.layouts.refit_as_launched's reason: fits as planned, not as it runs
 
 
 def ruled_out_as_launched(cand: pd.DataFrame, chosen: dict[str, Any]) -> dict[str, Any] | None:

@@ -425,32 +425,45 @@ def _rank(df: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values(["_r"], kind="stable").drop(columns="_r").reset_index(drop=True)
 
 
+LAUNCH_OOM, LAUNCH_NO_RUN = "OOM as launched (", "cannot run as launched ("  # refit_as_launched's reasons
+
+
 def refit_as_launched(df: pd.DataFrame, peak_of: Any, cluster: ClusterSpec, options: dict[str, Any] | None,
-                      top: int) -> pd.DataFrame:
+                      top: int, cannot_run: tuple[Any, str] | None = None) -> pd.DataFrame:
     """``df`` (a :func:`search` result) with the layouts whose launch would not fit ruled out and the rest reranked.
 
-    ``peak_of(row)`` → ``(GiB or None, how)``: the modelled peak of what the launch runs for that layout (the
-    analytic stage's ``launch.artifacts.launch_judge``: QLoRA as LoRA over a bf16 base, torchtitan's gathered K/V
-    under CP, ...), None where it runs the plan or has no memory model (the plan's peak, already held to the
-    limit, stands), and a few words on what differs. A layout whose launched peak is above ``limit_gib`` becomes
+    ``peak_of(row)`` → ``(GiB or None, how, runs)``: the modelled peak of what the launch runs for that layout
+    (``launch.artifacts.launched_peak``: QLoRA as LoRA over a bf16 base, torchtitan's gathered K/V under CP, ...),
+    None where it runs the plan or has no memory model (the plan's peak, already held to the limit, stands), a few
+    words on what differs, and whether the trainer can run it at all (no: reason ``cannot run as launched (how)``).
+    ``cannot_run``: (mask, how), the rows known unrunnable for the whole table at once (Accelerate's no-PP), ruled
+    out before the walk. A layout whose launched peak is above ``limit_gib`` becomes
     infeasible, reason ``OOM as launched (how): needs …``. Sizing a launch takes milliseconds, so the walk goes in
     rank order and stops once ``top`` layouts and the best of every family fit as launched: those are what the
     study names (the chosen layout, the production table's top rows, the runner-up and each family's line); a
     layout further down keeps its planned verdict."""
     frac = float(_opts(cluster, options)["max_mem_frac"])
     hbm_gib = cluster.gpu.hbm_bytes / GiB
-    feas = df[df["feasible"].astype(bool)].sort_values("rank", kind="stable")
-    families, fitted_fams, fits = set(feas["family"]), set(), 0
     reason = df["reason"].astype(object).copy()
+    ok = df["feasible"].astype(bool)
     changed = False
+    if cannot_run is not None:
+        mask, how = cannot_run
+        gone = ok & np.asarray(mask, dtype=bool)
+        reason[gone] = f"{LAUNCH_NO_RUN}{how})"
+        changed = bool(gone.any())
+        ok = ok & ~gone
+    feas = df[ok].sort_values("rank", kind="stable")
+    families, fitted_fams, fits = set(feas["family"]), set(), 0
     for idx, r in feas.iterrows():
         if fits >= top and fitted_fams == families:
             break
         if fits >= top and r["family"] in fitted_fams:
             continue
-        peak, how = peak_of(r)
-        if peak is not None and peak > frac * hbm_gib:
-            reason[idx] = f"OOM as launched ({how}): needs {peak:.1f} GiB > {frac:.0%} of {hbm_gib:.1f} GiB"
+        peak, how, runs = peak_of(r)
+        if not runs or (peak is not None and peak > frac * hbm_gib):
+            reason[idx] = (f"{LAUNCH_NO_RUN}{how})" if not runs else
+                           f"{LAUNCH_OOM}{how}): needs {peak:.1f} GiB > {frac:.0%} of {hbm_gib:.1f} GiB")
             changed = True
             continue
         fits += 1
@@ -540,7 +553,11 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
         gf = g[g["feasible"]]
         if len(gf) == 0:
             oom = g["reason"].str.startswith(("OOM", "host RAM"))  # HBM, or the host RAM its offload needs
-            if oom.any():
+            no_run = g["reason"].str.startswith(LAUNCH_NO_RUN)  # what would fit, the launch's trainer cannot run
+            if no_run.any():
+                simplest = g[no_run].sort_values(["complexity", "cp", "micro_batch"], kind="stable").iloc[0]
+                verdict, line = "infeasible", f"{simplest['layout_text']}: {simplest['reason']}"
+            elif oom.any():
                 r = g[oom].sort_values("mem_total_gib").iloc[0]  # the leanest on HBM, whichever limit it hits
                 verdict, line = "OOM", f"every layout runs out of memory; the leanest ({r['layout_text']}) {r['reason']}"
             else:  # the reason of the family's simplest layout (dp alone, micro-batch 1), not the commonest one

@@ -302,3 +302,45 @@ def test_a_pinned_layout_the_launch_could_not_fit_is_refused_before_any_job(tmp_
     df = launch.plan_search(cfg.model, cfg.cluster, cfg.training, cfg.efficiency, pinned_options(cfg.search, cfg.layout))
     with pytest.raises(ConfigError, match=r"layout.*OOM as launched \(accelerate: LoRA over a bf16 base"):
         require_feasible(df, cfg.layout)
+
+
+def test_a_layout_the_launch_cannot_run_is_not_chosen_and_its_family_says_why():
+    """A LoRA plan runs under Accelerate (torchtitan has no LoRA), which has no pipeline parallelism: a pp > 1
+    layout cannot be launched at all. The LoRA study's day-1 switch once named one. plan_search rules them out for
+    the whole table at once (launch.artifacts.cannot_run_mask, the verdict as_launched reaches row by row: checked
+    on a sample both ways), and each PP family's line says why; a full fine-tune (torchtitan runs PP) keeps them."""
+    from pathlib import Path
+
+    from trainplan.config import load_config
+    from trainplan.search.layouts import family_verdicts, search
+
+    root = Path(__file__).resolve().parents[3] / "config"
+    for overlay, runs_pp in (("lora.yaml", False), ("config.yaml", True)):
+        cfg = load_config([root / "config.yaml", root / overlay])
+        planned = search(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
+        mask, why = launch.cannot_run_mask(cfg.model, cfg.training, planned)
+        judge = launch.launch_judge(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
+        feas = planned[planned["feasible"]]
+        sample = pd.concat([feas[feas["pp"] > 1].head(40), feas[feas["pp"] == 1].head(40)])
+        for i, r in sample.iterrows():
+            a = judge(Layout.from_row(r), step=False)
+            assert bool(mask[i]) == bool(a and a["cannot_run"]), r["layout_text"]
+        df = launch.plan_search(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
+        pp = df[df["feasible"] & (df["pp"] > 1)]
+        assert (len(pp) > 0) == runs_pp
+        if not runs_pp:
+            assert mask.any() and ((df["pp"] > 1) & df["reason"].str.startswith("cannot run as launched (accelerate: no "
+                                                                                "pipeline parallelism")).any()
+            fam = family_verdicts(df).set_index("family")
+            assert fam.loc["ZeRO-1×PP", "verdict"] == "infeasible"
+            assert "cannot run as launched (accelerate: no pipeline parallelism in Accelerate" in fam.loc["ZeRO-1×PP", "line"]
+
+
+def test_a_deviation_that_cannot_run_models_nothing_and_survives_a_copy():
+    import copy
+    import pickle
+
+    with pytest.raises(ValueError, match="cannot_run"):
+        trainers.Deviation("x", short="x", unmodelled=("memory",), cannot_run=True)
+    d = trainers.Deviation("x", short="no pp", unmodelled=("memory", "step time"), cannot_run=True)
+    assert copy.deepcopy(d).cannot_run and pickle.loads(pickle.dumps(d)).cannot_run
