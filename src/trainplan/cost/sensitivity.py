@@ -112,9 +112,13 @@ UNITS = {"efficiency_x": "× throughput", "price_per_gpu_hour_usd": "$/GPU-h", "
          "startup_h": "h", "restart_h": "h", "checkpoint_bytes_per_param": "B/param", **SEARCH_ASSUMPTIONS}
 
 
-def search_ranker(model: Any, cluster: Any, training: Any, eff: Any, options: dict[str, Any]
-                  ) -> Callable[[dict[str, Any]], tuple[str, float]]:
-    """``rank(a)``: re-run the layout search under assumptions ``a``; (best layout, its tokens/s/GPU). Cached."""
+def search_ranker(model: Any, cluster: Any, training: Any, eff: Any, options: dict[str, Any],
+                  searcher: Callable[..., pd.DataFrame] | None = None) -> Callable[[dict[str, Any]], tuple[str, float]]:
+    """``rank(a)``: re-run the layout search under assumptions ``a``; (best layout, its tokens/s/GPU). Cached.
+    ``searcher``: the study's search, ``searcher(model, cluster, training, eff, options, mem_scale=)`` (the
+    cost_and_risk stage passes ``launch.artifacts.plan_search``, which rules out what the launch could not run or
+    fit, as the analytic stage did); default the plan's own :func:`~trainplan.search.layouts.search`."""
+    searcher = searcher or search
 
     cache: dict[tuple[float, ...], tuple[str, float]] = {}
     fp8_field = f"fp8_gemm_eff_{training.fp8}" if getattr(training, "fp8", None) else None
@@ -127,7 +131,7 @@ def search_ranker(model: Any, cluster: Any, training: Any, eff: Any, options: di
             e = eff.replace(comm_bw_eff=key[1], runtime_overhead_bytes=key[2] * 2**30, attn_eff=eff.attn_eff * key[4])
             if fp8_field and "fp8_gemm_eff" in a:
                 e = e.replace(**{fp8_field: key[3]})
-            df = search(model, c, training, e, options, mem_scale=key[5])
+            df = searcher(model, c, training, e, options, mem_scale=key[5])
             best = df[df["rank"] == 1]
             cache[key] = ((NO_LAYOUT, float("nan")) if not len(best) else
                           (str(best["layout_text"].iloc[0]), float(best["tokens_per_s_per_gpu"].iloc[0])))
@@ -137,9 +141,11 @@ def search_ranker(model: Any, cluster: Any, training: Any, eff: Any, options: di
 
 
 def stage_sensitivity(chosen: dict[str, Any], *, model: Any, cluster: Any, training: Any, eff: Any,
-                      options: dict[str, Any], inputs: C.CostInputs, inter_busbw_GBps: float) -> pd.DataFrame:
-    """sensitivity.csv: tornado over cost and search assumptions; ``changes_recommendation`` re-ranks layouts."""
-    rank = search_ranker(model, cluster, training, eff, options)
+                      options: dict[str, Any], inputs: C.CostInputs, inter_busbw_GBps: float,
+                      searcher: Callable[..., pd.DataFrame] | None = None) -> pd.DataFrame:
+    """sensitivity.csv: tornado over cost and search assumptions; ``changes_recommendation`` re-ranks layouts
+    (with ``searcher``, :func:`search_ranker`'s)."""
+    rank = search_ranker(model, cluster, training, eff, options, searcher)
     base, ranges = default_ranges(
         inputs, dataset_tokens=float(training.total_tokens),
         efficiency_x=(chosen["tokens_per_s_per_gpu_p10"] / chosen["tokens_per_s_per_gpu_p50"],

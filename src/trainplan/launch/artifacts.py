@@ -325,15 +325,16 @@ def cannot_run_mask(model: ModelSpec, training: TrainingSpec, df: Any) -> tuple[
 
 
 def plan_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: Any = None,
-                options: dict[str, Any] | None = None, top: int = 10) -> Any:
+                options: dict[str, Any] | None = None, top: int = 10, *, mem_scale: float = 1.0) -> Any:
     """The search a study plans with (the analytic stage, ``trainplan plan``, the workflow's up-front check that a
     layout fits): ``search.layouts.search``, then ``refit_as_launched`` with what the launch runs for each layout
     (:func:`launch_judge`), so that no layout the launch could not fit is chosen, ranked in the production table's
-    ``top`` rows or named for a family."""
-    df = search(model, cluster, training, eff, options)
+    ``top`` rows or named for a family. ``mem_scale``: the memory model's error on every peak, planned and
+    launched (the sensitivity's ``memory_x``)."""
+    df = search(model, cluster, training, eff, options, mem_scale=mem_scale)
     no_run, why = cannot_run_mask(model, training, df)
     return refit_as_launched(df, launched_peak(launch_judge(model, cluster, training, eff)), cluster, options, top,
-                             cannot_run=(no_run, why))
+                             cannot_run=(no_run, why), mem_scale=mem_scale)
 
 
 def entry_finetune(training: TrainingSpec) -> str:

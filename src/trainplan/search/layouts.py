@@ -429,7 +429,7 @@ LAUNCH_OOM, LAUNCH_NO_RUN = "OOM as launched (", "cannot run as launched ("  # r
 
 
 def refit_as_launched(df: pd.DataFrame, peak_of: Any, cluster: ClusterSpec, options: dict[str, Any] | None,
-                      top: int, cannot_run: tuple[Any, str] | None = None) -> pd.DataFrame:
+                      top: int, cannot_run: tuple[Any, str] | None = None, *, mem_scale: float = 1.0) -> pd.DataFrame:
     """``df`` (a :func:`search` result) with the layouts whose launch would not fit ruled out and the rest reranked.
 
     ``peak_of(row)`` → ``(GiB or None, how, runs)``: the modelled peak of what the launch runs for that layout
@@ -437,7 +437,7 @@ def refit_as_launched(df: pd.DataFrame, peak_of: Any, cluster: ClusterSpec, opti
     None where it runs the plan or has no memory model (the plan's peak, already held to the limit, stands), a few
     words on what differs, and whether the trainer can run it at all (no: reason ``cannot run as launched (how)``).
     ``cannot_run``: (mask, how), the rows known unrunnable for the whole table at once (Accelerate's no-PP), ruled
-    out before the walk. A layout whose launched peak is above ``limit_gib`` becomes
+    out before the walk. ``mem_scale``: the memory model's error, as in :func:`search` (the launched peak × it). A layout whose launched peak is above ``limit_gib`` becomes
     infeasible, reason ``OOM as launched (how): needs …``. Sizing a launch takes milliseconds, so the walk goes in
     rank order and stops once ``top`` layouts and the best of every family fit as launched: those are what the
     study names (the chosen layout, the production table's top rows, the runner-up and each family's line); a
@@ -461,9 +461,10 @@ def refit_as_launched(df: pd.DataFrame, peak_of: Any, cluster: ClusterSpec, opti
         if fits >= top and r["family"] in fitted_fams:
             continue
         peak, how, runs = peak_of(r)
-        if not runs or (peak is not None and peak > frac * hbm_gib):
-            reason[idx] = (f"{LAUNCH_NO_RUN}{how})" if not runs else
-                           f"{LAUNCH_OOM}{how}): needs {peak:.1f} GiB > {frac:.0%} of {hbm_gib:.1f} GiB")
+        if not runs or (peak is not None and peak * mem_scale > frac * hbm_gib):
+            scaled = f" (× {mem_scale:.3g}, the memory model's error)" if mem_scale != 1.0 else ""
+            reason[idx] = (f"{LAUNCH_NO_RUN}{how})" if not runs else f"{LAUNCH_OOM}{how}): needs "
+                           f"{peak * mem_scale:.1f} GiB{scaled} > {frac:.0%} of {hbm_gib:.1f} GiB")
             changed = True
             continue
         fits += 1

@@ -344,3 +344,30 @@ def test_a_deviation_that_cannot_run_models_nothing_and_survives_a_copy():
         trainers.Deviation("x", short="x", unmodelled=("memory",), cannot_run=True)
     d = trainers.Deviation("x", short="no pp", unmodelled=("memory", "step time"), cannot_run=True)
     assert copy.deepcopy(d).cannot_run and pickle.loads(pickle.dumps(d)).cannot_run
+
+
+def test_the_sensitivity_reranks_with_the_studys_own_search():
+    """The tornado's flips rerun the search under each assumption; with the plan's own search the QLoRA study's base
+    layout would be FSDP mb2, which the study ruled out as launched, so every row would read as a flip of a layout
+    the study never chose. With the study's search (plan_search, the cost_and_risk stage's searcher) its base is the
+    study's choice, and its memory_x rerun holds the launched peak × the error to the limit too."""
+    from pathlib import Path
+
+    from trainplan.config import load_config
+    from trainplan.cost.sensitivity import search_ranker
+
+    root = Path(__file__).resolve().parents[3] / "config"
+    cfg = load_config([root / "config.yaml", root / "qlora.yaml"])
+    eff = cfg.efficiency
+    base = {"inter_busbw_GBps": cfg.cluster.inter_busbw_Bps / 1e9, "comm_bw_eff": eff.comm_bw_eff,
+            "runtime_overhead_GiB": eff.runtime_overhead_bytes / 2**30}
+    plan_only = search_ranker(cfg.model, cfg.cluster, cfg.training, eff, {})
+    studys = search_ranker(cfg.model, cfg.cluster, cfg.training, eff, {}, launch.plan_search)
+    chosen = launch.plan_search(cfg.model, cfg.cluster, cfg.training, eff).iloc[0]["layout_text"]
+    assert plan_only(base)[0] != chosen == studys(base)[0]
+    lay, _ = studys(base | {"memory_x": 1.19})
+    df = launch.plan_search(cfg.model, cfg.cluster, cfg.training, eff)
+    row = df[df["layout_text"] == lay].iloc[0]
+    judge = launch.launch_judge(cfg.model, cfg.cluster, cfg.training, eff)
+    ratio = (judge(Layout.from_row(row), step=False) or {"memory_ratio": 1.0})["memory_ratio"] or 1.0
+    assert row["mem_total_gib"] * ratio * 1.19 <= 0.9 * cfg.cluster.gpu.hbm_bytes / 2**30
