@@ -709,11 +709,14 @@ def fit_fallback(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: floa
 def _launched_choice(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: float, cap_gib: float,
                      judge: Judge) -> dict[str, Any] | None:
     """The search's tie-aware choice among the other feasible layouts whose peak as launched × ``mem_ratio`` is at
-    most ``cap_gib``, as :func:`fallback_entry` names it with ``judge``. Walks the layouts fastest first and sizes
-    each as launched (a few ms: not all 20,000+) until the first that fits, then the rest of its tie band
-    (TIE_FRAC): the first rank only ever goes to a layout within it. A layout whose launch has no memory model is
-    passed over, and so is one the launch runs as another candidate's layout (torchtitan's ZeRO-1 is its FSDP2
-    ZeRO-2): the switch names the layout that runs."""
+    most ``cap_gib``, ranked on their throughput as launched, as :func:`fallback_entry` names it with ``judge``.
+
+    Walks the layouts fastest first (as planned) and judges each as launched (a few ms: not all 20,000+), keeping
+    those that fit; it stops where a layout, even at the largest throughput ratio of a launch seen so far, could not
+    reach the tie band (TIE_FRAC) of the fastest fit as launched: neighbouring layouts share their deviations, so
+    their ratios differ little (QLoRA as LoRA: 1.03-1.05). A layout whose launch has no memory model is passed
+    over, and so is one the launch runs as another candidate's layout (torchtitan's ZeRO-1 is its FSDP2 ZeRO-2): the
+    switch names the layout that runs. Where a launch has no step-time model, its planned throughput ranks it."""
     other = feasible[feasible["layout_text"] != chosen["layout_text"]]
     order = other.sort_values("tokens_per_s", ascending=False, kind="stable")
     tps = order["tokens_per_s"].to_numpy(dtype=float)
@@ -721,22 +724,26 @@ def _launched_choice(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: 
     planned = set(feasible["layout_text"].astype(str))
     keep: list[Any] = []
     peaks: list[float] = []
-    band = None
+    fast: list[float] = []
+    band, top_ratio = None, 1.0
     for i, (idx, r) in enumerate(order.iterrows()):
-        if band is not None and tps[i] < band:
+        if band is not None and tps[i] * top_ratio < band:
             break
-        a = judge(Layout.from_row(r), step=False)
+        a = judge(Layout.from_row(r))
         ratio = 1.0 if a is None else a["memory_ratio"]
         if ratio is None or (a and a["layout_changes"] and a["layout"] in planned):
             continue  # unsized, or it runs another candidate's layout: that row names what runs
+        speed = 1.0 if a is None or a["throughput_ratio"] is None else float(a["throughput_ratio"])
+        top_ratio = max(top_ratio, speed)
         peak = float(r["mem_total_gib"]) * float(ratio)
         if peak * mem_ratio <= cap_gib:
             keep.append(idx)
             peaks.append(peak)
-            band = (1.0 - TIE_FRAC) * tps[i] if band is None else band
+            fast.append(tps[i] * speed)
+            band = (1.0 - TIE_FRAC) * max(fast)
     if not keep:
         return None
-    fits = order.loc[keep].assign(headroom_frac=[1.0 - p * mem_ratio / hbm for p in peaks])
+    fits = order.loc[keep].assign(headroom_frac=[1.0 - p * mem_ratio / hbm for p in peaks], tokens_per_s=fast)
     best = ranked(fits).iloc[0] if "complexity" in fits else fits.iloc[0]
     return fallback_entry(other.loc[best.name], chosen, judge)
 

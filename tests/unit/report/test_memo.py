@@ -166,7 +166,7 @@ def test_runner_up_is_no_tie_that_only_shards_the_states_differently(rendered):
 
     ctx = memo.build_context(memo.memo_inputs(rendered["root"]), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
     text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx | {"runner_up": r}))).split())
-    assert "DDP, HSDP tie with it: the same layout with the states sharded differently, so no throughput fallback." in text
+    assert "DDP, HSDP tie with it, sharding the states differently: no throughput fallback." in text
     assert "run the same steps with the runner-up, FSDP ( dp32·tp1·pp1·cp1 zero3 rc=none mb=1 ," in text
     only = fam.iloc[:2]
     assert memo.runner_up(only, ch)["family"] == "DDP" and memo.runner_up(only, ch)["equivalents"] == []
