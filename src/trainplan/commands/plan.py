@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         con.print(f"  [bold]{v['technique']}[/bold]: {v['line']}", highlight=False)
     if cfg.layout is None and len(feas):
         alt = batch_alternative(cfg.model, cfg.cluster, cfg.training, eff, options,
-                                float(best_row(feas)["tokens_per_s_per_gpu"]))
+                                float(best_row(feas)["tokens_per_s_per_gpu"]), plan_search)
         if alt:
             con.print(f"[bold]Global batch[/bold]: {alt['configured']:,} sequences do not divide over "
                       f"{cfg.cluster.n_gpus} GPUs (no layout with dp = {cfg.cluster.n_gpus}); at "

@@ -251,7 +251,7 @@ def as_launched(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     from the model's errors, and times a ratio they are the launch's (the memo's page 1, the day-1 thresholds,
     the preflight's headroom verdict). A ratio is None where a deviation has no model (``unmodelled``): the
     plan's figure stays and the caller says so. ``step=False`` sizes the memory only (``throughput_ratio`` stays None,
-    not judged): the day-1 switch's walk over the candidates."""
+    not judged): the search's walk over the candidates (:func:`launched_peak`)."""
     devs = plan_deviations(model, cluster, training, layout, trainer)
     if not devs:
         return None
@@ -328,8 +328,8 @@ def plan_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
                 options: dict[str, Any] | None = None, top: int = 10, *, mem_scale: float = 1.0) -> Any:
     """The search a study plans with (the analytic stage, ``trainplan plan``, the workflow's up-front check that a
     layout fits): ``search.layouts.search``, then ``refit_as_launched`` with what the launch runs for each layout
-    (:func:`launch_judge`), so that no layout the launch could not fit is chosen, ranked in the production table's
-    ``top`` rows or named for a family. ``mem_scale``: the memory model's error on every peak, planned and
+    (:func:`launch_judge`), so that no layout the launch could not run or fit is chosen, ranked in the production
+    table's ``top`` rows, or named for a family or a technique (``refit_as_launched`` repeats until none is). ``mem_scale``: the memory model's error on every peak, planned and
     launched (the sensitivity's ``memory_x``)."""
     df = search(model, cluster, training, eff, options, mem_scale=mem_scale)
     no_run, why = cannot_run_mask(model, training, df)
@@ -351,7 +351,7 @@ def qlora_as_lora_note(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     q = memory_breakdown(model, cluster, training, layout)["total"] / 2**30
     lo = memory_breakdown(model, cluster, replace(training, finetune="lora"), layout)["total"] / 2**30
     return Deviation(f"finetune=qlora runs as LoRA (rank {training.lora_rank}, {'/'.join(training.lora_targets)}) over bf16 "
-            "base weights: the entry point has no NF4 (bitsandbytes 4-bit) path; modelled peak "
+            "base weights: the entry point has no NF4 (bitsandbytes 4-bit) path; modelled peak, this change alone, "
             f"{lo:.1f} GiB/GPU against the plan's {q:.1f} GiB ({lo - q:+.1f} GiB), no dequantisation time",
                      short="LoRA over a bf16 base for QLoRA (no NF4 path)", training={"finetune": "lora"})
 

@@ -680,8 +680,11 @@ def fit_fallback(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: floa
                  max_hbm_frac: float, judge: Judge | None = None) -> dict[str, Any] | None:
     """The layout to switch to when the memory model errs by ``mem_ratio`` (measured ÷ modelled peak): the fastest
     other feasible layout (the search's tie-aware rank) whose modelled peak × ``mem_ratio`` is within
-    ``max_hbm_frac`` of usable HBM, i.e. what the search would have chosen knowing the error; None if none fits.
-    The memo names it at the p90 error, the preflight at the error it measured (one rule, one function).
+    ``max_hbm_frac`` of usable HBM, ranked by the search's tie-aware rule with the headroom at that error; None if
+    none fits. The memo names it at the p90 error, the preflight at the error it measured (one rule, one function).
+    Without ``judge`` it is the plan-only search's choice at that error (``search(mem_scale=)``, the tornado's
+    ``memory_x`` of a plan-only study); with it, it can differ from the study's ``plan_search(mem_scale=)``: that
+    keeps a layout whose launch has no memory model at its planned peak and ranks on planned throughput.
 
     With ``judge`` (:func:`~trainplan.launch.artifacts.launch_judge`) each candidate's peak is that of what the
     launch runs for it (QLoRA's LoRA over a bf16 base, torchtitan's FSDP2 for ZeRO-1, its gathered K/V under CP), and
@@ -697,7 +700,7 @@ def fit_fallback(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: floa
     fits = feasible[(mem * mem_ratio <= max_hbm_frac * hbm) & (feasible["layout_text"] != chosen["layout_text"])]
     if not len(fits):
         return None
-    if {"tokens_per_s", "complexity"} <= set(fits.columns):  # rerank at the error: search(mem_scale=)'s choice
+    if {"tokens_per_s", "complexity"} <= set(fits.columns):  # rerank on the headroom at the error
         r = ranked(fits.assign(headroom_frac=1.0 - fits["mem_total_gib"].astype(float) * mem_ratio / hbm)).iloc[0]
         r = fits.loc[r.name]
     else:
@@ -717,7 +720,9 @@ def _launched_choice(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: 
     their ratios differ little (QLoRA as LoRA: 1.03-1.05). A layout whose launch has no memory model is passed
     over, and so is one the launch runs as another candidate's layout (torchtitan's ZeRO-1 is its FSDP2 ZeRO-2): the
     switch names the layout that runs. Where a launch has no step-time model, its planned throughput ranks it."""
-    other = feasible[feasible["layout_text"] != chosen["layout_text"]]
+    mine = judge(Layout.from_row(chosen), step=False)  # what the chosen layout runs as: no switch to that either
+    same = {chosen["layout_text"], *([mine["layout"]] if mine and mine.get("layout") else [])}
+    other = feasible[~feasible["layout_text"].isin(same)]
     order = other.sort_values("tokens_per_s", ascending=False, kind="stable")
     tps = order["tokens_per_s"].to_numpy(dtype=float)
     hbm = _usable_hbm_gib(chosen)
@@ -744,7 +749,7 @@ def _launched_choice(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: 
     if not keep:
         return None
     fits = order.loc[keep].assign(headroom_frac=[1.0 - p * mem_ratio / hbm for p in peaks], tokens_per_s=fast)
-    best = ranked(fits).iloc[0] if "complexity" in fits else fits.iloc[0]
+    best = ranked(fits).iloc[0] if "complexity" in fits else best_row(fits.drop(columns="rank", errors="ignore"))
     return fallback_entry(other.loc[best.name], chosen, judge)
 
 

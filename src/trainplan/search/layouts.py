@@ -436,45 +436,49 @@ def refit_as_launched(df: pd.DataFrame, peak_of: Any, cluster: ClusterSpec, opti
     (``launch.artifacts.launched_peak``: QLoRA as LoRA over a bf16 base, torchtitan's gathered K/V under CP, ...),
     None where it runs the plan or has no memory model (the plan's peak, already held to the limit, stands), a few
     words on what differs, and whether the trainer can run it at all (no: reason ``cannot run as launched (how)``).
-    ``cannot_run``: (mask, how), the rows known unrunnable for the whole table at once (Accelerate's no-PP), ruled
-    out before the walk. ``mem_scale``: the memory model's error, as in :func:`search` (the launched peak × it). A layout whose launched peak is above ``limit_gib`` becomes
-    infeasible, reason ``OOM as launched (how): needs …``. Sizing a launch takes milliseconds, so the walk goes in
-    rank order and stops once ``top`` layouts and the best of every family fit as launched: those are what the
-    study names (the chosen layout, the production table's top rows, the runner-up and each family's line); a
-    layout further down keeps its planned verdict."""
+    A layout whose launched peak × ``mem_scale`` (the memory model's error, as in :func:`search`) is above the
+    search's limit (``max_mem_frac`` of ``options``, 90%, of usable HBM) becomes infeasible, reason
+    ``OOM as launched (how): needs …``. ``cannot_run``: (mask, how), the rows known unrunnable for the whole table at
+    once (Accelerate's no-PP), ruled out first.
+
+    Sizing a launch takes milliseconds, so only the layouts the study names are judged: the ``top`` ranks, each
+    family's best and each technique's best with and without it (:func:`technique_verdicts`). Ruling one out and
+    reranking can bring another, not yet judged, into those places (the tie bands move), so this repeats until
+    every named layout has been judged and fits as launched; a layout further down keeps its planned verdict."""
     frac = float(_opts(cluster, options)["max_mem_frac"])
     hbm_gib = cluster.gpu.hbm_bytes / GiB
-    reason = df["reason"].astype(object).copy()
-    ok = df["feasible"].astype(bool)
-    changed = False
+    df = df.copy()
     if cannot_run is not None:
         mask, how = cannot_run
-        gone = ok & np.asarray(mask, dtype=bool)
-        reason[gone] = f"{LAUNCH_NO_RUN}{how})"
-        changed = bool(gone.any())
-        ok = ok & ~gone
-    feas = df[ok].sort_values("rank", kind="stable")
-    families, fitted_fams, fits = set(feas["family"]), set(), 0
-    for idx, r in feas.iterrows():
-        if fits >= top and fitted_fams == families:
-            break
-        if fits >= top and r["family"] in fitted_fams:
-            continue
-        peak, how, runs = peak_of(r)
-        if not runs or (peak is not None and peak * mem_scale > frac * hbm_gib):
-            scaled = f" (× {mem_scale:.3g}, the memory model's error)" if mem_scale != 1.0 else ""
-            reason[idx] = (f"{LAUNCH_NO_RUN}{how})" if not runs else f"{LAUNCH_OOM}{how}): needs "
-                           f"{peak * mem_scale:.1f} GiB{scaled} > {frac:.0%} of {hbm_gib:.1f} GiB")
-            changed = True
-            continue
-        fits += 1
-        fitted_fams.add(r["family"])
-    if not changed:
-        return df
-    df = df.copy()
-    df["reason"] = reason
-    df["feasible"] = reason == ""
-    return _rank(df)
+        gone = df["feasible"].astype(bool) & np.asarray(mask, dtype=bool)
+        if gone.any():
+            df.loc[gone, "reason"] = f"{LAUNCH_NO_RUN}{how})"
+            df["feasible"] = df["reason"].astype(str) == ""
+            df = _rank(df)
+    judged: set[str] = set()
+    while True:
+        feas = df[df["feasible"].astype(bool)]
+        named = set(feas.sort_values("rank", kind="stable")["layout_text"].head(top))
+        named |= {str(best_row(g)["layout_text"]) for _, g in feas.groupby("family", sort=False)}
+        if len(feas):
+            tech = technique_verdicts(df)
+            named |= {str(t) for c in ("best_with", "best_without") if c in tech for t in tech[c] if isinstance(t, str)}
+        todo = [i for i in feas.index[feas["layout_text"].isin(named - judged)]]
+        if not todo:
+            return df
+        out = False
+        for idx in todo:
+            r = df.loc[idx]
+            judged.add(str(r["layout_text"]))
+            peak, how, runs = peak_of(r)
+            if not runs or (peak is not None and peak * mem_scale > frac * hbm_gib):
+                scaled = f" (× {mem_scale:.3g}, the memory model's error)" if mem_scale != 1.0 else ""
+                df.loc[idx, "reason"] = (f"{LAUNCH_NO_RUN}{how})" if not runs else f"{LAUNCH_OOM}{how}): needs "
+                                         f"{peak * mem_scale:.1f} GiB{scaled} > {frac:.0%} of {hbm_gib:.1f} GiB")
+                out = True
+        if out:
+            df["feasible"] = df["reason"].astype(str) == ""
+            df = _rank(df)
 
 
 def _describe(df: pd.DataFrame) -> list[str]:
@@ -635,18 +639,22 @@ def group_infeasible(rows: list[dict[str, Any]], key: str = "line") -> list[dict
 
 
 def batch_alternative(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: Efficiency | None,
-                      options: dict[str, Any] | None, best_tps_per_gpu: float) -> dict[str, Any] | None:
+                      options: dict[str, Any] | None, best_tps_per_gpu: float,
+                      searcher: Any = None) -> dict[str, Any] | None:
     """When ``global_batch`` does not divide over the GPUs, every layout with dp = n_gpus is ruled out (24 GPUs,
     256 sequences: no pure data parallelism). The best layout at the nearest global batches that do divide (the
     multiples of n_gpus either side), if one is clearly faster (> TIE_FRAC) than ``best_tps_per_gpu``: {global_batch,
     other (the other multiple), layout, family, tokens_per_s_per_gpu, gain_frac}. None when the batch divides or
-    nothing nearby is faster. Changing the batch is a training choice (learning rate, steps), not the planner's."""
+    nothing nearby is faster. Changing the batch is a training choice (learning rate, steps), not the planner's.
+    ``searcher``: the study's search (``launch.artifacts.plan_search``, which rules out what the launch could not
+    run or fit); default :func:`search`."""
+    searcher = searcher or search
     n, gb = cluster.n_gpus, training.global_batch
     if gb % n == 0 or not best_tps_per_gpu:
         return None
     found = []
     for b in nearest_multiples(gb, n):
-        d = search(model, cluster, replace(training, global_batch=b), eff, options)
+        d = searcher(model, cluster, replace(training, global_batch=b), eff, options)
         r = best_row(d[d["feasible"]])
         if r is not None:
             found.append({"global_batch": int(b), "layout": str(r["layout_text"]), "family": str(r["family"]),
