@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import numpy as np
 import yaml
 
 from trainplan import __version__
@@ -68,10 +69,10 @@ from trainplan.model.memory import memory_breakdown
 from trainplan.model.timing import step_time
 from trainplan.model.training import TrainingSpec
 from trainplan.provenance import study_hash
-from trainplan.search.layouts import refit_as_launched, search
+from trainplan.search.layouts import LAUNCH_AS, LAUNCH_NO_RUN, describe_rows, refit_as_launched, search
 
 __all__ = ["Artifact", "DEEPSPEED_DOCUMENTED_KEYS", "accelerate_config", "as_launched", "bash_syntax_check",
-           "cannot_run_mask", "deepspeed_config", "deepspeed_unsupported_reason", "entry_finetune", "launch_judge", "launched_peak", "main", "plan_search",
+           "cannot_run_mask", "runs_as_mask", "deepspeed_config", "deepspeed_unsupported_reason", "entry_finetune", "launch_judge", "launched_peak", "main", "plan_search",
            "plan_deviations",
            "qlora_as_lora_note", "sbatch_name", "sbatch_script",
            "sbatch_test_only", "torchrun_command", "torchrun_script", "write_artifacts"]
@@ -233,12 +234,19 @@ def plan_deviations(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                     trainer: str) -> list[Deviation]:
     """How what ``trainer`` (:func:`choose_trainer`'s pick) runs differs from the planned layout: its
     :class:`~trainplan.launch.trainers.Deviation` notes (empty when it runs the plan as planned)."""
-    if trainer == "torchtitan":
-        return [n for n in torchtitan_settings(model, cluster, training, layout)[1] if isinstance(n, Deviation)]
-    out = [n for n in _accelerate_parts(cluster, training, layout)[2] if isinstance(n, Deviation)]
-    if training.finetune == "qlora":
+    out = _trainer_deviations(model, cluster, training, layout, trainer)
+    if trainer != "torchtitan" and training.finetune == "qlora":
         out.append(qlora_as_lora_note(model, cluster, training, layout))
     return out
+
+
+def _trainer_deviations(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,
+                        trainer: str) -> list[Deviation]:
+    """:func:`plan_deviations` but for the fine-tune's (QLoRA as LoRA, the same for every layout, and the one that
+    sizes memory): the trainer's own settings, all a layout's field changes come from."""
+    if trainer == "torchtitan":
+        return [n for n in torchtitan_settings(model, cluster, training, layout)[1] if isinstance(n, Deviation)]
+    return [n for n in _accelerate_parts(cluster, training, layout)[2] if isinstance(n, Deviation)]
 
 
 def as_launched(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, trainer: str,
@@ -324,6 +332,52 @@ def cannot_run_mask(model: ModelSpec, training: TrainingSpec, df: Any) -> tuple[
     return mask, "accelerate: no pipeline parallelism in Accelerate (torchtitan cannot build this model: " + "; ".join(titan_no) + ")"
 
 
+# the Layout fields a trainer's layout changes depend on (which trainer runs it, what it has no setting for)
+_RENAME_FIELDS = ["dp", "tp", "pp", "cp", "sp", "cp_kind", "tp_overlap", "sharding", "recompute"]
+
+
+def runs_as_mask(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, df: Any) -> tuple[Any, Any]:
+    """(rows of ``df`` the launch runs as another row's layout, the reason of each): both trainers run ZeRO-1 as
+    FSDP2's ZeRO-2 (reshard_after_forward off) and Accelerate runs DDP as ZeRO-2 too; Accelerate recomputes whole
+    layers for selective, runs TP without SP and ring CP for Ulysses. Such a row is not what runs; the row it runs
+    as is, so the row is ruled out (``launched as <layout> (trainer: changes)``) and the one that runs is ranked on
+    its own figures. A renamed layout the search did not list keeps its row, judged as launched.
+
+    The changes are the trainer's own deviations (:func:`plan_deviations`' ``layout``), taken once per combination
+    of the fields they depend on (``_RENAME_FIELDS``; a test checks the verdict against :func:`as_launched` row by
+    row), so the whole table costs a few hundred calls, not one per row."""
+    groups = df.groupby(_RENAME_FIELDS, sort=False).ngroup().to_numpy()
+    reps = df.loc[df[_RENAME_FIELDS].drop_duplicates().index]  # the first row of each group, in group order
+    changes: dict[int, tuple[dict[str, Any], str]] = {}
+    for g, (_, rep) in enumerate(reps.iterrows()):
+        lay = Layout.from_row(rep)
+        trainer = choose_trainer(model, training, lay)[0]
+        devs = [d for d in _trainer_deviations(model, cluster, training, lay, trainer)
+                if any(getattr(lay, k) != v for k, v in d.layout.items())]
+        if devs:
+            changes[g] = ({k: v for d in devs for k, v in d.layout.items()},
+                          f"{trainer}: " + "; ".join(d.short for d in devs))
+    mask = np.zeros(len(df), dtype=bool)
+    why = np.full(len(df), "", dtype=object)
+    renamed = np.isin(groups, list(changes))
+    if renamed.any():
+        idx = np.flatnonzero(renamed)
+        run = df.iloc[idx].copy()
+        sub = groups[idx]
+        for g, (ch, how) in changes.items():
+            rows = sub == g
+            for k, v in ch.items():
+                run.loc[run.index[rows], k] = v
+            why[idx[rows]] = how
+        text = np.asarray(describe_rows(run), dtype=object)
+        listed = set(df["layout_text"].astype(str))
+        hit = np.array([t in listed for t in text], dtype=bool) & (text != df["layout_text"].to_numpy()[idx])
+        mask[idx[hit]] = True
+        why[idx[hit]] = [f"{LAUNCH_AS}{t} ({w})" for t, w in zip(text[hit], why[idx[hit]], strict=True)]
+    why[~mask] = ""
+    return mask, why
+
+
 def plan_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: Any = None,
                 options: dict[str, Any] | None = None, top: int = 10, *, mem_scale: float = 1.0) -> Any:
     """The search a study plans with (the analytic stage, ``trainplan plan``, the workflow's up-front check that a
@@ -333,8 +387,9 @@ def plan_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     launched (the sensitivity's ``memory_x``)."""
     df = search(model, cluster, training, eff, options, mem_scale=mem_scale)
     no_run, why = cannot_run_mask(model, training, df)
+    ruled = [(no_run, f"{LAUNCH_NO_RUN}{why})"), runs_as_mask(model, cluster, training, df)]
     return refit_as_launched(df, launched_peak(launch_judge(model, cluster, training, eff)), cluster, options, top,
-                             cannot_run=(no_run, why), mem_scale=mem_scale)
+                             ruled, mem_scale=mem_scale)
 
 
 def entry_finetune(training: TrainingSpec) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -39,7 +40,7 @@ from trainplan.model.layout import (
 )
 from trainplan.model.training import TrainingSpec
 
-__all__ = ["best_row", "family_layout", "refit_as_launched", "row_layout", "runner_up_index", "shards_alike", "pinned_options", "search", "tie_order", "enumerate_layouts", "family_verdicts", "technique_verdicts", "structural_reasons", "OPTION_KEYS",
+__all__ = ["best_row", "describe_rows", "family_layout", "refit_as_launched", "row_layout", "runner_up_index", "shards_alike", "pinned_options", "search", "tie_order", "enumerate_layouts", "family_verdicts", "technique_verdicts", "structural_reasons", "OPTION_KEYS",
            "infeasible_summary", "require_feasible"]
 
 OPTION_KEYS = ("tp", "pp", "cp", "vpp", "micro_batch", "sp", "pp_schedule", "cp_kind", "sharding", "recompute",
@@ -407,7 +408,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: 
     df["feasible"] = reason == ""
     df["reason"] = reason
     df["family"] = _family(df)
-    df["layout_text"] = _describe(df)
+    df["layout_text"] = describe_rows(df)
     df["complexity"] = _complexity(df)
     df["grad_accum"] = np.maximum(1, training.global_batch // df["dp"] // df["micro_batch"])
     return _rank(df)
@@ -425,11 +426,12 @@ def _rank(df: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values(["_r"], kind="stable").drop(columns="_r").reset_index(drop=True)
 
 
-LAUNCH_OOM, LAUNCH_NO_RUN = "OOM as launched (", "cannot run as launched ("  # refit_as_launched's reasons
+# refit_as_launched's reasons: the launch would not fit it, cannot run it, runs it as another row's layout
+LAUNCH_OOM, LAUNCH_NO_RUN, LAUNCH_AS = "OOM as launched (", "cannot run as launched (", "launched as "
 
 
 def refit_as_launched(df: pd.DataFrame, peak_of: Any, cluster: ClusterSpec, options: dict[str, Any] | None,
-                      top: int, cannot_run: tuple[Any, str] | None = None, *, mem_scale: float = 1.0) -> pd.DataFrame:
+                      top: int, ruled_out: Sequence[tuple[Any, Any]] = (), *, mem_scale: float = 1.0) -> pd.DataFrame:
     """``df`` (a :func:`search` result) with the layouts whose launch would not fit ruled out and the rest reranked.
 
     ``peak_of(row)`` → ``(GiB or None, how, runs)``: the modelled peak of what the launch runs for that layout
@@ -438,8 +440,9 @@ def refit_as_launched(df: pd.DataFrame, peak_of: Any, cluster: ClusterSpec, opti
     words on what differs, and whether the trainer can run it at all (no: reason ``cannot run as launched (how)``).
     A layout whose launched peak × ``mem_scale`` (the memory model's error, as in :func:`search`) is above the
     search's limit (``max_mem_frac`` of ``options``, 90%, of usable HBM) becomes infeasible, reason
-    ``OOM as launched (how): needs …``. ``cannot_run``: (mask, how), the rows known unrunnable for the whole table at
-    once (Accelerate's no-PP), ruled out first.
+    ``OOM as launched (how): needs …``. ``ruled_out``: (mask, reason or one reason per row) pairs, the rows the
+    launch is known not to run as named, decided for the whole table at once and ruled out first (Accelerate's
+    no-PP: ``cannot run as launched (…)``; a layout its trainer runs as another row's: ``launched as …``).
 
     Sizing a launch takes milliseconds, so only the layouts the study names are judged: the ``top`` ranks, each
     family's best and each technique's best with and without it (:func:`technique_verdicts`). Ruling one out and
@@ -448,13 +451,15 @@ def refit_as_launched(df: pd.DataFrame, peak_of: Any, cluster: ClusterSpec, opti
     frac = float(_opts(cluster, options)["max_mem_frac"])
     hbm_gib = cluster.gpu.hbm_bytes / GiB
     df = df.copy()
-    if cannot_run is not None:
-        mask, how = cannot_run
-        gone = df["feasible"].astype(bool) & np.asarray(mask, dtype=bool)
+    gone_any = False
+    for mask, why in ruled_out:
+        gone = df["feasible"].astype(bool).to_numpy() & np.asarray(mask, dtype=bool)
         if gone.any():
-            df.loc[gone, "reason"] = f"{LAUNCH_NO_RUN}{how})"
+            df.loc[gone, "reason"] = why if isinstance(why, str) else np.asarray(why, dtype=object)[gone]
             df["feasible"] = df["reason"].astype(str) == ""
-            df = _rank(df)
+            gone_any = True
+    if gone_any:
+        df = _rank(df)
     judged: set[str] = set()
     while True:
         feas = df[df["feasible"].astype(bool)]
@@ -481,7 +486,7 @@ def refit_as_launched(df: pd.DataFrame, peak_of: Any, cluster: ClusterSpec, opti
             df = _rank(df)
 
 
-def _describe(df: pd.DataFrame) -> list[str]:
+def describe_rows(df: pd.DataFrame) -> list[str]:
     """Layout.describe(), vectorised: the string of each part is built once per unique combination."""
     def par(r: dict) -> str:
         x = f"dp{r['dp']}·tp{r['tp']}{'(sp)' if r['sp'] else ''}·pp{r['pp']}"
@@ -559,8 +564,10 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
         if len(gf) == 0:
             oom = g["reason"].str.startswith(("OOM", "host RAM"))  # HBM, or the host RAM its offload needs
             no_run = g["reason"].str.startswith(LAUNCH_NO_RUN)  # what would fit, the launch's trainer cannot run
-            if no_run.any():
-                simplest = g[no_run].sort_values(["complexity", "cp", "micro_batch"], kind="stable").iloc[0]
+            runs_as = g["reason"].str.startswith(LAUNCH_AS)  # ... or runs as another family's layout
+            if no_run.any() or runs_as.any():
+                simplest = g[no_run if no_run.any() else runs_as].sort_values(["complexity", "cp", "micro_batch"],
+                                                                              kind="stable").iloc[0]
                 verdict, line = "infeasible", f"{simplest['layout_text']}: {simplest['reason']}"
             elif oom.any():
                 r = g[oom].sort_values("mem_total_gib").iloc[0]  # the leanest on HBM, whichever limit it hits

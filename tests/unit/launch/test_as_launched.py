@@ -289,7 +289,7 @@ def test_the_study_chooses_no_layout_the_launch_could_not_fit():
     feas = df[df["feasible"]].sort_values("rank")
     named = pd.concat([feas.head(10), feas.groupby("family", sort=False).head(1)])
     assert all(launched(r) <= limit for _, r in named.iterrows())
-    assert feas.iloc[0]["layout_text"] == "dp32·tp1·pp1·cp1 zero1 rc=none mb=1"
+    assert feas.iloc[0]["layout_text"] == "dp32·tp1·pp1·cp1 zero2 rc=none mb=1"  # ZeRO-1 runs as it (below)
     assert list(feas["rank"]) == list(range(1, len(feas) + 1))  # reranked: no gap where the ruled-out rows were
 
 
@@ -341,6 +341,51 @@ def test_a_layout_the_launch_cannot_run_is_not_chosen_and_its_family_says_why():
             fam = family_verdicts(df).set_index("family")
             assert fam.loc["ZeRO-1×PP", "verdict"] == "infeasible"
             assert "cannot run as launched (accelerate: no pipeline parallelism in Accelerate" in fam.loc["ZeRO-1×PP", "line"]
+
+
+@pytest.mark.parametrize("overlay", ["lora.yaml", "config.yaml"])
+def test_a_layout_the_launch_runs_as_another_rows_is_ruled_out_for_that_row(overlay):
+    """Neither trainer has ZeRO-1 (FSDP2 runs it as ZeRO-2); Accelerate also runs DDP as ZeRO-2, whole-layer recompute
+    for selective, TP without SP and ring CP for Ulysses. The LoRA study chose ZeRO-1 dp32 mb1 and its sbatch ran
+    ZeRO-2 dp32 mb1. launch.artifacts.runs_as_mask rules such a row out for the whole table ('launched as <the row
+    that runs> (trainer: changes)'), so the row that runs is the one ranked: the verdict as_launched reaches row by
+    row (a seeded sample of both kinds), the chosen layout, and the ZeRO-1 family's line saying where it went."""
+    from pathlib import Path
+
+    from trainplan.config import load_config
+    from trainplan.search.layouts import family_verdicts, search
+
+    root = Path(__file__).resolve().parents[3] / "config"
+    cfg = load_config([root / "config.yaml", root / overlay])
+    planned = search(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
+    mask, why = launch.runs_as_mask(cfg.model, cfg.cluster, cfg.training, planned)
+    judge = launch.launch_judge(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
+    listed = set(planned["layout_text"])
+    feas = planned[planned["feasible"]]
+    hit = mask[feas.index.to_numpy()]
+    assert hit.any() and not hit.all()
+    sample = pd.concat([feas[hit].sample(120, random_state=1), feas[~hit].sample(120, random_state=1)])
+    for i, r in sample.iterrows():
+        a = judge(Layout.from_row(r), step=False)
+        other = bool(a and a["layout_changes"] and a["layout"] in listed and a["layout"] != r["layout_text"])
+        assert bool(mask[i]) == other, r["layout_text"]
+        if other:
+            assert why[i].startswith(f"launched as {a['layout']} ({a['trainer']}: "), why[i]
+    df = launch.plan_search(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
+    chosen = df.iloc[0]
+    assert chosen["layout_text"] == "dp32·tp1·pp1·cp1 zero2 rc=none mb=1"
+    assert judge(Layout.from_row(chosen)) is None  # the launch runs the recommended layout as planned
+    z1 = df.set_index("layout_text").loc["dp32·tp1·pp1·cp1 zero1 rc=none mb=1"]  # a full fine-tune: OOM as planned
+    assert not z1["feasible"] and (z1["reason"].startswith("OOM: needs ") if overlay == "config.yaml" else
+                                   z1["reason"] == "launched as dp32·tp1·pp1·cp1 zero2 rc=none mb=1 (accelerate: FSDP2 "
+                                                   "ZeRO-2 for ZeRO-1)")
+    fam = family_verdicts(df).set_index("family")
+    assert fam.loc["ZeRO-1", "verdict"] == "infeasible" and "launched as" in fam.loc["ZeRO-1", "line"]
+    assert not (df["feasible"] & (df["sharding"] == "zero1") & (df["dp"] * df["cp"] > 1)).any()
+    if overlay == "lora.yaml":  # Accelerate runs every layout: none the search keeps is renamed
+        for _, r in df[df["feasible"]].head(40).iterrows():
+            a = judge(Layout.from_row(r), step=False)
+            assert not (a and a["layout_changes"]), (r["layout_text"], a["changes"])
 
 
 def test_a_deviation_that_cannot_run_models_nothing_and_survives_a_copy():
