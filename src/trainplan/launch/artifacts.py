@@ -72,7 +72,7 @@ from trainplan.provenance import study_hash
 from trainplan.search.layouts import LAUNCH_AS, LAUNCH_NO_RUN, describe_rows, refit_as_launched, search
 
 __all__ = ["Artifact", "DEEPSPEED_DOCUMENTED_KEYS", "accelerate_config", "as_launched", "bash_syntax_check",
-           "cannot_run_mask", "runs_as_mask", "deepspeed_config", "deepspeed_unsupported_reason", "entry_finetune", "launch_judge", "launched_peak", "main", "plan_search",
+           "cannot_run_mask", "runs_as_mask", "deepspeed_config", "deepspeed_unsupported_reason", "entry_finetune", "launch_judge", "launched_peak", "main", "peak_as_launched", "plan_search",
            "plan_deviations",
            "qlora_as_lora_note", "sbatch_name", "sbatch_script",
            "sbatch_test_only", "torchrun_command", "torchrun_script", "write_artifacts"]
@@ -304,19 +304,32 @@ def launch_judge(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     return judge
 
 
+def peak_as_launched(launched: Mapping[str, Any] | None, planned: float) -> float | None:
+    """The modelled peak of what the launch runs, in ``planned``'s units, from the layout's :func:`as_launched`
+    result (``launched``) and its planned peak: the plan's where it runs the plan (None result), None where the
+    trainer cannot run it or what it runs has no memory model. The one "peak as launched" of the study: the search's
+    refit (:func:`launched_peak`), page 1 and the day-1 switch (``report.memo``), the preflight's headroom verdict
+    (``launch.preflight.production_peak_of``); each caller says what it does where it is None."""
+    if launched is None:
+        return float(planned)
+    if launched["cannot_run"] or launched["memory_ratio"] is None:
+        return None
+    return float(planned) * float(launched["memory_ratio"])
+
+
 def launched_peak(judge: Callable[..., dict[str, Any] | None]) -> Callable[[Any], tuple[float | None, str, bool]]:
-    """``peak_of(row)`` for ``search.layouts.refit_as_launched``: the modelled peak (GiB) of what the launch runs
-    for a candidates row's layout (``judge``: :func:`launch_judge`; None where it runs the plan or has no memory
-    model), a few words on how it differs, and whether the trainer can run it at all."""
+    """``peak_of(row)`` for ``search.layouts.refit_as_launched``: :func:`peak_as_launched` (GiB) for a candidates
+    row's layout (``judge``: :func:`launch_judge`; None where what runs has no memory model: the refit keeps the
+    plan's verdict), a few words on how the launch differs, and whether the trainer can run it at all."""
 
     def peak_of(row: Any) -> tuple[float | None, str, bool]:
         a = judge(Layout.from_row(row), step=False)
+        peak = peak_as_launched(a, float(row["mem_total_gib"]))
         if a is None:
-            return None, "", True
+            return peak, "", True
         if a["cannot_run"]:
             return None, f"{a['trainer']}: " + "; ".join(a["cannot_run"]), False
-        how = f"{a['trainer']}: " + "; ".join(a["changes"])
-        return (None if a["memory_ratio"] is None else float(row["mem_total_gib"]) * float(a["memory_ratio"])), how, True
+        return peak, f"{a['trainer']}: " + "; ".join(a["changes"]), True
 
     return peak_of
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from trainplan.calibration.gpu import harness_layout, harness_training
 from trainplan.io import read_json, write_json
-from trainplan.launch.artifacts import launch_judge, load_inputs
+from trainplan.launch.artifacts import launch_judge, load_inputs, peak_as_launched
 from trainplan.model.arch import ModelSpec, resolve_model
 from trainplan.model.base import ConfigError
 from trainplan.model.estimate import DEFAULT_MAX_MEM_FRAC
@@ -344,15 +344,15 @@ def production_peak_of(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     torchtitan's gathered K/V, ...: :func:`~trainplan.launch.artifacts.as_launched`), the peak of what it runs,
     not the plan's; the plan's where the memory model cannot size what runs (the notes say which)."""
     peak = float(memory_breakdown(model, cluster, training, layout, eff)["total"])
-    launched = launch_judge(model, cluster, training, eff)(layout)
+    launched = launch_judge(model, cluster, training, eff)(layout, step=False)
+    ran = peak_as_launched(launched, peak)
     if launched is None:
         return peak, []
-    mr = launched["memory_ratio"]
-    if mr is None:
+    if ran is None:
         return peak, [f"{launched['trainer']} runs what the memory model cannot size ({_changes_text(launched)}); "
                       "headroom judged on the plan's peak"]
-    return peak * mr, [f"headroom judged on what {launched['trainer']} runs ({_changes_text(launched)}): modelled "
-                       f"peak {peak * mr / 2**30:.1f} GiB, the plan's {peak / 2**30:.1f} GiB"]
+    return ran, [f"headroom judged on what {launched['trainer']} runs ({_changes_text(launched)}): modelled "
+                 f"peak {ran / 2**30:.1f} GiB, the plan's {peak / 2**30:.1f} GiB"]
 
 
 def _changes_text(launched: dict[str, Any]) -> str:

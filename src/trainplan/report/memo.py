@@ -23,13 +23,19 @@ import pandas as pd
 from trainplan import pkgdata
 from trainplan.cost.budget import duration_text, point_usd
 from trainplan.io import read_json, write_bytes
-from trainplan.launch.artifacts import DAY1_THROUGHPUT_STEPS
+from trainplan.launch.artifacts import DAY1_THROUGHPUT_STEPS, peak_as_launched
 from trainplan.model.estimate import DEFAULT_MAX_MEM_FRAC
 from trainplan.model.layout import Layout
 from trainplan.model.timing import STEP_PARTS, attention_kernel_rel
 from trainplan.provenance import sidecar_path
 from trainplan.published.fit import HELDOUT_TARGETS, bias_se
-from trainplan.published.intervals import memory_interval_factors, memory_pool_peaks
+from trainplan.published.intervals import (
+    error_pool,
+    family_class,
+    interval_bounds,
+    memory_interval_factors,
+    memory_pool_peaks,
+)
 from trainplan.published.tables import NEVER_FITTED
 from trainplan.report.figures import parity_table, representative_layouts, short_number
 from trainplan.report.labels import memo_labels as report_labels  # noqa: F401 (re-exported)
@@ -533,6 +539,12 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         ruled = ruled_out_as_launched(cand, chosen_row) if chosen_row else None
     if fallback and fallback.get("at") == "p90" and cost and summary:
         fallback = fallback | {"extra_gpu_hours": switch_extra_gpu_hours(cost, fallback, summary.get("n_gpus"))}
+    launched = launched_figures((prod or {}).get("chosen"), manifest,
+                                ((prod or {}).get("interval") or {}).get("memory_relative_errors") or (),
+                                (summary or {}).get("hbm_gib"))
+    if fallback:
+        fallback = fallback | {"tps_p10": switch_throughput_p10(fallback, (prod or {}).get("chosen") or {}, calib,
+                                                               launched)}
     layout_str = None
     if summary and "layout" in summary:
         lay = {k: v for k, v in summary["layout"].items() if k in Layout.__dataclass_fields__}
@@ -562,9 +574,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         "sensitivity": _records(res.csv("sensitivity")) or None,
         "validation": _validation(rec), "launch": _launch(res.path("launch")), "figures": _figures(fig_dir, res),
         "manifest": manifest,
-        "launched": launched_figures((prod or {}).get("chosen"), manifest,
-                                     ((prod or {}).get("interval") or {}).get("memory_relative_errors") or (),
-                                     (summary or {}).get("hbm_gib")),
+        "launched": launched,
         "config_rows": _flatten(config),
         # the nccl-tests day-1 check and its threshold (launch.artifacts.all_gpus_busbw), as the manifest states it
         "nccl_check": next((d for d in (manifest or {}).get("day1") or [] if "min_busbw_GBps" in d), None),
@@ -623,15 +633,8 @@ def memory_fallback(feasible: pd.DataFrame, chosen: dict[str, Any], judge: Judge
     """The day-1 fallback if the preflight measures more memory than predicted: the fastest feasible layout
     with at least FALLBACK_EXTRA_HEADROOM more headroom than the chosen one (simplest on ties). With ``judge``
     (:func:`~trainplan.launch.artifacts.launch_judge`), both headrooms are those of what the launch runs."""
-    if judge is not None:
-        hbm = _usable_hbm_gib(chosen)
-        need = 1.0 - float(chosen["mem_total_gib"]) * _launched_memory_ratio(judge, chosen) / hbm + FALLBACK_EXTRA_HEADROOM
-        return _launched_choice(feasible, chosen, 1.0, (1.0 - need) * hbm, judge)
-    need = float(chosen["headroom_frac"]) + FALLBACK_EXTRA_HEADROOM
-    c = feasible[feasible["headroom_frac"] >= need]
-    if not len(c):
-        return None
-    return fallback_entry(best_row(c), chosen)  # the search's tie-aware rank (fastest, headroom, simplest)
+    cap = _launched_gib(judge, chosen) - FALLBACK_EXTRA_HEADROOM * _usable_hbm_gib(chosen)
+    return _launched_choice(feasible, chosen, 1.0, cap, judge)
 
 
 def _usable_hbm_gib(row: Mapping[str, Any]) -> float:
@@ -639,11 +642,15 @@ def _usable_hbm_gib(row: Mapping[str, Any]) -> float:
     return float(row["mem_total_gib"]) / (1.0 - float(row["headroom_frac"]))
 
 
-def _launched_memory_ratio(judge: Judge, row: Mapping[str, Any]) -> float:
-    """The launch's modelled peak over the plan's for the layout of ``row``; 1 where it runs the plan or where what
-    it runs has no memory model (the plan's peak stands, as on page 1)."""
-    a = judge(Layout.from_row(row), step=False)
-    return float((a or {}).get("memory_ratio") or 1.0)
+def _launched_gib(judge: Judge | None, row: Mapping[str, Any]) -> float:
+    """The peak (GiB) of what the launch runs for the layout of ``row``
+    (:func:`~trainplan.launch.artifacts.peak_as_launched`); the plan's without ``judge``, and where what runs has no
+    memory model (the plan's peak stands, as on page 1)."""
+    planned = float(row["mem_total_gib"])
+    if judge is None:
+        return planned
+    peak = peak_as_launched(judge(Layout.from_row(row), step=False), planned)
+    return planned if peak is None else peak
 
 
 def day1_fallback(feasible: pd.DataFrame, chosen_row: dict[str, Any],
@@ -659,11 +666,33 @@ def day1_fallback(feasible: pd.DataFrame, chosen_row: dict[str, Any],
         return memory_fallback(feasible, chosen_row, judge)
     frac = float(prod_chosen.get("max_hbm_frac", DEFAULT_MAX_MEM_FRAC))
     hbm = _usable_hbm_gib(chosen_row)
-    mine = 1.0 if judge is None else _launched_memory_ratio(judge, chosen_row)
+    mine = _launched_gib(judge, chosen_row) / float(chosen_row["mem_total_gib"])
     at_p90 = float(prod_chosen["mem_total_gib_p90"]) * mine > frac * hbm
     oom_at = hbm / (float(chosen_row["mem_total_gib"]) * mine)  # the error at which the chosen layout exhausts HBM
     fb = fit_fallback(feasible, chosen_row, mem_x[1] if at_p90 else oom_at, frac, judge)
     return fb | {"at": "p90" if at_p90 else "oom"} if fb else None
+
+
+def switch_throughput_p10(fallback: Mapping[str, Any], prod_chosen: Mapping[str, Any],
+                          calib: Mapping[str, Any] | None, launched: Mapping[str, Any] | None) -> float | None:
+    """Day-1 check 2's threshold once check 1 has switched: the switch's tokens/s/GPU p10, from its estimate (the
+    chosen layout's, as launched where page 1 has that, × (1 − ``slower_frac``), itself as launched where judged) and
+    the held-out errors of the switch's own family class, as the production interval of any layout
+    (``prediction.production``: ``interval_bounds`` on ``error_pool``); with a GPU or bootstrap calibration, the
+    chosen layout's p10 ÷ estimate. None without the figures."""
+    tps = (launched or {}).get("tps") if not fallback.get("slower_is_plan") else None
+    p50 = tps["p50"] if tps else prod_chosen.get("tokens_per_s_per_gpu_p50")
+    if p50 is None or fallback.get("slower_frac") is None:
+        return None
+    est = float(p50) * (1.0 - float(fallback["slower_frac"]))
+    by_family = (calib or {}).get("heldout_errors_by_family")
+    if by_family and not (calib or {}).get("gpu") and fallback.get("interval_family"):
+        lo = interval_bounds(est, error_pool(by_family, str(fallback["interval_family"])))[0]
+    elif prod_chosen.get("tokens_per_s_per_gpu_p10") is not None:
+        lo = est * float(prod_chosen["tokens_per_s_per_gpu_p10"]) / float(prod_chosen["tokens_per_s_per_gpu_p50"])
+    else:
+        return None
+    return float(min(lo, est))
 
 
 def switch_extra_gpu_hours(cost: Mapping[str, Any], fallback: Mapping[str, Any], n_gpus: Any) -> float | None:
@@ -691,36 +720,25 @@ def fit_fallback(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: floa
     a candidate whose launch has no memory model is passed over: a switch is only named where its peak is sized."""
     if not len(feasible):
         return None
-    hbm = _usable_hbm_gib(chosen)
-    if judge is not None:
-        fb = _launched_choice(feasible, chosen, mem_ratio, max_hbm_frac * hbm, judge)
-        return fb | {"mem_ratio": float(mem_ratio), "max_hbm_frac": float(max_hbm_frac),
-                     "mem_expected_gib": fb["mem_total_gib"] * float(mem_ratio)} if fb else None
-    mem = feasible["mem_total_gib"].astype(float)
-    fits = feasible[(mem * mem_ratio <= max_hbm_frac * hbm) & (feasible["layout_text"] != chosen["layout_text"])]
-    if not len(fits):
-        return None
-    if {"tokens_per_s", "complexity"} <= set(fits.columns):  # rerank on the headroom at the error
-        r = ranked(fits.assign(headroom_frac=1.0 - fits["mem_total_gib"].astype(float) * mem_ratio / hbm)).iloc[0]
-        r = fits.loc[r.name]
-    else:
-        r = best_row(fits)
-    return fallback_entry(r, chosen) | {"mem_ratio": float(mem_ratio), "max_hbm_frac": float(max_hbm_frac),
-                                        "mem_expected_gib": float(r["mem_total_gib"]) * float(mem_ratio)}
+    fb = _launched_choice(feasible, chosen, mem_ratio, max_hbm_frac * _usable_hbm_gib(chosen), judge)
+    return fb | {"mem_ratio": float(mem_ratio), "max_hbm_frac": float(max_hbm_frac),
+                 "mem_expected_gib": fb["mem_total_gib"] * float(mem_ratio)} if fb else None
 
 
 def _launched_choice(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: float, cap_gib: float,
-                     judge: Judge) -> dict[str, Any] | None:
-    """The search's tie-aware choice among the other feasible layouts whose peak as launched × ``mem_ratio`` is at
-    most ``cap_gib``, ranked on their throughput as launched, as :func:`fallback_entry` names it with ``judge``.
+                     judge: Judge | None) -> dict[str, Any] | None:
+    """The search's tie-aware choice among the other feasible layouts whose peak × ``mem_ratio`` is at most
+    ``cap_gib``, ranked with the headroom at that error, as :func:`fallback_entry` names it. Without ``judge``, the
+    plan's peaks and throughputs (the plan-only search's choice at that error); with it, those as launched.
 
     Walks the layouts fastest first (as planned) and judges each as launched (a few ms: not all 20,000+), keeping
     those that fit; it stops where a layout, even at the largest throughput ratio of a launch seen so far, could not
-    reach the tie band (TIE_FRAC) of the fastest fit as launched: neighbouring layouts share their deviations, so
-    their ratios differ little (QLoRA as LoRA: 1.03-1.05). A layout whose launch has no memory model is passed
-    over, and so is one the launch runs as another candidate's layout (torchtitan's ZeRO-1 is its FSDP2 ZeRO-2): the
-    switch names the layout that runs. Where a launch has no step-time model, its planned throughput ranks it."""
-    mine = judge(Layout.from_row(chosen), step=False)  # what the chosen layout runs as: no switch to that either
+    reach the tie band (TIE_FRAC) of the fastest fit: neighbouring layouts share their deviations, so their ratios
+    differ little (QLoRA as LoRA: 1.03-1.05). A layout whose launch has no memory model is passed over, and so is one
+    the launch runs as another candidate's layout (torchtitan's ZeRO-1 is its FSDP2 ZeRO-2): the switch names the
+    layout that runs. Where a launch has no step-time model, its planned throughput ranks it."""
+    judged = judge or _runs_as_planned
+    mine = judged(Layout.from_row(chosen), step=False)  # what the chosen layout runs as: no switch to that either
     same = {chosen["layout_text"], *([mine["layout"]] if mine and mine.get("layout") else [])}
     other = feasible[~feasible["layout_text"].isin(same)]
     order = other.sort_values("tokens_per_s", ascending=False, kind="stable")
@@ -734,13 +752,12 @@ def _launched_choice(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: 
     for i, (idx, r) in enumerate(order.iterrows()):
         if band is not None and tps[i] * top_ratio < band:
             break
-        a = judge(Layout.from_row(r))
-        ratio = 1.0 if a is None else a["memory_ratio"]
-        if ratio is None or (a and a["layout_changes"] and a["layout"] in planned):
+        a = judged(Layout.from_row(r))
+        peak = peak_as_launched(a, float(r["mem_total_gib"]))
+        if peak is None or (a and a["layout_changes"] and a["layout"] in planned):
             continue  # unsized, or it runs another candidate's layout: that row names what runs
         speed = 1.0 if a is None or a["throughput_ratio"] is None else float(a["throughput_ratio"])
         top_ratio = max(top_ratio, speed)
-        peak = float(r["mem_total_gib"]) * float(ratio)
         if peak * mem_ratio <= cap_gib:
             keep.append(idx)
             peaks.append(peak)
@@ -751,6 +768,11 @@ def _launched_choice(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: 
     fits = order.loc[keep].assign(headroom_frac=[1.0 - p * mem_ratio / hbm for p in peaks], tokens_per_s=fast)
     best = ranked(fits).iloc[0] if "complexity" in fits else best_row(fits.drop(columns="rank", errors="ignore"))
     return fallback_entry(other.loc[best.name], chosen, judge)
+
+
+def _runs_as_planned(layout: Layout, step: bool = True) -> None:
+    """The judge of a plan-only study: every layout runs as planned."""
+    return None
 
 
 def layout_overlay(lay: Layout) -> str:
@@ -774,14 +796,16 @@ def fallback_entry(r: pd.Series, chosen: dict[str, Any], judge: Judge | None = N
            "slower_frac": 1.0 - float(r["tokens_per_s"]) / float(chosen["tokens_per_s"])}
     if all(k in r for k in ("dp", "tp", "pp", "cp", "sharding")):
         out["pin"] = layout_overlay(Layout.from_row(r))
+        out["interval_family"] = family_class(Layout.from_row(r))  # whose held-out errors its interval takes
     if judge is None:
         return out
     out["as_launched"] = True
     mine, run = judge(Layout.from_row(chosen)), judge(Layout.from_row(r))
     plan = {k: out[k] for k in ("mem_total_gib", "headroom_frac", "slower_frac")}
-    if run is not None and run["memory_ratio"] is not None:
-        out["mem_total_gib"] = plan["mem_total_gib"] * float(run["memory_ratio"])
-        out["headroom_frac"] = 1.0 - out["mem_total_gib"] / _usable_hbm_gib(r)
+    peak = peak_as_launched(run, plan["mem_total_gib"])
+    if peak is not None:
+        out["mem_total_gib"] = peak
+        out["headroom_frac"] = 1.0 - peak / _usable_hbm_gib(r)
     t_run = 1.0 if run is None else run["throughput_ratio"]
     t_mine = 1.0 if mine is None else mine["throughput_ratio"]
     if t_run is not None and t_mine is not None:

@@ -771,7 +771,23 @@ def test_a_memory_p90_above_the_searchs_limit_is_at_risk_and_names_the_preflight
                           f"slower) would need about {extra:,.0f} GPU-hours more.") in text
     assert fb["mem_ratio"] == pytest.approx(1.25)
     assert fb["at"] == "p90" and preflight_fallback(root / "analytic/candidates.csv", mem_ratio=1.25) == {
-        k: v for k, v in fb.items() if k not in ("at", "extra_gpu_hours")}
+        k: v for k, v in fb.items() if k not in ("at", "extra_gpu_hours", "tps_p10")}
+    # check 2 after that switch holds the switch's own p10: its estimate (the chosen one's × (1 − slower_frac)) under
+    # the held-out errors of its family class; of the chosen layout's class, the chosen p10 × (1 − slower_frac)
+    # (the interval is proportional to the estimate); of another class, that class's errors
+    ch = prod["chosen"]
+    assert fb["interval_family"] == "FSDP/ZeRO"  # the chosen layout's class (dp32 HSDP)
+    assert fb["tps_p10"] == pytest.approx(ch["tokens_per_s_per_gpu_p10"] * (1 - fb["slower_frac"]), rel=1e-9)
+    assert f"tokens/s/GPU ≥ {ch['tokens_per_s_per_gpu_p10']:,.0f} (p10); after check 1's switch, ≥ {fb['tps_p10']:,.0f} (its p10)." in text
+    from trainplan.published.intervals import error_pool, heldout_errors_by_family, interval_bounds
+
+    pools = heldout_errors_by_family("h100")  # a published calibration's pools: each class its own interval
+    est = ch["tokens_per_s_per_gpu_p50"] * (1 - fb["slower_frac"])
+    got = {c: memo.switch_throughput_p10(fb | {"interval_family": c}, ch, {"heldout_errors_by_family": pools}, None)
+           for c in ("FSDP/ZeRO", "TP", "PP", "CP")}
+    assert len({round(v, 6) for v in got.values()}) == 4
+    for c, v in got.items():
+        assert v == pytest.approx(min(est, est * interval_bounds(1.0, error_pool(pools, c))[0]), rel=1e-9), c
     assert (f"at the p90 error, ×1.25, {fb['layout']} : {fb['mem_expected_gib']:.1f} GiB, {100 * fb['slower_frac']:.1f}% "
             "slower) and rerun the preflight") in text
     # Risks: the OOM row names the model error (not only long sequences) and check 1's switch as the mitigation
