@@ -824,6 +824,11 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
             reasons = with_t["reason"].astype(str)
             own = reasons[reasons != ASYNC_TP_NEEDS] if name != ASYNC_TP_TECHNIQUE else reasons
             why = str((own if len(own) else reasons).value_counts().index[0])
+            renamed = with_t[reasons.str.startswith(LAUNCH_AS)]
+            if len(renamed):  # the launch replaces it (TP without SP, full recompute for selective): say so, on
+                # the fastest such layout, not the commonest reason (a LoRA study's many PP rows, which cannot run)
+                fast = renamed.loc[renamed["tokens_per_s"].astype(float).idxmax()]
+                why = f"{fast['layout_text']} is {fast['reason']}"
             memory_bound = why.startswith(("OOM", "host RAM"))
             row["verdict"], row["note"] = ("never fits" if memory_bound else "not possible here"), why
             row["line"] = ("every layout using it runs out of memory: " if memory_bound else

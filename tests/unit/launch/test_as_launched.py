@@ -4,6 +4,7 @@ own models applied to it, so page 1, the day-1 thresholds and the preflight's he
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import fields, replace
 
 import pandas as pd
@@ -353,7 +354,7 @@ def test_a_layout_the_launch_runs_as_another_rows_is_ruled_out_for_that_row(over
     from pathlib import Path
 
     from trainplan.config import load_config
-    from trainplan.search.layouts import family_verdicts, search
+    from trainplan.search.layouts import family_verdicts, search, technique_verdicts
 
     root = Path(__file__).resolve().parents[3] / "config"
     cfg = load_config([root / "config.yaml", root / overlay])
@@ -383,6 +384,11 @@ def test_a_layout_the_launch_runs_as_another_rows_is_ruled_out_for_that_row(over
     assert fam.loc["ZeRO-1", "verdict"] == "infeasible" and "launched as" in fam.loc["ZeRO-1", "line"]
     assert not (df["feasible"] & (df["sharding"] == "zero1") & (df["dp"] * df["cp"] > 1)).any()
     if overlay == "lora.yaml":  # Accelerate runs every layout: none the search keeps is renamed
+        tech = technique_verdicts(df).set_index("technique")
+        for name, change in (("sequence parallelism (SP)", "TP without SP"),
+                             ("selective recompute", "full recompute for selective")):
+            assert tech.loc[name, "verdict"] == "not possible here"  # and why: the launch replaces it
+            assert re.fullmatch(rf".+ is launched as .+ \(accelerate: [^)]*{change}[^)]*\)", tech.loc[name, "note"])
         for _, r in df[df["feasible"]].head(40).iterrows():
             a = judge(Layout.from_row(r), step=False)
             assert not (a and a["layout_changes"]), (r["layout_text"], a["changes"])
