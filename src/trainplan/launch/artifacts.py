@@ -69,7 +69,14 @@ from trainplan.model.memory import memory_breakdown
 from trainplan.model.timing import step_time
 from trainplan.model.training import TrainingSpec
 from trainplan.provenance import study_hash
-from trainplan.search.layouts import LAUNCH_AS, LAUNCH_NO_RUN, describe_rows, refit_as_launched, search
+from trainplan.search.layouts import (
+    LAUNCH_AS,
+    LAUNCH_AS_MISFIT,
+    LAUNCH_NO_RUN,
+    describe_rows,
+    refit_as_launched,
+    search,
+)
 
 __all__ = ["Artifact", "DEEPSPEED_DOCUMENTED_KEYS", "accelerate_config", "as_launched", "bash_syntax_check",
            "cannot_run_mask", "runs_as_mask", "deepspeed_config", "deepspeed_unsupported_reason", "entry_finetune", "launch_judge", "launched_peak", "main", "peak_as_launched", "plan_search",
@@ -358,7 +365,8 @@ def runs_as_mask(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     The changes are the trainer's own deviations (:func:`plan_deviations`' ``layout``), taken once per combination
     of the fields they depend on (``_RENAME_FIELDS``; a test checks the verdict against :func:`as_launched` row by
-    row), so the whole table costs a few hundred calls, not one per row."""
+    row), so the whole table costs a few hundred calls, not one per row. Only feasible rows are marked (the others
+    are out already); the layout a row runs as may itself not fit (then its reason follows)."""
     groups = df.groupby(_RENAME_FIELDS, sort=False).ngroup().to_numpy()
     reps = df.loc[df[_RENAME_FIELDS].drop_duplicates().index]  # the first row of each group, in group order
     changes: dict[int, tuple[dict[str, Any], str]] = {}
@@ -372,7 +380,7 @@ def runs_as_mask(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                           f"{trainer}: " + "; ".join(d.short for d in devs))
     mask = np.zeros(len(df), dtype=bool)
     why = np.full(len(df), "", dtype=object)
-    renamed = np.isin(groups, list(changes))
+    renamed = np.isin(groups, list(changes)) & df["feasible"].to_numpy(dtype=bool)  # what the refit rules out
     if renamed.any():
         idx = np.flatnonzero(renamed)
         run = df.iloc[idx].copy()
@@ -383,10 +391,12 @@ def runs_as_mask(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 run.loc[run.index[rows], k] = v
             why[idx[rows]] = how
         text = np.asarray(describe_rows(run), dtype=object)
-        listed = set(df["layout_text"].astype(str))
-        hit = np.array([t in listed for t in text], dtype=bool) & (text != df["layout_text"].to_numpy()[idx])
+        reason = dict(zip(df["layout_text"].astype(str), df["reason"].astype(str), strict=True))
+        hit = np.array([t in reason for t in text], dtype=bool) & (text != df["layout_text"].to_numpy()[idx])
         mask[idx[hit]] = True
-        why[idx[hit]] = [f"{LAUNCH_AS}{t} ({w})" for t, w in zip(text[hit], why[idx[hit]], strict=True)]
+        # where the layout that runs does not fit itself (Accelerate's TP without SP holds more), its reason too
+        why[idx[hit]] = [f"{LAUNCH_AS}{t} ({w})" + (f"{LAUNCH_AS_MISFIT}{reason[t]}" if reason[t] else "")
+                         for t, w in zip(text[hit], why[idx[hit]], strict=True)]
     why[~mask] = ""
     return mask, why
 

@@ -678,15 +678,18 @@ def switch_throughput_p10(fallback: Mapping[str, Any], prod_chosen: Mapping[str,
     """Day-1 check 2's threshold once check 1 has switched: the switch's tokens/s/GPU p10, from its estimate (the
     chosen layout's, as launched where page 1 has that, × (1 − ``slower_frac``), itself as launched where judged) and
     the held-out errors of the switch's own family class, as the production interval of any layout
-    (``prediction.production``: ``interval_bounds`` on ``error_pool``); with a GPU or bootstrap calibration, the
-    chosen layout's p10 ÷ estimate. None without the figures."""
-    tps = (launched or {}).get("tps") if not fallback.get("slower_is_plan") else None
+    (``prediction.production``: ``interval_bounds`` on ``error_pool``, its exact case); with a GPU or bootstrap
+    calibration (production's Monte Carlo case), the chosen layout's p10 ÷ estimate. None without the figures."""
+    judged = fallback.get("as_launched") and not fallback.get("slower_is_plan")  # slower_frac against the launch
+    tps = (launched or {}).get("tps") if judged else None
     p50 = tps["p50"] if tps else prod_chosen.get("tokens_per_s_per_gpu_p50")
     if p50 is None or fallback.get("slower_frac") is None:
         return None
     est = float(p50) * (1.0 - float(fallback["slower_frac"]))
-    by_family = (calib or {}).get("heldout_errors_by_family")
-    if by_family and not (calib or {}).get("gpu") and fallback.get("interval_family"):
+    c = calib or {}
+    by_family = c.get("heldout_errors_by_family")
+    exact = bool(by_family) and not c.get("gpu") and len(c.get("efficiency_samples") or []) <= 1  # as production's
+    if exact and fallback.get("interval_family"):
         lo = interval_bounds(est, error_pool(by_family, str(fallback["interval_family"])))[0]
     elif prod_chosen.get("tokens_per_s_per_gpu_p10") is not None:
         lo = est * float(prod_chosen["tokens_per_s_per_gpu_p10"]) / float(prod_chosen["tokens_per_s_per_gpu_p50"])

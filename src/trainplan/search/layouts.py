@@ -428,6 +428,7 @@ def _rank(df: pd.DataFrame) -> pd.DataFrame:
 
 # refit_as_launched's reasons: the launch would not fit it, cannot run it, runs it as another row's layout
 LAUNCH_OOM, LAUNCH_NO_RUN, LAUNCH_AS = "OOM as launched (", "cannot run as launched (", "launched as "
+LAUNCH_AS_MISFIT = ", which does not fit: "  # after LAUNCH_AS's layout, where that layout is out itself
 
 
 def refit_as_launched(df: pd.DataFrame, peak_of: Any, cluster: ClusterSpec, options: dict[str, Any] | None,
@@ -825,6 +826,9 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
             own = reasons[reasons != ASYNC_TP_NEEDS] if name != ASYNC_TP_TECHNIQUE else reasons
             why = str((own if len(own) else reasons).value_counts().index[0])
             renamed = with_t[reasons.str.startswith(LAUNCH_AS)]
+            plain = renamed["reason"].astype(str)  # one change (this technique's), onto a layout that fits
+            plain = renamed[~plain.str.contains("; ", regex=False) & ~plain.str.contains(LAUNCH_AS_MISFIT, regex=False)]
+            renamed = plain if len(plain) else renamed
             if len(renamed):  # the launch replaces it (TP without SP, full recompute for selective): say so, on
                 # the fastest such layout, not the commonest reason (a LoRA study's many PP rows, which cannot run)
                 fast = renamed.loc[renamed["tokens_per_s"].astype(float).idxmax()]

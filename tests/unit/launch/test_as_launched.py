@@ -372,6 +372,11 @@ def test_a_layout_the_launch_runs_as_another_rows_is_ruled_out_for_that_row(over
         assert bool(mask[i]) == other, r["layout_text"]
         if other:
             assert why[i].startswith(f"launched as {a['layout']} ({a['trainer']}: "), why[i]
+    assert not mask[~planned["feasible"].to_numpy(dtype=bool)].any()  # only rows the refit would keep are marked
+    reason = planned.set_index("layout_text")["reason"]
+    for w in why[mask]:  # a target that does not fit itself says so, with its own reason; one that fits, nothing
+        target = w.removeprefix("launched as ").split(" (")[0]
+        assert w.endswith(f"), which does not fit: {reason[target]}") if reason[target] else w.endswith(")"), w
     df = launch.plan_search(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
     chosen = df.iloc[0]
     assert chosen["layout_text"] == "dp32·tp1·pp1·cp1 zero2 rc=none mb=1"

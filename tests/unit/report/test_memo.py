@@ -788,6 +788,15 @@ def test_a_memory_p90_above_the_searchs_limit_is_at_risk_and_names_the_preflight
     assert len({round(v, 6) for v in got.values()}) == 4
     for c, v in got.items():
         assert v == pytest.approx(min(est, est * interval_bounds(1.0, error_pool(pools, c))[0]), rel=1e-9), c
+    # a bootstrap calibration (production's Monte Carlo interval, not the exact one): the chosen layout's p10 ÷ p50
+    boot = {"heldout_errors_by_family": pools, "efficiency_samples": [{}, {}]}
+    assert memo.switch_throughput_p10(fb | {"interval_family": "CP"}, ch, boot, None) == pytest.approx(
+        ch["tokens_per_s_per_gpu_p10"] * (1 - fb["slower_frac"]), rel=1e-9)
+    # a switch sized on the plan (no judge) keeps the plan's estimate even where the chosen launch has a ratio
+    launched = {"tps": {p: ch[f"tokens_per_s_per_gpu_{p}"] * 0.8 for p in ("p10", "p50", "p90")}}
+    assert memo.switch_throughput_p10(fb, ch, None, launched) == pytest.approx(fb["tps_p10"], rel=1e-9)
+    assert memo.switch_throughput_p10(fb | {"as_launched": True}, ch, None, launched) == pytest.approx(
+        0.8 * fb["tps_p10"], rel=1e-9)
     assert (f"at the p90 error, ×1.25, {fb['layout']} : {fb['mem_expected_gib']:.1f} GiB, {100 * fb['slower_frac']:.1f}% "
             "slower) and rerun the preflight") in text
     # Risks: the OOM row names the model error (not only long sequences) and check 1's switch as the mitigation
