@@ -47,6 +47,7 @@ from trainplan.search.layouts import (
     group_infeasible,
     ranked,
     runner_up_index,
+    shards_alike,
 )
 
 # The template and stylesheet (package data; in a checkout symlinks to report/templates/, which the memo rule
@@ -545,6 +546,9 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
     if fallback:
         fallback = fallback | {"tps_p10": switch_throughput_p10(fallback, (prod or {}).get("chosen") or {}, calib,
                                                                launched)}
+    ru = runner_up(families, (prod or {}).get("chosen"))
+    if fallback and ru and fallback["layout"] == ru["layout"] and chosen_row is not None:
+        ru = ru | {"after_switch": switch_runner_up(cand[cand["feasible"].astype(bool)], chosen_row, fallback, judge)}
     layout_str = None
     if summary and "layout" in summary:
         lay = {k: v for k, v in summary["layout"].items() if k in Layout.__dataclass_fields__}
@@ -562,7 +566,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         "step_parts": [(k, v) for k, v in STEP_PARTS.items()
                        if k != "offload_s" or float((chosen_row or {}).get("offload_s") or 0.0) > 0],
         "fallback": fallback, "tie_won": tie_won, "ruled_as_launched": ruled,
-        **_families(families), "runner_up": runner_up(families, (prod or {}).get("chosen")),
+        **_families(families), "runner_up": ru,
         "techniques": _techniques(res.csv("techniques"), cost),
         "calibration": calib, "source": source, "source_label": ((calib or {}).get("source_detail") if source == "gpu-proxies" else None)
         or SOURCE_LABELS.get(f"{source}:{(calib or {}).get('generation')}") or SOURCE_LABELS.get(str(source), str(source)),
@@ -658,7 +662,7 @@ def day1_fallback(feasible: pd.DataFrame, chosen_row: dict[str, Any],
     """Page 1's day-1 switch: the preflight's rule (:func:`fit_fallback`) at the memory model's p90 error when that
     is above the limit (``at: p90``, page 1's AT RISK), else at the error where the chosen layout would run out of
     usable HBM (``at: oom``): a switch that holds over the whole band of errors that fail the preflight, not one
-    that fits only just past its threshold (LoRA's ZeRO-2, 0.1 GiB under its ZeRO-1, fitted a 0.2% band); without a
+    that fits only just past its threshold (LoRA's ZeRO-2 once, 0.1 GiB under the ZeRO-1 then chosen: a 0.2% band); without a
     memory interval, the fixed-margin :func:`memory_fallback`. With ``judge``, the chosen layout's peak and every
     candidate's are those of what the launch runs (page 1's "as launched" row)."""
     mem_x = memory_interval_factors(prod_chosen)
@@ -671,6 +675,31 @@ def day1_fallback(feasible: pd.DataFrame, chosen_row: dict[str, Any],
     oom_at = hbm / (float(chosen_row["mem_total_gib"]) * mine)  # the error at which the chosen layout exhausts HBM
     fb = fit_fallback(feasible, chosen_row, mem_x[1] if at_p90 else oom_at, frac, judge)
     return fb | {"at": "p90" if at_p90 else "oom"} if fb else None
+
+
+def switch_runner_up(feasible: pd.DataFrame, chosen: dict[str, Any], fallback: Mapping[str, Any],
+                     judge: Judge | None = None) -> dict[str, Any] | None:
+    """Check 2's second layout once check 1 has switched to the runner-up itself (the default study: FSDP mb1 is
+    both): the preflight's rule (:func:`fit_fallback`) with the switch as the chosen layout, at the error the switch
+    was named at, among the layouts of the other families (not the chosen one's or the switch's: a different
+    strategy, as the runner-up is) that do not only shard the states differently from the switch
+    (:func:`~trainplan.search.layouts.shards_alike`: HSDP against FSDP would run as slow). Its
+    ``slower_frac`` is against the switch; a layout whose speed as launched has no model is passed over (``timed``:
+    check 2 compares throughputs). None where the switch has no error (the fixed-margin fallback) or nothing else
+    fits."""
+    if fallback.get("mem_ratio") is None or "pin" not in fallback:
+        return None
+    sw = feasible[feasible["layout_text"] == fallback["layout"]]
+    if not len(sw):
+        return None
+    sw_row, sw_lay = sw.iloc[0].to_dict(), Layout.from_row(sw.iloc[0])
+    fams = {str(chosen.get("family")), str(sw_row.get("family"))}  # a different strategy, as the runner-up is
+    other = feasible[~feasible["family"].astype(str).isin(fams)] if "family" in feasible else feasible
+    keep = [lay != chosen["layout_text"] and not shards_alike(Layout.from_row(r), sw_lay)
+            for lay, (_, r) in zip(other["layout_text"], other.iterrows(), strict=True)]
+    feasible = other
+    return fit_fallback(feasible[keep], sw_row, float(fallback["mem_ratio"]), float(fallback["max_hbm_frac"]), judge,
+                        timed=True)
 
 
 def switch_throughput_p10(fallback: Mapping[str, Any], prod_chosen: Mapping[str, Any],
@@ -709,7 +738,7 @@ def switch_extra_gpu_hours(cost: Mapping[str, Any], fallback: Mapping[str, Any],
 
 
 def fit_fallback(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: float,
-                 max_hbm_frac: float, judge: Judge | None = None) -> dict[str, Any] | None:
+                 max_hbm_frac: float, judge: Judge | None = None, *, timed: bool = False) -> dict[str, Any] | None:
     """The layout to switch to when the memory model errs by ``mem_ratio`` (measured ÷ modelled peak): the fastest
     other feasible layout (the search's tie-aware rank) whose modelled peak × ``mem_ratio`` is within
     ``max_hbm_frac`` of usable HBM, ranked by the search's tie-aware rule with the headroom at that error; None if
@@ -723,13 +752,13 @@ def fit_fallback(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: floa
     a candidate whose launch has no memory model is passed over: a switch is only named where its peak is sized."""
     if not len(feasible):
         return None
-    fb = _launched_choice(feasible, chosen, mem_ratio, max_hbm_frac * _usable_hbm_gib(chosen), judge)
+    fb = _launched_choice(feasible, chosen, mem_ratio, max_hbm_frac * _usable_hbm_gib(chosen), judge, timed)
     return fb | {"mem_ratio": float(mem_ratio), "max_hbm_frac": float(max_hbm_frac),
                  "mem_expected_gib": fb["mem_total_gib"] * float(mem_ratio)} if fb else None
 
 
 def _launched_choice(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: float, cap_gib: float,
-                     judge: Judge | None) -> dict[str, Any] | None:
+                     judge: Judge | None, timed: bool = False) -> dict[str, Any] | None:
     """The search's tie-aware choice among the other feasible layouts whose peak × ``mem_ratio`` is at most
     ``cap_gib``, ranked with the headroom at that error, as :func:`fallback_entry` names it. Without ``judge``, the
     plan's peaks and throughputs (the plan-only search's choice at that error); with it, those as launched.
@@ -739,7 +768,8 @@ def _launched_choice(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: 
     reach the tie band (TIE_FRAC) of the fastest fit: neighbouring layouts share their deviations, so their ratios
     differ little (QLoRA as LoRA: 1.03-1.05). A layout whose launch has no memory model is passed over, and so is one
     the launch runs as another candidate's layout (torchtitan's ZeRO-1 is its FSDP2 ZeRO-2): the switch names the
-    layout that runs. Where a launch has no step-time model, its planned throughput ranks it."""
+    layout that runs. Where a launch has no step-time model, its planned throughput ranks it; ``timed``: such a
+    layout is passed over too (a throughput fallback must be comparable on throughput as launched)."""
     judged = judge or _runs_as_planned
     mine = judged(Layout.from_row(chosen), step=False)  # what the chosen layout runs as: no switch to that either
     same = {chosen["layout_text"], *([mine["layout"]] if mine and mine.get("layout") else [])}
@@ -759,6 +789,8 @@ def _launched_choice(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: 
         peak = peak_as_launched(a, float(r["mem_total_gib"]))
         if peak is None or (a and a["layout_changes"] and a["layout"] in planned):
             continue  # unsized, or it runs another candidate's layout: that row names what runs
+        if timed and a is not None and a["throughput_ratio"] is None:
+            continue  # its speed as launched has no model
         speed = 1.0 if a is None or a["throughput_ratio"] is None else float(a["throughput_ratio"])
         top_ratio = max(top_ratio, speed)
         if peak * mem_ratio <= cap_gib:

@@ -613,7 +613,7 @@ def runner_up_index(chosen: Layout, chosen_tps: float, others: list[tuple[Layout
     """The runner-up strategy among ``others``, the best layout of each other family (best first, with its
     throughput): its position, and the positions passed over before it as equivalents of the chosen layout, a
     family whose best layout ties with it (within TIE_FRAC of ``chosen_tps``) and only shards the states
-    differently (:func:`shards_alike`; a LoRA study's DDP against its ZeRO-1, whose adapter states are a few MB).
+    differently (:func:`shards_alike`; HSDP's best against FSDP's at the same parallelism and micro-batch).
     Such a layout is no day-1 fallback: if the chosen one runs slow, so does it. When every other family is one,
     the best of them (and none passed over); ``(None, [])`` without others. The one rule page 1's runner-up
     (``report.memo.runner_up``) and the comparable-runs table (``prediction.production``) apply."""

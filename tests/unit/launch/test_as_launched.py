@@ -399,6 +399,51 @@ def test_a_layout_the_launch_runs_as_another_rows_is_ruled_out_for_that_row(over
             assert not (a and a["layout_changes"]), (r["layout_text"], a["changes"])
 
 
+def test_check_2_names_a_second_strategy_when_check_1_switched_to_the_runner_up():
+    """The default study's day-1 switch at its p90 memory error is FSDP mb1, also its runner-up: after that switch
+    check 2's "measure the runner-up" has nothing left to measure. memo.switch_runner_up names the preflight's rule
+    with the switch as the chosen layout, among the other families (not the chosen one's, not the switch's), not a
+    layout that only shards like the switch, and only where its speed as launched is modelled: it fits at that error
+    as launched, and no such layout among the fastest 300 is faster beyond a tie."""
+    from pathlib import Path
+
+    from trainplan.config import load_config
+    from trainplan.report import memo
+    from trainplan.search.layouts import TIE_FRAC, shards_alike
+
+    root = Path(__file__).resolve().parents[3] / "config"
+    cfg = load_config([root / "config.yaml"])
+    df = launch.plan_search(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
+    ok = df[df["feasible"]]
+    chosen = ok.iloc[0].to_dict()
+    judge = launch.launch_judge(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
+    err, frac = 1.19, 0.9
+    fb = memo.fit_fallback(ok, chosen, err, frac, judge)
+    assert fb["layout"] == "dp32·tp1·pp1·cp1 zero3 rc=none mb=1"
+    two = memo.switch_runner_up(ok, chosen, fb, judge)
+    sw = ok[ok["layout_text"] == fb["layout"]].iloc[0]
+    usable = sw["mem_total_gib"] / (1 - sw["headroom_frac"])
+    row = ok[ok["layout_text"] == two["layout"]].iloc[0]
+    assert row["family"] not in (chosen["family"], sw["family"]) and not shards_alike(Layout.from_row(row), Layout.from_row(sw))
+    assert two["mem_total_gib"] * err <= frac * usable
+
+    def launched(r):  # (tokens/s as launched or None where unmodelled, peak as launched or None)
+        a = judge(Layout.from_row(r))
+        ratio = 1.0 if a is None else a["throughput_ratio"]
+        return (None if ratio is None else r["tokens_per_s"] * ratio,
+                launch.peak_as_launched(a, r["mem_total_gib"]))
+
+    sw_tps = launched(sw)[0]
+    two_tps = launched(row)[0]
+    assert two["slower_frac"] == pytest.approx(1 - two_tps / sw_tps, rel=1e-9)
+    others = ok[~ok["family"].isin([chosen["family"], sw["family"]])].sort_values("tokens_per_s", ascending=False)
+    for _, r in others.head(300).iterrows():
+        tps, peak = launched(r)
+        if tps is None or peak is None or peak * err > frac * usable or shards_alike(Layout.from_row(r), Layout.from_row(sw)):
+            continue
+        assert tps <= two_tps * (1 + TIE_FRAC) * (1 + 1e-12), (r["layout_text"], tps, two_tps)
+
+
 def test_a_deviation_that_cannot_run_models_nothing_and_survives_a_copy():
     import copy
     import pickle

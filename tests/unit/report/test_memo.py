@@ -813,6 +813,13 @@ def test_a_memory_p90_above_the_searchs_limit_is_at_risk_and_names_the_preflight
     pct = f"{100 * fb['slower_frac']:.1f}% slower"
     assert f"({fb['mem_expected_gib']:.1f} GiB at p90, {pct}, as launched: FSDP2 for ZeRO-1; day-1 check 1's switch)" in text
     assert f"{pct}, as launched: FSDP2 for ZeRO-1 (the plan's step time)) and rerun the preflight" in text
+    # when the switch is the runner-up itself, check 2 names the second strategy to measure, faster or slower
+    ctx["runner_up"] = dict(ctx["runner_up"]) | {"layout": fb["layout"]}
+    for frac, word in ((-0.005, "0.5% faster"), (0.101, "10.1% slower")):
+        ctx["runner_up"]["after_switch"] = {"layout": "dp16·tp2(sp)·pp1·cp1 zero2 rc=none mb=2", "slower_frac": frac}
+        text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+        assert (f"keep the faster of the two measured; if check 1 switched to it, measure dp16·tp2(sp)·pp1·cp1 zero2 "
+                f"rc=none mb=2 instead ({word}; the next layout that fits at that error).") in text
     # errors that would exceed usable HBM itself are an OOM, not a limit breach: page 1 and the risk row count them
     prod["chosen"]["mem_over_hbm_errors"] = 2
     (root / "prediction/production.json").write_text(json.dumps(prod))
