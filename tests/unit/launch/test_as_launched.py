@@ -399,12 +399,14 @@ def test_a_layout_the_launch_runs_as_another_rows_is_ruled_out_for_that_row(over
             assert not (a and a["layout_changes"]), (r["layout_text"], a["changes"])
 
 
-def test_check_2_names_a_second_strategy_when_check_1_switched_to_the_runner_up():
-    """The default study's day-1 switch at its p90 memory error is FSDP mb1, also its runner-up: after that switch
-    check 2's "measure the runner-up" has nothing left to measure. memo.switch_runner_up names the preflight's rule
-    with the switch as the chosen layout, among the other families (not the chosen one's, not the switch's), not a
-    layout that only shards like the switch, and only where its speed as launched is modelled: it fits at that error
-    as launched, and no such layout among the fastest 300 is faster beyond a tie."""
+@pytest.mark.parametrize("overlay", ["config.yaml", "fp8.yaml"])
+def test_check_2_names_a_second_strategy_when_check_1_switched_to_the_runner_up(overlay):
+    """The default and FP8 studies' day-1 switch at the p90 memory error is FSDP mb1, also their runner-up: after that
+    switch check 2's "measure the runner-up" has nothing left to measure. memo.switch_runner_up names the preflight's
+    rule with the switch as the chosen layout, among the other families (not the chosen one's, not the switch's), not
+    a layout that only shards like the switch, and only where its speed as launched is modelled: it fits at that
+    error as launched, and no such layout among the fastest 300 is faster beyond a tie. In the FP8 study each of the
+    three rules changes the pick (FSDP mb1 offload, HSDP/16 mb1, an async-TP CP layout with no step-time model)."""
     from pathlib import Path
 
     from trainplan.config import load_config
@@ -412,7 +414,7 @@ def test_check_2_names_a_second_strategy_when_check_1_switched_to_the_runner_up(
     from trainplan.search.layouts import TIE_FRAC, shards_alike
 
     root = Path(__file__).resolve().parents[3] / "config"
-    cfg = load_config([root / "config.yaml"])
+    cfg = load_config([root / "config.yaml", root / overlay])
     df = launch.plan_search(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
     ok = df[df["feasible"]]
     chosen = ok.iloc[0].to_dict()
