@@ -530,7 +530,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
     families = res.csv("families")
     chosen_row = None
     rep = None
-    fallback = tie_won = ruled = None
+    fallback = tie_won = ruled = ok = None
     if cand is not None and len(cand):
         ok = cand[cand["feasible"].astype(bool)]
         chosen_row = _records(ok.sort_values("rank").head(1))[0] if len(ok) else None
@@ -548,7 +548,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
                                                                launched)}
     ru = runner_up(families, (prod or {}).get("chosen"))
     if fallback and ru and fallback["layout"] == ru["layout"] and chosen_row is not None:
-        ru = ru | {"after_switch": switch_runner_up(cand[cand["feasible"].astype(bool)], chosen_row, fallback, judge)}
+        ru = ru | {"after_switch": switch_runner_up(ok, chosen_row, fallback, judge)}
     layout_str = None
     if summary and "layout" in summary:
         lay = {k: v for k, v in summary["layout"].items() if k in Layout.__dataclass_fields__}
@@ -693,10 +693,9 @@ def switch_runner_up(feasible: pd.DataFrame, chosen: dict[str, Any], fallback: M
     if not len(sw):
         return None
     sw_row, sw_lay = sw.iloc[0].to_dict(), Layout.from_row(sw.iloc[0])
-    fams = {str(chosen.get("family")), str(sw_row.get("family"))}  # a different strategy, as the runner-up is
-    other = feasible[~feasible["family"].astype(str).isin(fams)] if "family" in feasible else feasible
-    keep = [lay != chosen["layout_text"] and not shards_alike(Layout.from_row(r), sw_lay)
-            for lay, (_, r) in zip(other["layout_text"], other.iterrows(), strict=True)]
+    fams = {str(chosen["family"]), str(sw_row["family"])}  # a different strategy, as the runner-up is (and so
+    other = feasible[~feasible["family"].astype(str).isin(fams)]  # neither the chosen layout nor the switch)
+    keep = [not shards_alike(Layout.from_row(r), sw_lay) for _, r in other.iterrows()]
     feasible = other
     return fit_fallback(feasible[keep], sw_row, float(fallback["mem_ratio"]), float(fallback["max_hbm_frac"]), judge,
                         timed=True)
@@ -830,8 +829,9 @@ def fallback_entry(r: pd.Series, chosen: dict[str, Any], judge: Judge | None = N
            "mem_total_gib": float(r["mem_total_gib"]), "headroom_frac": float(r["headroom_frac"]),
            "slower_frac": 1.0 - float(r["tokens_per_s"]) / float(chosen["tokens_per_s"])}
     if all(k in r for k in ("dp", "tp", "pp", "cp", "sharding")):
-        out["pin"] = layout_overlay(Layout.from_row(r))
-        out["interval_family"] = family_class(Layout.from_row(r))  # whose held-out errors its interval takes
+        lay = Layout.from_row(r)
+        out["pin"] = layout_overlay(lay)
+        out["interval_family"] = family_class(lay)  # whose held-out errors its interval takes
     if judge is None:
         return out
     out["as_launched"] = True
