@@ -13,12 +13,15 @@ from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
 from trainplan.published.intervals import error_pool, family_class, heldout_errors_by_family, interval_bounds
 from trainplan.search.layouts import (
+    LAUNCH_TPS_WHY,
     batch_alternative,
     best_row,
     family_verdicts,
     group_infeasible,
     impossible_techniques,
     infeasible_summary,
+    launch_changes_speed,
+    launched_tps,
     pinned_options,
     technique_verdicts,
 )
@@ -61,15 +64,22 @@ def run(args: argparse.Namespace) -> int:
     for c in ("#", "layout", "family", "tok/s/GPU", "p10–p90", "MFU", "step s", "weights", "grads", "optim", "activ",
               "total GiB", "headroom"):
         t.add_column(c, justify="left" if c in ("layout", "family") else "right")
+    moved = []  # ranked on the speed of what the launch runs: where that is not the plan's, say so under the table
     for _, r in feas.head(args.top).iterrows():
         lo, hi = factors.get(family_class(r), (None, None))
-        tps = r["tokens_per_s_per_gpu"]
+        tps = launched_tps(r, "tokens_per_s_per_gpu")
         band = f"{lo * tps:.0f}–{hi * tps:.0f}" if lo is not None else "—"
-        t.add_row(str(r["rank"]), r["layout_text"], r["family"], f"{tps:.0f}", band, f"{r['mfu']:.1%}",
+        mark = ""
+        if launch_changes_speed(r):
+            moved.append(f"{r['rank']}: {r[LAUNCH_TPS_WHY]} ({r['tokens_per_s_per_gpu']:.0f} as planned)")
+            mark = "*"
+        t.add_row(str(r["rank"]), r["layout_text"], r["family"], f"{tps:.0f}{mark}", band, f"{r['mfu']:.1%}",
                   f"{r['step_time_s']:.2f}", f"{r['mem_weights_gib']:.1f}", f"{r['mem_gradients_gib']:.1f}",
                   f"{r['mem_optimizer_gib']:.1f}", f"{r['mem_activations_gib']:.1f}", f"{r['mem_total_gib']:.1f}",
                   f"{r['headroom_frac']:.0%}")
     con.print(t)
+    if moved:
+        con.print("* tokens/s/GPU of what the launch runs, not the plan: " + "; ".join(moved), highlight=False)
     con.print(f"p10–p90: predictive interval over the leave-one-table-out errors of the {gen.upper()} published rows of "
               "the layout's family class (FSDP/ZeRO, TP, PP, CP); layouts whose intervals overlap are not ranked by the "
               "model alone" if factors else
@@ -83,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         con.print(f"  [bold]{v['technique']}[/bold]: {v['line']}", highlight=False)
     if cfg.layout is None and len(feas):
         alt = batch_alternative(cfg.model, cfg.cluster, cfg.training, eff, options,
-                                float(best_row(feas)["tokens_per_s_per_gpu"]), plan_search)
+                                launched_tps(best_row(feas), "tokens_per_s_per_gpu"), plan_search)
         if alt:
             con.print(f"[bold]Global batch[/bold]: {alt['configured']:,} sequences do not divide over "
                       f"{cfg.cluster.n_gpus} GPUs (no layout with dp = {cfg.cluster.n_gpus}); at "

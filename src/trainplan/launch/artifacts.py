@@ -64,7 +64,7 @@ from trainplan.model import comm
 from trainplan.model.arch import MODEL_PRESETS, ModelSpec, hf_config_dict, hf_unsupported_reason
 from trainplan.model.base import ConfigError
 from trainplan.model.hardware import ClusterSpec
-from trainplan.model.layout import Layout, check_layout, grad_accum
+from trainplan.model.layout import Layout, LayoutTable, check_layout, grad_accum
 from trainplan.model.memory import memory_breakdown
 from trainplan.model.timing import step_time
 from trainplan.model.training import TrainingSpec
@@ -73,13 +73,15 @@ from trainplan.search.layouts import (
     LAUNCH_AS,
     LAUNCH_AS_MISFIT,
     LAUNCH_NO_RUN,
+    LAUNCH_TPS_RATIO,
+    LAUNCH_TPS_WHY,
     describe_rows,
     refit_as_launched,
     search,
 )
 
 __all__ = ["Artifact", "DEEPSPEED_DOCUMENTED_KEYS", "accelerate_config", "as_launched", "bash_syntax_check",
-           "cannot_run_mask", "runs_as_mask", "deepspeed_config", "deepspeed_unsupported_reason", "entry_finetune", "launch_judge", "launched_peak", "main", "peak_as_launched", "plan_search",
+           "cannot_run_mask", "runs_as_mask", "deepspeed_config", "deepspeed_unsupported_reason", "entry_finetune", "launch_judge", "launched_peak", "launched_speed", "main", "peak_as_launched", "plan_search",
            "plan_deviations",
            "qlora_as_lora_note", "sbatch_name", "sbatch_script",
            "sbatch_test_only", "torchrun_command", "torchrun_script", "write_artifacts"]
@@ -401,14 +403,87 @@ def runs_as_mask(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     return mask, why
 
 
+# ... and those its training changes and step-time verdict depend on (offload: FSDP2's whole-model CPU offload;
+# shard_group: Accelerate rounds an HSDP group to whole cp groups)
+_SPEED_FIELDS = [*_RENAME_FIELDS, "offload", "shard_group"]
+
+
+def launched_speed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, df: Any,
+                   eff: Any = None) -> tuple[Any, Any]:
+    """(each row's modelled step time as planned over as launched, the trainer's words for what changes it): the
+    :func:`as_launched` ``throughput_ratio`` of every feasible row of ``df`` at once. 1.0 where the launch runs the
+    plan (or changes nothing that moves the step time); NaN on rows that are not feasible or that run as a layout
+    the planner refuses. Where a change has no step-time model (FSDP2's whole-model offload, torchtitan's all-gather
+    CP), ``as_launched`` says nothing (None); here the ratio is that of the changes that are modelled (an FP8 CP plan
+    that torchtitan trains in bf16 is at least as slow as bf16), and the words say which are not.
+
+    Where the ratio is not 1, the trainer changes the training or the layout: torchtitan runs an FP8 tensorwise
+    plan in bf16 (its float8 converter has rowwise recipes only) and fused kernels as torch.compile; Accelerate runs
+    QLoRA as LoRA over a bf16 base and FP8 rowwise in bf16; Accelerate's layout renames (TP without SP, full
+    recompute for selective, ...). The search ranks on the speed of what runs (``search.layouts.LAUNCH_TPS_RATIO``),
+    so that an FP8 study does not list its TP layouts at an FP8 speed the torchtitan launch would not reach.
+
+    The verdict is taken once per combination of the fields the deviations depend on (``_SPEED_FIELDS``); the step
+    times of what runs, once per training change, over all its rows (the model is vectorised). A test checks the
+    ratios against :func:`as_launched` row by row."""
+    n = len(df)
+    ratio = np.full(n, np.nan)
+    why = np.full(n, "", dtype=object)
+    feas = np.flatnonzero(df["feasible"].to_numpy(dtype=bool)) if "feasible" in df else np.arange(n)
+    if not len(feas):
+        return ratio, why
+    sub = df.iloc[feas]
+    groups = sub.groupby(_SPEED_FIELDS, sort=False, dropna=False).ngroup().to_numpy()
+    reps = sub.loc[sub[_SPEED_FIELDS].drop_duplicates().index]  # the first row of each group, in group order
+    runs: dict[tuple[tuple[str, Any], ...], list[tuple[int, dict[str, Any]]]] = {}
+    for g, (_, rep) in enumerate(reps.iterrows()):
+        lay = Layout.from_row(rep)
+        trainer = choose_trainer(model, training, lay)[0]
+        devs = plan_deviations(model, cluster, training, lay, trainer)
+        rows = groups == g
+        if any(d.cannot_run for d in devs):  # (ruled out: cannot_run_mask)
+            continue
+        timed = [d for d in devs if "step time" not in d.unmodelled]
+        lay_ch = {k: v for d in timed for k, v in d.layout.items() if getattr(lay, k) != v}
+        tr_ch = {k: v for d in timed for k, v in d.training.items() if getattr(training, k) != v}
+        ratio[feas[rows]] = 1.0
+        if not lay_ch and not tr_ch:
+            continue
+        try:
+            check_layout(model, cluster, replace(training, **tr_ch), replace(lay, **lay_ch))
+        except ConfigError:  # what runs is not a layout the planner accepts (as_launched: nothing modelled)
+            ratio[feas[rows]] = np.nan
+            continue
+        untimed = [d.short for d in devs if d not in timed]
+        moving = [d for d in timed if any(getattr(lay, k) != v for k, v in d.layout.items())
+                  or any(getattr(training, k) != v for k, v in d.training.items())]
+        why[feas[rows]] = (f"{trainer}: " + "; ".join(d.short for d in moving)
+                           + (f" (step time not modelled for: {'; '.join(untimed)})" if untimed else ""))
+        runs.setdefault(tuple(sorted(tr_ch.items())), []).append((g, lay_ch))
+    for tr_ch, gs in runs.items():
+        rows = np.flatnonzero(np.isin(groups, [g for g, _ in gs]))
+        run = sub.iloc[rows][list(LayoutTable.FIELDS)].copy()
+        for g, lay_ch in gs:
+            at = run.index[groups[rows] == g]
+            for k, v in lay_ch.items():
+                run.loc[at, k] = v
+        table = LayoutTable(**{k: run[k].to_numpy() for k in LayoutTable.FIELDS})
+        ran_s = np.asarray(step_time(model, cluster, replace(training, **dict(tr_ch)), table, eff)["step_time_s"],
+                           dtype=float)
+        ratio[feas[rows]] = sub["step_time_s"].to_numpy(dtype=float)[rows] / ran_s
+    return ratio, why
+
+
 def plan_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: Any = None,
                 options: dict[str, Any] | None = None, top: int = 10, *, mem_scale: float = 1.0) -> Any:
     """The search a study plans with (the analytic stage, ``trainplan plan``, the workflow's up-front check that a
     layout fits): ``search.layouts.search``, then ``refit_as_launched`` with what the launch runs for each layout
     (:func:`launch_judge`), so that no layout the launch could not run or fit is chosen, ranked in the production
-    table's ``top`` rows, or named for a family or a technique (``refit_as_launched`` repeats until none is). ``mem_scale``: the memory model's error on every peak, planned and
+    table's ``top`` rows, or named for a family or a technique (``refit_as_launched`` repeats until none is), and
+    every layout is ranked on the speed of what runs (:func:`launched_speed`). ``mem_scale``: the memory model's error on every peak, planned and
     launched (the sensitivity's ``memory_x``)."""
     df = search(model, cluster, training, eff, options, mem_scale=mem_scale)
+    df[LAUNCH_TPS_RATIO], df[LAUNCH_TPS_WHY] = launched_speed(model, cluster, training, df, eff)
     no_run, why = cannot_run_mask(model, training, df)
     ruled = [(no_run, f"{LAUNCH_NO_RUN}{why})"), runs_as_mask(model, cluster, training, df)]
     return refit_as_launched(df, launched_peak(launch_judge(model, cluster, training, eff)), cluster, options, top,

@@ -32,6 +32,7 @@ from trainplan.model.layout import Layout  # noqa: E402
 from trainplan.model.timing import STEP_PARTS  # noqa: E402
 from trainplan.report.labels import caption_path  # noqa: E402, F401 (re-exported)
 from trainplan.report.labels import figure_labels as report_labels  # noqa: E402, F401
+from trainplan.search.layouts import LAUNCH_TPS_RATIO, launched_tps  # noqa: E402
 
 STYLE = pkgdata.path(pkgdata.MPL_STYLE)
 
@@ -281,19 +282,22 @@ def short_number(v: float) -> str:
 
 
 def plot_pareto(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
-    """Feasible layouts: throughput per GPU vs memory headroom; the Pareto front and the chosen layout."""
+    """Feasible layouts: throughput per GPU (of what the launch runs, as the search ranks them) vs memory headroom;
+    the Pareto front and the chosen layout."""
     f = df[df["feasible"].astype(bool)]
+    f = f.assign(_tps=launched_tps(f, "tokens_per_s_per_gpu"))
     with _style():
         fig, ax = _axes(ax, (6.0, 3.6))
-        ax.scatter(f["headroom_frac"] * 100, f["tokens_per_s_per_gpu"], s=6 if len(f) > 500 else 10,
+        ax.scatter(f["headroom_frac"] * 100, f["_tps"], s=6 if len(f) > 500 else 10,
                    color="#bbbbbb", label=f"feasible ({len(f):,})", rasterized=len(f) > 500, lw=0)
         p = f[f["pareto"].astype(bool)].sort_values("headroom_frac")
-        ax.plot(p["headroom_frac"] * 100, p["tokens_per_s_per_gpu"], "o-", ms=4, label="Pareto front")
+        ax.plot(p["headroom_frac"] * 100, p["_tps"], "o-", ms=4, label="Pareto front")
         best = f[f["rank"] == f["rank"].min()]
-        ax.scatter(best["headroom_frac"] * 100, best["tokens_per_s_per_gpu"], marker="*", s=160, color="#b83b5e",
+        ax.scatter(best["headroom_frac"] * 100, best["_tps"], marker="*", s=160, color="#b83b5e",
                    zorder=4, label="recommended (rank 1)")
         ax.set_xlabel("memory headroom (% of usable HBM)")
-        ax.set_ylabel("tokens/s per GPU (analytic)")
+        moved = LAUNCH_TPS_RATIO in f and bool((f[LAUNCH_TPS_RATIO].fillna(1.0) != 1.0).any())
+        ax.set_ylabel("tokens/s per GPU (analytic" + (", as launched)" if moved else ")"))
         # below the axes: with thousands of layouts every corner of the plot holds points
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
     return fig

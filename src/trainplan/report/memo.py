@@ -45,6 +45,7 @@ from trainplan.search.layouts import (
     best_row,
     family_layout,
     group_infeasible,
+    launched_tps,
     ranked,
     runner_up_index,
     shards_alike,
@@ -401,17 +402,22 @@ def runner_up(families: pd.DataFrame | None, chosen: dict[str, Any] | None) -> d
     fam = fam[pd.to_numeric(fam["tokens_per_s_per_gpu"], errors="coerce").notna()]
     if not len(fam):
         return None
+    # speeds of what the launch runs (families.csv's tokens_per_s_per_gpu_launched, where the table has it): the
+    # search ranked on them, and an FP8 plan's torchtitan layouts train in bf16; the chosen one's p10/p50 alike
+    col = "tokens_per_s_per_gpu_launched" if "tokens_per_s_per_gpu_launched" in fam else "tokens_per_s_per_gpu"
     ranked = "rank" in fam and pd.to_numeric(fam["rank"], errors="coerce").notna().all()
-    fam = fam.sort_values("rank", kind="stable") if ranked else fam.sort_values("tokens_per_s_per_gpu", ascending=False)
-    p50 = float(chosen["tokens_per_s_per_gpu_p50"])
+    fam = fam.sort_values("rank", kind="stable") if ranked else fam.sort_values(col, ascending=False, kind="stable")
     mine = families[verdict == "chosen"]
+    mine_x = (float(mine[col].iloc[0]) / float(mine["tokens_per_s_per_gpu"].iloc[0])
+              if len(mine) and col in mine and pd.notna(mine[col].iloc[0]) else 1.0)
+    p50 = float(chosen["tokens_per_s_per_gpu_p50"]) * mine_x
     mine_lay = family_layout(mine.iloc[0]) if len(mine) else None
     lays = [family_layout(r) for _, r in fam.iterrows()]
-    tps = [float(t) for t in fam["tokens_per_s_per_gpu"]]
+    tps = [float(t) if pd.notna(t) else float(p) for t, p in zip(fam[col], fam["tokens_per_s_per_gpu"], strict=True)]
     if mine_lay is None or any(lay is None for lay in lays):  # no layouts to compare: the best other family
         pick, passed = 0, []
     else:
-        pick, passed = runner_up_index(mine_lay, float(mine["tokens_per_s_per_gpu"].iloc[0]),
+        pick, passed = runner_up_index(mine_lay, float(mine["tokens_per_s_per_gpu"].iloc[0]) * mine_x,
                                        list(zip(lays, tps, strict=True)))
     layout_of = [str(r.get("best_layout") or r.get("layout") or "") for _, r in fam.iterrows()]
     r = fam.iloc[pick]
@@ -421,8 +427,10 @@ def runner_up(families: pd.DataFrame | None, chosen: dict[str, Any] | None) -> d
     mem_x = memory_interval_factors(chosen)  # the same factors for every layout: the chosen one's carry over
     mem_p90 = mem * mem_x[1] if mem_x is not None else None
     return {"family": str(r["family"]), "layout": layout_of[pick],
-            "tokens_per_s_per_gpu": tps[pick], "mem_total_gib": mem, "mem_total_gib_p90": mem_p90,
-            "slower_frac": 1.0 - tps[pick] / p50, "inside_interval": tps[pick] >= float(chosen["tokens_per_s_per_gpu_p10"]),
+            "tokens_per_s_per_gpu": tps[pick], "tokens_per_s_per_gpu_planned": float(r["tokens_per_s_per_gpu"]),
+            "mem_total_gib": mem, "mem_total_gib_p90": mem_p90,
+            "slower_frac": 1.0 - tps[pick] / p50,
+            "inside_interval": tps[pick] >= float(chosen["tokens_per_s_per_gpu_p10"]) * mine_x,
             "equivalents": equivalents}
 
 
@@ -618,11 +626,12 @@ def tie_winner(feasible: pd.DataFrame, chosen: dict[str, Any]) -> dict[str, Any]
     a tie the search broke on memory headroom, then simplicity) and how much more memory it needs; else None."""
     if not len(feasible) or "tokens_per_s" not in feasible:
         return None
-    fast = feasible.loc[feasible["tokens_per_s"].idxmax()]
-    if float(fast["tokens_per_s"]) <= float(chosen["tokens_per_s"]):
+    speed = launched_tps(feasible)  # as the search ranked them: the speed of what the launch runs
+    fast = feasible.loc[speed.idxmax()]
+    if float(speed.max()) <= launched_tps(chosen):
         return None
     return {"layout": str(fast.get("layout_text", "")),
-            "faster_frac": float(fast["tokens_per_s"]) / float(chosen["tokens_per_s"]) - 1.0,
+            "faster_frac": float(speed.max()) / launched_tps(chosen) - 1.0,
             "more_gib": float(fast["mem_total_gib"]) - float(chosen["mem_total_gib"])}
 
 

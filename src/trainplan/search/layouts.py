@@ -347,13 +347,40 @@ def tie_order(tput: np.ndarray, headroom: np.ndarray, complexity: np.ndarray, ti
     return order
 
 
+# launch.artifacts.launched_speed's columns of a study's candidates: the modelled step time as planned over as
+# launched (NaN: not modelled, or not feasible) and the trainer's words for what changes it
+LAUNCH_TPS_RATIO, LAUNCH_TPS_WHY = "launch_tps_ratio", "launch_tps_why"
+
+
+def _ratio(r: Any) -> float:
+    x = r.get(LAUNCH_TPS_RATIO)
+    return 1.0 if x is None or x != x else float(x)
+
+
+def launched_tps(rows: Any, col: str = "tokens_per_s") -> Any:
+    """``col`` (``tokens_per_s`` or ``tokens_per_s_per_gpu``) of candidates rows (a frame, a row or a dict) at the
+    speed of what the launch runs: times LAUNCH_TPS_RATIO where the table has it and it is modelled, the plan's
+    figure elsewhere. What the search ranks on and every comparison between layouts uses (a launch that trains an
+    FP8 plan in bf16 is as slow as bf16); the columns themselves stay the plan's."""
+    if isinstance(rows, pd.DataFrame):
+        v = rows[col].astype(float)
+        return v * rows[LAUNCH_TPS_RATIO].astype(float).fillna(1.0) if LAUNCH_TPS_RATIO in rows else v
+    return float(rows[col]) * _ratio(rows)
+
+
+def launch_changes_speed(r: Any) -> bool:
+    """Whether what the launch runs for candidates row ``r`` has a modelled speed other than the plan's."""
+    return abs(_ratio(r) - 1.0) > 1e-9
+
+
 def ranked(feas: pd.DataFrame) -> pd.DataFrame:
-    """Feasible layouts (tokens_per_s, headroom_frac, complexity columns) in the search's tie-aware rank order;
-    the search ranks its candidates with it, and the memory fallback reranks what still fits at an error with it."""
-    feas = feas.sort_values(["tokens_per_s", "headroom_frac", "complexity"], ascending=[False, False, True],
-                            kind="stable")
-    return feas.iloc[tie_order(feas["tokens_per_s"].to_numpy(), feas["headroom_frac"].to_numpy(),
-                               feas["complexity"].to_numpy())]
+    """Feasible layouts (tokens_per_s, headroom_frac, complexity columns) in the search's tie-aware rank order, on
+    the speed of what the launch runs (:func:`launched_tps`); the search ranks its candidates with it, and the memory
+    fallback reranks what still fits at an error with it."""
+    feas = feas.assign(_speed=launched_tps(feas)).sort_values(["_speed", "headroom_frac", "complexity"],
+                                                              ascending=[False, False, True], kind="stable")
+    return feas.iloc[tie_order(feas["_speed"].to_numpy(), feas["headroom_frac"].to_numpy(),
+                               feas["complexity"].to_numpy())].drop(columns="_speed")
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: Efficiency | None = None,
@@ -421,7 +448,7 @@ def _rank(df: pd.DataFrame) -> pd.DataFrame:
     df.loc[feas.index, "rank"] = np.arange(1, len(feas) + 1)
     df["pareto"] = False
     if len(feas):
-        df.loc[feas.index, "pareto"] = _pareto(feas["tokens_per_s"].to_numpy(), feas["headroom_frac"].to_numpy())
+        df.loc[feas.index, "pareto"] = _pareto(launched_tps(feas).to_numpy(), feas["headroom_frac"].to_numpy())
     df["_r"] = np.where(df["rank"] > 0, df["rank"], np.iinfo(np.int64).max)
     return df.sort_values(["_r"], kind="stable").drop(columns="_r").reset_index(drop=True)
 
@@ -459,8 +486,8 @@ def refit_as_launched(df: pd.DataFrame, peak_of: Any, cluster: ClusterSpec, opti
             df.loc[gone, "reason"] = why if isinstance(why, str) else np.asarray(why, dtype=object)[gone]
             df["feasible"] = df["reason"].astype(str) == ""
             gone_any = True
-    if gone_any:
-        df = _rank(df)
+    if gone_any or (LAUNCH_TPS_RATIO in df and (df[LAUNCH_TPS_RATIO].fillna(1.0) != 1.0).any()):
+        df = _rank(df)  # (search ranked on the plan's speed)
     judged: set[str] = set()
     while True:
         feas = df[df["feasible"].astype(bool)]
@@ -576,14 +603,16 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
             else:  # the reason of the family's simplest layout (dp alone, micro-batch 1), not the commonest one
                 simplest = g.sort_values(["complexity", "cp", "micro_batch"], kind="stable").iloc[0]
                 verdict, line = "infeasible", f"{simplest['layout_text']}: {simplest['reason']}"
-            rows.append({"family": fam, "best_layout": "", "tokens_per_s_per_gpu": np.nan, "mem_total_gib": np.nan,
+            rows.append({"family": fam, "best_layout": "", "tokens_per_s_per_gpu": np.nan,
+                         "tokens_per_s_per_gpu_launched": np.nan, "mem_total_gib": np.nan,
                          "rank": np.nan, "verdict": verdict, "line": line})
             continue
         r = best_row(gf)
+        tps = launched_tps(r, "tokens_per_s_per_gpu")
         if best is not None and r.name == best.name:
-            verdict, line = "chosen", f"best overall: {r['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU"
+            verdict, line = "chosen", f"best overall: {tps:,.0f} tokens/s/GPU{_as_launched(r)}"
         else:
-            slower = 1.0 - r["tokens_per_s"] / best["tokens_per_s"]
+            slower = 1.0 - launched_tps(r) / launched_tps(best)
             extra = step_time_growth(r, best, comm="comm-bound")
             cause = max(extra, key=lambda k: extra[k])
             if slower < TIE_FRAC:
@@ -592,14 +621,30 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
             verdict = ("bubble" if cause == "bubble" else "ties" if slower < TIE_FRAC
                        else f"slower by {slower:.0%}")
             head = (f"slower by {slower:.1%}" if slower >= 0 else f"faster by {-slower:.1%}")
-            line = (f"{head} ({r['tokens_per_s_per_gpu']:,.0f} vs {best['tokens_per_s_per_gpu']:,.0f} "
-                    f"tokens/s/GPU), mostly {cause}" + (f": +{extra[cause]:.2f} s/step" if slower >= TIE_FRAC else ""))
+            line = (f"{head} ({tps:,.0f} vs {launched_tps(best, 'tokens_per_s_per_gpu'):,.0f} "
+                    f"tokens/s/GPU{_as_launched(r, best)}), mostly {cause}"
+                    + (f": +{extra[cause]:.2f} s/step" if slower >= TIE_FRAC else ""))
         rows.append({"family": fam, "best_layout": r["layout_text"], "tokens_per_s_per_gpu": r["tokens_per_s_per_gpu"],
+                     "tokens_per_s_per_gpu_launched": tps,
                      "mem_total_gib": r["mem_total_gib"], "rank": r.get("rank", np.nan),
                      "verdict": verdict, "line": line, **_layout_columns(r)})
     out = pd.DataFrame(rows)
     key = "rank" if out["rank"].notna().any() else "tokens_per_s_per_gpu"
     return out.sort_values(key, ascending=key == "rank", na_position="last", kind="stable").reset_index(drop=True)
+
+
+def _as_launched(*rows: Any) -> str:
+    """Where the launch changes the modelled speed of any of ``rows`` (candidates rows): that the figures are
+    those of what runs, and for each such row what changes and its speed as planned; else nothing."""
+    moved = [r for r in rows if launch_changes_speed(r)]
+    if not moved:
+        return ""
+    whys = list(dict.fromkeys(str(r.get(LAUNCH_TPS_WHY)) for r in moved))
+    planned = " and ".join(f"{r['tokens_per_s_per_gpu']:,.0f}" for r in moved)
+    if len(whys) == 1:
+        return f" as launched; {whys[0]}, {planned} as planned"
+    return " as launched; " + "; ".join(f"{r.get(LAUNCH_TPS_WHY)} ({r['tokens_per_s_per_gpu']:,.0f} as planned)"
+                                        for r in moved)
 
 
 def shards_alike(a: Layout, b: Layout) -> bool:
@@ -655,7 +700,8 @@ def batch_alternative(model: ModelSpec, cluster: ClusterSpec, training: Training
     other (the other multiple), layout, family, tokens_per_s_per_gpu, gain_frac}. None when the batch divides or
     nothing nearby is faster. Changing the batch is a training choice (learning rate, steps), not the planner's.
     ``searcher``: the study's search (``launch.artifacts.plan_search``, which rules out what the launch could not
-    run or fit); default :func:`search`."""
+    run or fit); default :func:`search`. Speeds are those of what the launch runs (:func:`launched_tps`), as the
+    search ranks them: ``best_tps_per_gpu`` too."""
     searcher = searcher or search
     n, gb = cluster.n_gpus, training.global_batch
     if gb % n == 0 or not best_tps_per_gpu:
@@ -665,9 +711,9 @@ def batch_alternative(model: ModelSpec, cluster: ClusterSpec, training: Training
         d = searcher(model, cluster, replace(training, global_batch=b), eff, options)
         r = best_row(d[d["feasible"]])
         if r is not None:
+            tps = launched_tps(r, "tokens_per_s_per_gpu")
             found.append({"global_batch": int(b), "layout": str(r["layout_text"]), "family": str(r["family"]),
-                          "tokens_per_s_per_gpu": float(r["tokens_per_s_per_gpu"]),
-                          "gain_frac": float(r["tokens_per_s_per_gpu"] / best_tps_per_gpu - 1.0)})
+                          "tokens_per_s_per_gpu": tps, "gain_frac": tps / best_tps_per_gpu - 1.0})
     if not found:
         return None
     top = max(found, key=lambda x: (x["gain_frac"], -abs(x["global_batch"] - gb)))
@@ -684,8 +730,11 @@ def best_row(feas: pd.DataFrame) -> pd.Series | None:
         return None
     if "rank" in feas and (feas["rank"] > 0).all():
         return feas.loc[feas["rank"].idxmin()]
-    keys = [k for k in ("tokens_per_s", "headroom_frac", "complexity") if k in feas]
-    return feas.sort_values(keys, ascending=[k == "complexity" for k in keys], kind="stable").iloc[0]
+    if "tokens_per_s" in feas:
+        feas = feas.assign(_speed=launched_tps(feas))
+    keys = [k for k in ("_speed", "headroom_frac", "complexity") if k in feas]
+    return feas.sort_values(keys, ascending=[k == "complexity" for k in keys], kind="stable").iloc[0].drop(
+        "_speed", errors="ignore")
 
 
 TIE_FRAC = 0.005  # |Δ throughput| below this is a tie (the ranking then falls to headroom and simplicity)
@@ -699,9 +748,15 @@ def step_time_growth(r: pd.Series, o: pd.Series, comm: str = "exposed comm") -> 
     parts = {name: float(np.nan_to_num(r.get(k, 0.0)) - np.nan_to_num(o.get(k, 0.0)))
              for k, name in timing.COMPUTE_PARTS.items()}
     kernels = r["compute_s"] - o["compute_s"] - sum(parts.values())
-    return {"bubble": r["bubble_s"] - o["bubble_s"], comm: r["comm_exposed_s"] - o["comm_exposed_s"],
-            "compute (GEMMs, attention, elementwise kernels)": kernels, **parts,
-            "optimizer/offload": r["optimizer_s"] + r["offload_s"] - o["optimizer_s"] - o["offload_s"]}
+    out = {"bubble": r["bubble_s"] - o["bubble_s"], comm: r["comm_exposed_s"] - o["comm_exposed_s"],
+           "compute (GEMMs, attention, elementwise kernels)": kernels, **parts,
+           "optimizer/offload": r["optimizer_s"] + r["offload_s"] - o["optimizer_s"] - o["offload_s"]}
+    if launch_changes_speed(r) or launch_changes_speed(o):  # what the launch runs instead (torchtitan's bf16 for an FP8 plan): its own term
+        def launch_s(x: Any) -> float:
+            return float(x["step_time_s"]) * (1.0 / _ratio(x) - 1.0)
+
+        out["what the launch runs instead of the plan"] = launch_s(r) - launch_s(o)
+    return out
 
 
 def _extra_cause(r: pd.Series, o: pd.Series) -> str:
@@ -794,7 +849,7 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
             o = best_row(feas)
             rows.append({"technique": name, "used_by_best": False, "best_with": "",
                          "tokens_per_s_per_gpu_with": np.nan, "best_without": o["layout_text"],
-                         "tokens_per_s_per_gpu_without": o["tokens_per_s_per_gpu"], "delta_frac": np.nan,
+                         "tokens_per_s_per_gpu_without": launched_tps(o, "tokens_per_s_per_gpu"), "delta_frac": np.nan,
                          "verdict": "not possible here", "note": impossible[name],
                          "line": "no layout of this study can use it: " + impossible[name]})
             continue
@@ -807,13 +862,15 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
             without = could if len(could) else without  # none without it has TP: against the best overall
         used = bool(sel(top).iloc[0]) if len(top) else False
         r, o = best_row(wf), best_row(without)
-        row = {"technique": name, "used_by_best": used,
+        gpu = "tokens_per_s_per_gpu"
+        row = {"technique": name, "used_by_best": used,  # figures at the speed of what the launch runs
                "best_with": r["layout_text"] if r is not None else "",
-               "tokens_per_s_per_gpu_with": r["tokens_per_s_per_gpu"] if r is not None else np.nan,
+               "tokens_per_s_per_gpu_with": launched_tps(r, gpu) if r is not None else np.nan,
                "best_without": o["layout_text"] if o is not None else "",
-               "tokens_per_s_per_gpu_without": o["tokens_per_s_per_gpu"] if o is not None else np.nan,
-               "delta_frac": r["tokens_per_s"] / o["tokens_per_s"] - 1.0 if r is not None and o is not None else np.nan}
+               "tokens_per_s_per_gpu_without": launched_tps(o, gpu) if o is not None else np.nan,
+               "delta_frac": launched_tps(r) / launched_tps(o) - 1.0 if r is not None and o is not None else np.nan}
         delta = row["delta_frac"]
+        launched = _as_launched(*(x for x in (r, o) if x is not None))
         also, instead = ((_also_uses(df, r.name, o.name, name), _also_uses(df, o.name, r.name, name))
                          if r is not None and o is not None else ([], []))
         also_text = "; ".join(([f"that layout also uses {', '.join(also)}"] if also else [])
@@ -843,16 +900,16 @@ def technique_verdicts(df: pd.DataFrame, extra: list[dict[str, Any]] | None = No
         elif delta > TIE_FRAC:
             row["verdict"] = f"buys {delta:+.1%}"
             row["note"] = f"cuts {_extra_cause(o, r)}{also_text}" + ("; the chosen layout uses it" if used else "")
-            row["line"] = (f"buys {delta:+.1%} ({r['tokens_per_s_per_gpu']:,.0f} vs {o['tokens_per_s_per_gpu']:,.0f} "
-                           f"tokens/s/GPU): {row['note']}")
+            row["line"] = (f"buys {delta:+.1%} ({row[gpu + '_with']:,.0f} vs {row[gpu + '_without']:,.0f} "
+                           f"tokens/s/GPU{launched}): {row['note']}")
         elif delta >= -TIE_FRAC:
             row["verdict"] = "ties"
             row["note"] = "the chosen layout uses it" if used else "not worth the extra complexity"
-            row["line"] = f"ties ({delta:+.1%}): best with it {r['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU; {row['note']}"
+            row["line"] = f"ties ({delta:+.1%}): best with it {row[gpu + '_with']:,.0f} tokens/s/GPU{launched}; {row['note']}"
         else:
             row["verdict"], row["note"] = f"costs {-delta:.1%}", f"mostly {_extra_cause(r, o)}{also_text}"
-            row["line"] = (f"costs {-delta:.1%} at best ({r['tokens_per_s_per_gpu']:,.0f} vs "
-                           f"{o['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU), {row['note']}")
+            row["line"] = (f"costs {-delta:.1%} at best ({row[gpu + '_with']:,.0f} vs "
+                           f"{row[gpu + '_without']:,.0f} tokens/s/GPU{launched}), {row['note']}")
         rows.append(row)
     return pd.DataFrame(rows + list(extra or []),
                         columns=["technique", "used_by_best", "best_with", "tokens_per_s_per_gpu_with",

@@ -15,6 +15,7 @@ from trainplan.search.layouts import (
     family_verdicts,
     fp8_technique_rows,
     impossible_techniques,
+    launched_tps,
     pinned_options,
     technique_verdicts,
 )
@@ -41,7 +42,7 @@ def run(inp: Mapping, out: Mapping, cfg: Mapping) -> None:
         summary["estimate"] = estimate(s["model"], s["cluster"], s["training"], layout, s["efficiency"]).to_json()
         if s["layout"] is None:  # searched, not pinned: would a global batch that divides over the GPUs be faster?
             alt = batch_alternative(s["model"], s["cluster"], s["training"], s["efficiency"], options,
-                                    float(best.iloc[0]["tokens_per_s_per_gpu"]), plan_search)
+                                    launched_tps(best.iloc[0], "tokens_per_s_per_gpu"), plan_search)
             if alt:
                 summary["batch_alternative"] = alt
     else:

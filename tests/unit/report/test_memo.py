@@ -138,6 +138,32 @@ def test_runner_up_skips_the_chosen_and_oom_families():
     assert memo.runner_up(fam.iloc[[0, 1]], ch) is None and memo.runner_up(None, ch) is None
 
 
+def test_runner_up_and_tie_winner_compare_the_speeds_of_what_the_launch_runs():
+    """An FP8 study's TP layouts run under torchtitan, which trains them in bf16: the search ranks them at that speed
+    (families.csv's tokens_per_s_per_gpu_launched) and so must page 1's runner-up, or it names a layout at an FP8
+    speed the launch never reaches. C is faster as planned (95) but 60 as launched; D (80) runs as planned. The
+    chosen layout's own launch moves its p50/p10 by the same factor (QLoRA as LoRA), and the tie winner is judged
+    on the launched speed too."""
+    import pandas as pd
+
+    from trainplan.model.layout import Layout
+    from trainplan.search.layouts import LAUNCH_TPS_RATIO
+
+    a, c, d = (Layout(dp=32, sharding="zero2"), Layout(dp=16, tp=2, sp=True, sharding="zero2", micro_batch=2),
+               Layout(dp=16, pp=2, sharding="zero2"))
+    fam = _families([a, c, d], [100.0, 95.0, 80.0], [60.0, 40.0, 30.0], ["chosen", "slower", "slower"],
+                    names=["A", "C", "D"]).assign(tokens_per_s_per_gpu_launched=[110.0, 60.0, 80.0])
+    ch = {"tokens_per_s_per_gpu_p50": 100.0, "tokens_per_s_per_gpu_p10": 90.0}
+    r = memo.runner_up(fam, ch)
+    assert (r["family"], r["tokens_per_s_per_gpu"]) == ("D", 80.0)
+    assert r["slower_frac"] == pytest.approx(1 - 80 / 110) and not r["inside_interval"]  # 80 < 90 × 1.1
+    assert memo.runner_up(fam.drop(columns="tokens_per_s_per_gpu_launched"), ch)["family"] == "C"  # as planned
+    feas = pd.DataFrame({"layout_text": ["a", "c"], "tokens_per_s": [100.0, 101.0], "mem_total_gib": [60.0, 50.0],
+                         LAUNCH_TPS_RATIO: [1.0, 0.7]})
+    assert memo.tie_winner(feas, feas.iloc[0].to_dict()) is None
+    assert memo.tie_winner(feas.assign(**{LAUNCH_TPS_RATIO: 1.0}), feas.iloc[0].to_dict())["layout"] == "c"
+
+
 def test_runner_up_is_no_tie_that_only_shards_the_states_differently(rendered):
     """LoRA: DDP ties with the chosen ZeRO-1 (same layout, adapter states unsharded). It was the runner-up and the
     day-1 throughput fallback, though it runs exactly as fast or as slow; it is named as an equivalent instead and
