@@ -30,7 +30,7 @@ from typing import Any
 
 from trainplan.calibration.gpu import harness_layout, harness_training
 from trainplan.io import read_json, write_json
-from trainplan.launch.artifacts import launch_judge, load_inputs, peak_as_launched
+from trainplan.launch.artifacts import DAY1_THROUGHPUT_STEPS, launch_judge, load_inputs, peak_as_launched
 from trainplan.model.arch import ModelSpec, resolve_model
 from trainplan.model.base import ConfigError
 from trainplan.model.estimate import DEFAULT_MAX_MEM_FRAC
@@ -42,7 +42,8 @@ from trainplan.model.training import TrainingSpec
 from trainplan.proxy.aggregate import attn_kernel_of
 from trainplan.proxy.record import predicted_state_terms
 from trainplan.proxy.schema import RUN_DEFAULTS
-from trainplan.report.memo import Judge, fit_fallback, memory_fallback
+from trainplan.report.memo import Judge, fit_fallback, memory_fallback, switch_runner_up
+from trainplan.search.layouts import runner_up_row
 
 __all__ = ["ACT_REL_TOL", "HEADROOM_FRAC", "PEAK_REL_TOL", "STATE_REL_TOL", "TIME_REL_TOL", "Check",
            "evaluate", "fallback_line", "format_report", "main", "memory_error_ratio", "preflight_fallback",
@@ -389,7 +390,13 @@ def preflight_fallback(candidates: str | Path, mem_ratio: float | None = None,
     chosen = ok.sort_values("rank").iloc[0].to_dict()
     if mem_ratio is None or not mem_ratio > 1.0:
         return memory_fallback(ok, chosen, judge)
-    return fit_fallback(ok, chosen, mem_ratio, max_hbm_frac, judge)  # the memo names the same rule at the p90 error
+    fb = fit_fallback(ok, chosen, mem_ratio, max_hbm_frac, judge)  # the memo names the same rule at the p90 error
+    if fb and "pin" in fb and {"dp", "tp", "pp", "cp", "sharding"} <= set(ok.columns):
+        ru = runner_up_row(ok)
+        if ru is not None and str(ru["layout_text"]) == fb["layout"]:  # check 2's runner-up is this switch itself
+            fb["switch_is_runner_up"] = True
+            fb["second"] = switch_runner_up(ok, chosen, fb, judge)  # what check 2 measures instead, at this error
+    return fb
 
 
 def fallback_line(fallback: dict[str, Any] | None) -> str:
@@ -401,6 +408,15 @@ def fallback_line(fallback: dict[str, Any] | None) -> str:
     if fallback.get("pin"):
         line += (f" To switch: put `{fallback['pin']}` in a config overlay and rerun the study with it; its launch "
                  "files and preflight follow the pinned layout.")
+    if fallback.get("switch_is_runner_up"):
+        two = fallback.get("second")
+        line += (" This switch is the runner-up that day-1 check 2 would measure"
+                 + (f": after it, if the first {DAY1_THROUGHPUT_STEPS} steps run below its p10, measure "
+                    f"{two['layout']} instead "
+                    f"({abs(two['slower_frac']):.1%} {'slower' if two['slower_frac'] >= 0 else 'faster'} than the "
+                    f"switch; the next strategy that fits at ×{fallback['mem_ratio']:.2f}) and keep the faster."
+                    if two else f"; no other strategy fits at ×{fallback['mem_ratio']:.2f}: there is nothing else "
+                    "to measure."))
     return line
 
 

@@ -26,7 +26,7 @@ from trainplan.model.training import TrainingSpec
 from trainplan.published.fit import comparable_runs, error_pool, interval_bounds, predictive_error_draws
 from trainplan.published.intervals import memory_pool_peaks
 from trainplan.published.tables import family_class, validate_all
-from trainplan.search.layouts import launched_tps, runner_up_index
+from trainplan.search.layouts import runner_up_row
 
 
 # ------------------------------------------------------------------------------------ production
@@ -135,18 +135,10 @@ def _comparable(rows: list[dict[str, Any]], candidates: pd.DataFrame, model: Mod
     picks = [("chosen", rows[0]["layout"], rows[0]["interval_family"], rows[0]["mfu_p50"])]
     feas = candidates[candidates["feasible"].astype(bool)] if "feasible" in candidates.columns else candidates.iloc[:0]
     feas = feas.sort_values("rank") if "rank" in feas.columns else feas
-    if len(feas):
-        chosen_lay, chosen_tps = Layout.from_row(feas.iloc[0]), launched_tps(feas.iloc[0])
-        seen, others = {chosen_lay.family}, []
-        for _, r in feas.iterrows():  # the best layout of each other sharding × TP × PP, best first
-            lay = Layout.from_row(r)
-            if lay.family not in seen:
-                seen.add(lay.family)
-                others.append((lay, r))
-        pick = runner_up_index(chosen_lay, chosen_tps, [(lay, launched_tps(r)) for lay, r in others])[0]
-        if pick is not None:  # the runner-up family as page 1 names it (report.memo.runner_up: the same rule)
-            lay, r = others[pick]
-            picks.append(("runner-up family", lay.describe(), family_class(lay), float(r["mfu"])))
+    r = runner_up_row(feas)
+    if r is not None:  # the runner-up family as page 1 names it (report.memo.runner_up: the same rule)
+        lay = Layout.from_row(r)
+        picks.append(("runner-up family", lay.describe(), family_class(lay), float(r["mfu"])))
     for role, layout, fam, mfu in picks:
         out.append({"role": role, "layout": layout, "family": fam, "predicted_mfu": float(mfu),
                     "runs": comparable_runs(model, cluster.gpu.generation, training.kernels, fam, rows=pub,

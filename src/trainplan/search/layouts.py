@@ -669,6 +669,26 @@ def runner_up_index(chosen: Layout, chosen_tps: float, others: list[tuple[Layout
     return pick, [i for i in range(pick) if same[i]]
 
 
+def runner_up_row(feas: pd.DataFrame) -> pd.Series | None:
+    """The runner-up strategy of a study's feasible candidates (rank and Layout columns): the best layout of each
+    family after the chosen one's, by rank, through :func:`runner_up_index` on the speeds of what the launch runs;
+    None without another family. The rule page 1 (``report.memo.runner_up``, on families.csv), the comparable-runs
+    table (``prediction.production``) and the preflight's switch (``launch.preflight``) apply."""
+    if not len(feas):
+        return None
+    feas = feas.sort_values("rank", kind="stable") if "rank" in feas else feas
+    chosen = feas.iloc[0]
+    chosen_lay = Layout.from_row(chosen)
+    seen, others = {chosen_lay.family}, []
+    for _, r in feas.iterrows():  # the best layout of each other sharding × TP × PP, best first
+        lay = Layout.from_row(r)
+        if lay.family not in seen:
+            seen.add(lay.family)
+            others.append((lay, r))
+    pick = runner_up_index(chosen_lay, launched_tps(chosen), [(lay, launched_tps(r)) for lay, r in others])[0]
+    return None if pick is None else others[pick][1]
+
+
 def group_infeasible(rows: list[dict[str, Any]], key: str = "line") -> list[dict[str, Any]]:
     """Family verdict rows (dicts, in order) with the families ruled out for one reason merged into one row: its
     ``family`` names them all and its ``key`` text keeps the simplest layout's degrees (24 GPUs, batch 256: DDP,
