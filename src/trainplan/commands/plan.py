@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
                   f"{r['headroom_frac']:.0%}")
     con.print(t)
     if moved:
-        con.print("* tokens/s/GPU of what the launch runs, not the plan: " + "; ".join(moved), highlight=False)
+        con.print("* tokens/s/GPU and its p10–p90 of what the launch runs (MFU and step time: the plan's): "
+                  + "; ".join(moved), highlight=False)
     con.print(f"p10–p90: predictive interval over the leave-one-table-out errors of the {gen.upper()} published rows of "
               "the layout's family class (FSDP/ZeRO, TP, PP, CP); layouts whose intervals overlap are not ranked by the "
               "model alone" if factors else

@@ -439,7 +439,9 @@ def launched_speed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     for g, (_, rep) in enumerate(reps.iterrows()):
         lay = Layout.from_row(rep)
         trainer = choose_trainer(model, training, lay)[0]
-        devs = plan_deviations(model, cluster, training, lay, trainer)
+        devs = _trainer_deviations(model, cluster, training, lay, trainer)
+        if trainer != "torchtitan" and training.finetune == "qlora":  # plan_deviations' note, without its sizing
+            devs.append(Deviation(QLORA_AS_LORA, short=QLORA_AS_LORA, training={"finetune": "lora"}))
         rows = groups == g
         if any(d.cannot_run for d in devs):  # (ruled out: cannot_run_mask)
             continue
@@ -496,6 +498,9 @@ def entry_finetune(training: TrainingSpec) -> str:
     return "full" if training.finetune == "full" else "lora"
 
 
+QLORA_AS_LORA = "LoRA over a bf16 base for QLoRA (no NF4 path)"  # qlora_as_lora_note's few words
+
+
 def qlora_as_lora_note(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout
                        ) -> Deviation:
     """The deviation of a QLoRA plan under ``train_entry``: it trains the plan's adapters (rank, targets) over bf16
@@ -506,7 +511,7 @@ def qlora_as_lora_note(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     return Deviation(f"finetune=qlora runs as LoRA (rank {training.lora_rank}, {'/'.join(training.lora_targets)}) over bf16 "
             "base weights: the entry point has no NF4 (bitsandbytes 4-bit) path; modelled peak, this change alone, "
             f"{lo:.1f} GiB/GPU against the plan's {q:.1f} GiB ({lo - q:+.1f} GiB), no dequantisation time",
-                     short="LoRA over a bf16 base for QLoRA (no NF4 path)", training={"finetune": "lora"})
+                     short=QLORA_AS_LORA, training={"finetune": "lora"})
 
 
 def accelerate_config(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, *,

@@ -41,6 +41,7 @@ from trainplan.report.figures import parity_table, representative_layouts, short
 from trainplan.report.labels import memo_labels as report_labels  # noqa: F401 (re-exported)
 from trainplan.search.layouts import (
     LAUNCH_OOM,
+    LAUNCH_TPS_RATIO,
     TIE_FRAC,
     best_row,
     family_layout,
@@ -341,17 +342,21 @@ def _families(fam: pd.DataFrame | None, top: int = FAMILIES_SHOWN) -> dict[str, 
     """The family table: every family if there are at most FAMILIES_ALL_MAX, else the ``top`` first rows (the
     file is ranked), the chosen one and every OOM family."""
     if fam is None or not len(fam):
-        return {"families": None, "families_total": 0}
+        return {"families": None, "families_total": 0, "families_launched": False}
     verdict = fam["verdict"].astype(str) if "verdict" in fam else pd.Series("", index=fam.index)
     keep = (fam.index < top) | (verdict == "chosen") | verdict.str.startswith("OOM") | (len(fam) <= FAMILIES_ALL_MAX)
     rows = _records(fam[keep])
     for r in rows:  # producer column names: best_layout/line (search.family_verdicts) or layout/reason
         r["layout_text"] = r.get("best_layout") or r.get("layout") or ""
+        plan, run = r.get("tokens_per_s_per_gpu"), r.get("tokens_per_s_per_gpu_launched")
+        moved = run is not None and run == run and plan is not None and abs(float(run) - float(plan)) > 1e-9 * float(plan)
+        r["tps_shown"], r["tps_moved"] = (run if moved else plan), moved  # the speed the search ranked on
         v = str(r.get("verdict") or "")
         r["why"] = r.get("line") or (f"{v}: {r['reason']}" if r.get("reason") else v)
     # families ruled out for one reason are one row (24 GPUs, batch 256: five shardings all fail as dp24)
     merged, shown = group_infeasible(rows, key="why"), int(keep.sum())
-    return {"families": merged, "families_total": len(fam), "families_shown": shown}
+    return {"families": merged, "families_total": len(fam), "families_shown": shown,
+            "families_launched": any(r["tps_moved"] for r in merged)}
 
 
 LAUNCH_SHOW_FRAC = 0.01  # page 1 gives the launch its own row where a modelled figure moves by at least this much
@@ -428,6 +433,7 @@ def runner_up(families: pd.DataFrame | None, chosen: dict[str, Any] | None) -> d
     mem_p90 = mem * mem_x[1] if mem_x is not None else None
     return {"family": str(r["family"]), "layout": layout_of[pick],
             "tokens_per_s_per_gpu": tps[pick], "tokens_per_s_per_gpu_planned": float(r["tokens_per_s_per_gpu"]),
+            "rank": int(r["rank"]) if ranked else None,  # (page 1 counts the chosen family's layouts ranked above)
             "mem_total_gib": mem, "mem_total_gib_p90": mem_p90,
             "slower_frac": 1.0 - tps[pick] / p50,
             "inside_interval": tps[pick] >= float(chosen["tokens_per_s_per_gpu_p10"]) * mine_x,
@@ -605,20 +611,21 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
 
 
 def ruled_out_as_launched(cand: pd.DataFrame, chosen: dict[str, Any]) -> dict[str, Any] | None:
-    """The layouts faster than the chosen one that the search ruled out because the launch would not fit them
-    (``search.layouts.refit_as_launched``): how many, and the fastest with its reason; None when none was."""
+    """The layouts faster than the chosen one (as launched: the speed the search ranks) that the search ruled out
+    because the launch would not fit them (``search.layouts.refit_as_launched``): how many, and the fastest with its
+    reason; None when none was."""
     if "reason" not in cand or "tokens_per_s" not in cand:
         return None
-    out = cand[cand["reason"].astype(str).str.startswith(LAUNCH_OOM)
-               & (cand["tokens_per_s"].astype(float) > float(chosen["tokens_per_s"]))]
+    speed, mine = launched_tps(cand), launched_tps(chosen)  # faster as launched, as the search ranks them
+    out = cand[cand["reason"].astype(str).str.startswith(LAUNCH_OOM) & (speed > mine)]
     if not len(out):
         return None
-    fast = out.loc[out["tokens_per_s"].astype(float).idxmax()]
+    fast = out.loc[speed[out.index].idxmax()]
     why = str(fast["reason"])[len(LAUNCH_OOM):]
     how, need = why.split("): ", 1) if "): " in why else (why, "")
     return {"n": int(len(out)), "layout": str(fast["layout_text"]), "how": how, "need": need,
             "mem_total_gib": float(fast["mem_total_gib"]),
-            "faster_frac": float(fast["tokens_per_s"]) / float(chosen["tokens_per_s"]) - 1.0}
+            "faster_frac": float(speed[fast.name]) / mine - 1.0}
 
 
 def tie_winner(feasible: pd.DataFrame, chosen: dict[str, Any]) -> dict[str, Any] | None:
@@ -753,7 +760,7 @@ def fit_fallback(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: floa
     none fits. The memo names it at the p90 error, the preflight at the error it measured (one rule, one function).
     Without ``judge`` it is the plan-only search's choice at that error (``search(mem_scale=)``, the tornado's
     ``memory_x`` of a plan-only study); with it, it can differ from the study's ``plan_search(mem_scale=)``: that
-    keeps a layout whose launch has no memory model at its planned peak and ranks on planned throughput.
+    keeps a layout whose launch has no memory model at its planned peak.
 
     With ``judge`` (:func:`~trainplan.launch.artifacts.launch_judge`) each candidate's peak is that of what the
     launch runs for it (QLoRA's LoRA over a bf16 base, torchtitan's FSDP2 for ZeRO-1, its gathered K/V under CP), and
@@ -771,19 +778,25 @@ def _launched_choice(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: 
     ``cap_gib``, ranked with the headroom at that error, as :func:`fallback_entry` names it. Without ``judge``, the
     plan's peaks and throughputs (the plan-only search's choice at that error); with it, those as launched.
 
-    Walks the layouts fastest first (as planned) and judges each as launched (a few ms: not all 20,000+), keeping
-    those that fit; it stops where a layout, even at the largest throughput ratio of a launch seen so far, could not
-    reach the tie band (TIE_FRAC) of the fastest fit: neighbouring layouts share their deviations, so their ratios
-    differ little (QLoRA as LoRA: 1.03-1.05). A layout whose launch has no memory model is passed over, and so is one
+    Walks the layouts fastest first and judges each as launched (a few ms: not all 20,000+), keeping those that
+    fit, until a layout could not reach the tie band (TIE_FRAC) of the fastest fit. With a study's candidates the
+    walk is on the speed the search ranks, that of what the launch runs (``LAUNCH_TPS_RATIO``, also where a change
+    has no step-time model: the ratio of those that have one), so the stop is exact. A table without that column
+    is walked as planned, stopping where a layout, even at the largest throughput ratio of a launch seen so far,
+    could not reach the band: neighbouring layouts share their deviations, so their ratios differ little (QLoRA as
+    LoRA: 1.03-1.05). A layout whose launch has no memory model is passed over, and so is one
     the launch runs as another candidate's layout (torchtitan's ZeRO-1 is its FSDP2 ZeRO-2): the switch names the
-    layout that runs. Where a launch has no step-time model, its planned throughput ranks it; ``timed``: such a
-    layout is passed over too (a throughput fallback must be comparable on throughput as launched)."""
+    layout that runs. ``timed``: a layout whose launch has no step-time model (in part) is passed over (a throughput fallback must be comparable on throughput as launched)."""
     judged = judge or _runs_as_planned
     mine = judged(Layout.from_row(chosen), step=False)  # what the chosen layout runs as: no switch to that either
     same = {chosen["layout_text"], *([mine["layout"]] if mine and mine.get("layout") else [])}
     other = feasible[~feasible["layout_text"].isin(same)]
-    order = other.sort_values("tokens_per_s", ascending=False, kind="stable")
-    tps = order["tokens_per_s"].to_numpy(dtype=float)
+    # a study's candidates carry the speed of what the launch runs (LAUNCH_TPS_RATIO, what the search ranks on):
+    # walk and rank on it; a table without it (hand-built) on the planned speed × the judge's ratio
+    rowwise = judge is not None and LAUNCH_TPS_RATIO in other
+    order = other.assign(_speed=launched_tps(other) if rowwise else other["tokens_per_s"].astype(float))
+    order = order.sort_values("_speed", ascending=False, kind="stable")
+    tps = order["_speed"].to_numpy(dtype=float)
     hbm = _usable_hbm_gib(chosen)
     planned = set(feasible["layout_text"].astype(str))
     keep: list[Any] = []
@@ -799,7 +812,7 @@ def _launched_choice(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: 
             continue  # unsized, or it runs another candidate's layout: that row names what runs
         if timed and a is not None and a["throughput_ratio"] is None:
             continue  # its speed as launched has no model
-        speed = 1.0 if a is None or a["throughput_ratio"] is None else float(a["throughput_ratio"])
+        speed = 1.0 if rowwise or a is None or a["throughput_ratio"] is None else float(a["throughput_ratio"])
         top_ratio = max(top_ratio, speed)
         if peak * mem_ratio <= cap_gib:
             keep.append(idx)
@@ -809,6 +822,7 @@ def _launched_choice(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: 
     if not keep:
         return None
     fits = order.loc[keep].assign(headroom_frac=[1.0 - p * mem_ratio / hbm for p in peaks], tokens_per_s=fast)
+    fits = fits.drop(columns=[LAUNCH_TPS_RATIO, "_speed"], errors="ignore")  # tokens_per_s is as launched already
     best = ranked(fits).iloc[0] if "complexity" in fits else best_row(fits.drop(columns="rank", errors="ignore"))
     return fallback_entry(other.loc[best.name], chosen, judge)
 

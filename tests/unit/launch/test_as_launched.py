@@ -257,7 +257,8 @@ def test_the_day1_switch_names_the_layout_that_runs_not_one_the_trainer_turns_in
     assert fb["layout"] == z2["layout_text"] and "launched" not in fb  # it runs as planned (FSDP2 is its ZeRO-2)
     path = tmp_path / "candidates.csv"
     feas.to_csv(path, index=False)
-    assert preflight_fallback(path, mem_ratio=1.19, judge=judge) == fb
+    pre = preflight_fallback(path, mem_ratio=1.19, judge=judge)  # (+ what check 2 measures after it, where it says)
+    assert {k: v for k, v in pre.items() if k not in ("second", "switch_is_runner_up")} == fb
 
 
 # ------------------------------------------------------------------------- the search, judged on what the launch runs
@@ -433,7 +434,7 @@ def test_the_search_ranks_the_speed_of_what_the_launch_runs(overlay):
         lay = Layout.from_row(r)
         a = judge(lay)
         if a is None or a["cannot_run"]:
-            assert ratio[i] == 1.0 or a["cannot_run"], r["layout_text"]
+            assert ratio[i] == 1.0 if a is None else np.isnan(ratio[i]), r["layout_text"]
             continue
         if a["throughput_ratio"] is not None:
             assert ratio[i] == pytest.approx(a["throughput_ratio"], rel=1e-9), r["layout_text"]

@@ -154,14 +154,41 @@ def test_runner_up_and_tie_winner_compare_the_speeds_of_what_the_launch_runs():
     fam = _families([a, c, d], [100.0, 95.0, 80.0], [60.0, 40.0, 30.0], ["chosen", "slower", "slower"],
                     names=["A", "C", "D"]).assign(tokens_per_s_per_gpu_launched=[110.0, 60.0, 80.0])
     ch = {"tokens_per_s_per_gpu_p50": 100.0, "tokens_per_s_per_gpu_p10": 90.0}
-    r = memo.runner_up(fam, ch)
-    assert (r["family"], r["tokens_per_s_per_gpu"]) == ("D", 80.0)
-    assert r["slower_frac"] == pytest.approx(1 - 80 / 110) and not r["inside_interval"]  # 80 < 90 × 1.1
+    for table in (fam, fam.assign(rank=[1, 30, 2])):  # families.csv as written (ranked on the launched speed) or not
+        r = memo.runner_up(table, ch)
+        assert (r["family"], r["tokens_per_s_per_gpu"], r["tokens_per_s_per_gpu_planned"]) == ("D", 80.0, 80.0)
+        assert r["slower_frac"] == pytest.approx(1 - 80 / 110) and not r["inside_interval"]  # 80 < 90 × 1.1
     assert memo.runner_up(fam.drop(columns="tokens_per_s_per_gpu_launched"), ch)["family"] == "C"  # as planned
+    shown = {x["family"]: (x["tps_shown"], x["tps_moved"]) for x in memo._families(fam)["families"]}
+    assert shown == {"A": (110.0, True), "C": (60.0, True), "D": (80.0, False)}  # the alternatives table's column
     feas = pd.DataFrame({"layout_text": ["a", "c"], "tokens_per_s": [100.0, 101.0], "mem_total_gib": [60.0, 50.0],
                          LAUNCH_TPS_RATIO: [1.0, 0.7]})
     assert memo.tie_winner(feas, feas.iloc[0].to_dict()) is None
     assert memo.tie_winner(feas.assign(**{LAUNCH_TPS_RATIO: 1.0}), feas.iloc[0].to_dict())["layout"] == "c"
+
+
+def test_the_day1_switch_walks_and_ranks_on_the_speed_the_search_ranks():
+    """A study's candidates carry the speed of what the launch runs (launch_tps_ratio). The switch walked them on
+    the planned speed and then applied the ratio twice (to tokens_per_s, then again through the column in ranked):
+    B, 104 planned but 100.4 as launched, ties with A (100) and has more headroom, so the search's rule picks B;
+    counted twice it was 96.9, out of the tie. A third layout, fastest as planned (120) but 60 as launched, is
+    neither picked nor allowed to stop the walk early."""
+    import pandas as pd
+
+    from trainplan.model.layout import Layout
+    from trainplan.search.layouts import LAUNCH_TPS_RATIO
+
+    lays = [Layout(dp=32, sharding="zero2", micro_batch=2), Layout(dp=32, sharding="zero2"),
+            Layout(dp=32, sharding="zero3"), Layout(dp=16, tp=2, sp=True, sharding="zero2")]
+    rows = [(130.0, 70.0, 1.0), (100.0, 50.0, 1.0), (104.0, 40.0, 100.4 / 104), (120.0, 45.0, 0.5)]
+    feas = pd.DataFrame([{**lay.to_dict(), "layout_text": lay.describe(), "tokens_per_s": t, "tokens_per_s_per_gpu": t,
+                          "mem_total_gib": m, "headroom_frac": 1 - m / 80.0, "complexity": 0, "rank": i + 1,
+                          LAUNCH_TPS_RATIO: x} for i, (lay, (t, m, x)) in enumerate(zip(lays, rows, strict=True))])
+    chosen = feas.iloc[0].to_dict()
+    fb = memo.fit_fallback(feas, chosen, 1.2, 0.9, lambda lay, step=True: None)  # 50 × 1.2, 40 × 1.2 ≤ 72: both fit
+    assert fb["layout"] == lays[2].describe()
+    assert memo.fit_fallback(feas.drop(columns=LAUNCH_TPS_RATIO), chosen, 1.2, 0.9,
+                             lambda lay, step=True: None)["layout"] == lays[3].describe()  # as planned: 120
 
 
 def test_runner_up_is_no_tie_that_only_shards_the_states_differently(rendered):
@@ -796,8 +823,11 @@ def test_a_memory_p90_above_the_searchs_limit_is_at_risk_and_names_the_preflight
     assert extra > 1 and (f"window, for the recommended layout; the memory switch ({100 * fb['slower_frac']:.1f}% "
                           f"slower) would need about {extra:,.0f} GPU-hours more.") in text
     assert fb["mem_ratio"] == pytest.approx(1.25)
-    assert fb["at"] == "p90" and preflight_fallback(root / "analytic/candidates.csv", mem_ratio=1.25) == {
+    pre = preflight_fallback(root / "analytic/candidates.csv", mem_ratio=1.25)  # (+ check 2's layout after it)
+    assert fb["at"] == "p90" and {k: v for k, v in pre.items() if k not in ("second", "switch_is_runner_up")} == {
         k: v for k, v in fb.items() if k not in ("at", "extra_gpu_hours", "tps_p10")}
+    # the switch is the runner-up here: the preflight names what check 2 measures after it, as page 1 does
+    assert pre["switch_is_runner_up"] and pre["second"]["layout"] == ctx["runner_up"]["after_switch"]["layout"]
     # check 2 after that switch holds the switch's own p10: its estimate (the chosen one's × (1 − slower_frac)) under
     # the held-out errors of its family class; of the chosen layout's class, the chosen p10 × (1 − slower_frac)
     # (the interval is proportional to the estimate); of another class, that class's errors
