@@ -437,6 +437,8 @@ def runner_up(families: pd.DataFrame | None, chosen: dict[str, Any] | None) -> d
             "mem_total_gib": mem, "mem_total_gib_p90": mem_p90,
             "slower_frac": 1.0 - tps[pick] / p50,
             "inside_interval": tps[pick] >= float(chosen["tokens_per_s_per_gpu_p10"]) * mine_x,
+            # the p10 it was held to: the chosen layout's as launched where its launch moves its speed (QLoRA as LoRA)
+            "chosen_p10": float(chosen["tokens_per_s_per_gpu_p10"]) * mine_x, "p10_as_launched": mine_x != 1.0,
             "equivalents": equivalents}
 
 

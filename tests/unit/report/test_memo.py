@@ -158,6 +158,7 @@ def test_runner_up_and_tie_winner_compare_the_speeds_of_what_the_launch_runs():
         r = memo.runner_up(table, ch)
         assert (r["family"], r["tokens_per_s_per_gpu"], r["tokens_per_s_per_gpu_planned"]) == ("D", 80.0, 80.0)
         assert r["slower_frac"] == pytest.approx(1 - 80 / 110) and not r["inside_interval"]  # 80 < 90 × 1.1
+        assert r["p10_as_launched"] and r["chosen_p10"] == pytest.approx(99.0)  # page 1 names the p10 it was held to
     assert memo.runner_up(fam.drop(columns="tokens_per_s_per_gpu_launched"), ch)["family"] == "C"  # as planned
     shown = {x["family"]: (x["tps_shown"], x["tps_moved"]) for x in memo._families(fam)["families"]}
     assert shown == {"A": (110.0, True), "C": (60.0, True), "D": (80.0, False)}  # the alternatives table's column
