@@ -240,12 +240,14 @@ def _accelerate_parts(cluster: ClusterSpec, training: TrainingSpec, layout: Layo
 
 
 def plan_deviations(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout,
-                    trainer: str) -> list[Deviation]:
+                    trainer: str, *, sized: bool = True) -> list[Deviation]:
     """How what ``trainer`` (:func:`choose_trainer`'s pick) runs differs from the planned layout: its
-    :class:`~trainplan.launch.trainers.Deviation` notes (empty when it runs the plan as planned)."""
+    :class:`~trainplan.launch.trainers.Deviation` notes (empty when it runs the plan as planned). ``sized=False``:
+    the QLoRA note without the memory figures in its text (two memory models per layout; :func:`launched_speed`
+    needs only its field change)."""
     out = _trainer_deviations(model, cluster, training, layout, trainer)
     if trainer != "torchtitan" and training.finetune == "qlora":
-        out.append(qlora_as_lora_note(model, cluster, training, layout))
+        out.append(qlora_as_lora_note(model, cluster, training, layout) if sized else _qlora_as_lora(QLORA_AS_LORA))
     return out
 
 
@@ -358,6 +360,13 @@ def cannot_run_mask(model: ModelSpec, training: TrainingSpec, df: Any) -> tuple[
 _RENAME_FIELDS = ["dp", "tp", "pp", "cp", "sp", "cp_kind", "tp_overlap", "sharding", "recompute"]
 
 
+def _group_reps(df: Any, fields: list[str]) -> tuple[Any, Any]:
+    """(each row's group by ``fields``, numbered in order of first appearance; the first row of each group, in that
+    order): the verdicts taken once per group of rows the trainers' deviations cannot tell apart."""
+    groups = df.groupby(fields, sort=False, dropna=False).ngroup().to_numpy()
+    return groups, df.loc[df[fields].drop_duplicates().index]
+
+
 def runs_as_mask(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, df: Any) -> tuple[Any, Any]:
     """(rows of ``df`` the launch runs as another row's layout, the reason of each): both trainers run ZeRO-1 as
     FSDP2's ZeRO-2 (reshard_after_forward off) and Accelerate runs DDP as ZeRO-2 too; Accelerate recomputes whole
@@ -369,8 +378,7 @@ def runs_as_mask(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     of the fields they depend on (``_RENAME_FIELDS``; a test checks the verdict against :func:`as_launched` row by
     row), so the whole table costs a few hundred calls, not one per row. Only feasible rows are marked (the others
     are out already); the layout a row runs as may itself not fit (then its reason follows)."""
-    groups = df.groupby(_RENAME_FIELDS, sort=False).ngroup().to_numpy()
-    reps = df.loc[df[_RENAME_FIELDS].drop_duplicates().index]  # the first row of each group, in group order
+    groups, reps = _group_reps(df, _RENAME_FIELDS)
     changes: dict[int, tuple[dict[str, Any], str]] = {}
     for g, (_, rep) in enumerate(reps.iterrows()):
         lay = Layout.from_row(rep)
@@ -433,15 +441,12 @@ def launched_speed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     if not len(feas):
         return ratio, why
     sub = df.iloc[feas]
-    groups = sub.groupby(_SPEED_FIELDS, sort=False, dropna=False).ngroup().to_numpy()
-    reps = sub.loc[sub[_SPEED_FIELDS].drop_duplicates().index]  # the first row of each group, in group order
+    groups, reps = _group_reps(sub, _SPEED_FIELDS)
     runs: dict[tuple[tuple[str, Any], ...], list[tuple[int, dict[str, Any]]]] = {}
     for g, (_, rep) in enumerate(reps.iterrows()):
         lay = Layout.from_row(rep)
         trainer = choose_trainer(model, training, lay)[0]
-        devs = _trainer_deviations(model, cluster, training, lay, trainer)
-        if trainer != "torchtitan" and training.finetune == "qlora":  # plan_deviations' note, without its sizing
-            devs.append(Deviation(QLORA_AS_LORA, short=QLORA_AS_LORA, training={"finetune": "lora"}))
+        devs = plan_deviations(model, cluster, training, lay, trainer, sized=False)
         rows = groups == g
         if any(d.cannot_run for d in devs):  # (ruled out: cannot_run_mask)
             continue
@@ -508,10 +513,15 @@ def qlora_as_lora_note(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     What that costs, from the memory model: the layout's peak per GPU as LoRA against the plan's."""
     q = memory_breakdown(model, cluster, training, layout)["total"] / 2**30
     lo = memory_breakdown(model, cluster, replace(training, finetune="lora"), layout)["total"] / 2**30
-    return Deviation(f"finetune=qlora runs as LoRA (rank {training.lora_rank}, {'/'.join(training.lora_targets)}) over bf16 "
-            "base weights: the entry point has no NF4 (bitsandbytes 4-bit) path; modelled peak, this change alone, "
-            f"{lo:.1f} GiB/GPU against the plan's {q:.1f} GiB ({lo - q:+.1f} GiB), no dequantisation time",
-                     short=QLORA_AS_LORA, training={"finetune": "lora"})
+    return _qlora_as_lora(f"finetune=qlora runs as LoRA (rank {training.lora_rank}, {'/'.join(training.lora_targets)}) "
+                          "over bf16 base weights: the entry point has no NF4 (bitsandbytes 4-bit) path; modelled peak, "
+                          f"this change alone, {lo:.1f} GiB/GPU against the plan's {q:.1f} GiB ({lo - q:+.1f} GiB), "
+                          "no dequantisation time")
+
+
+def _qlora_as_lora(text: str) -> Deviation:
+    """The QLoRA-as-LoRA :class:`Deviation` with ``text``: LoRA over a bf16 base (``finetune`` → lora)."""
+    return Deviation(text, short=QLORA_AS_LORA, training={"finetune": "lora"})
 
 
 def accelerate_config(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, *,

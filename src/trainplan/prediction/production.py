@@ -134,8 +134,7 @@ def _comparable(rows: list[dict[str, Any]], candidates: pd.DataFrame, model: Mod
     out = []
     picks = [("chosen", rows[0]["layout"], rows[0]["interval_family"], rows[0]["mfu_p50"])]
     feas = candidates[candidates["feasible"].astype(bool)] if "feasible" in candidates.columns else candidates.iloc[:0]
-    feas = feas.sort_values("rank") if "rank" in feas.columns else feas
-    r = runner_up_row(feas)
+    r = runner_up_row(feas)  # (ranks them itself)
     if r is not None:  # the runner-up family as page 1 names it (report.memo.runner_up: the same rule)
         lay = Layout.from_row(r)
         picks.append(("runner-up family", lay.describe(), family_class(lay), float(r["mfu"])))
