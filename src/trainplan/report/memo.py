@@ -49,7 +49,7 @@ from trainplan.search.layouts import (
     launched_tps,
     ranked,
     runner_up_index,
-    shards_alike,
+    shards_alike_mask,
 )
 
 # The template and stylesheet (package data; in a checkout symlinks to report/templates/, which the memo rule
@@ -713,9 +713,8 @@ def switch_runner_up(feasible: pd.DataFrame, chosen: dict[str, Any], fallback: M
     sw_row, sw_lay = sw.iloc[0].to_dict(), Layout.from_row(sw.iloc[0])
     fams = {str(chosen["family"]), str(sw_row["family"])}  # a different strategy, as the runner-up is (and so
     other = feasible[~feasible["family"].astype(str).isin(fams)]  # neither the chosen layout nor the switch)
-    keep = [not shards_alike(Layout.from_row(r), sw_lay) for _, r in other.iterrows()]
-    feasible = other
-    return fit_fallback(feasible[keep], sw_row, float(fallback["mem_ratio"]), float(fallback["max_hbm_frac"]), judge,
+    keep = ~shards_alike_mask(other, sw_lay)
+    return fit_fallback(other[keep], sw_row, float(fallback["mem_ratio"]), float(fallback["max_hbm_frac"]), judge,
                         timed=True)
 
 

@@ -262,21 +262,14 @@ def test_the_day1_switch_names_the_layout_that_runs_not_one_the_trainer_turns_in
 
 
 # ------------------------------------------------------------------------- the search, judged on what the launch runs
-def test_the_study_chooses_no_layout_the_launch_could_not_fit():
+def test_the_study_chooses_no_layout_the_launch_could_not_fit(study):
     """The QLoRA study chose FSDP mb2 (71.6 GiB as QLoRA, under the 71.7 GiB limit), which the launch runs as LoRA over
     a bf16 base: 73.1 GiB, over it (page 1's 'memory as launched: FAIL'). launch.artifacts.plan_search rules out
     every layout the launch would not fit, with the reason, before ranking: the chosen layout, the production table's
     top rows and each family's best layout fit as launched. A plan search alone still chooses FSDP mb2."""
-    from pathlib import Path
-
-    from trainplan.config import load_config
-    from trainplan.search.layouts import search
-
-    root = Path(__file__).resolve().parents[3] / "config"
-    cfg = load_config([root / "config.yaml", root / "qlora.yaml"])
-    planned = search(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
+    cfg, planned = study("qlora.yaml", launched=False)
     assert planned.iloc[0]["layout_text"] == "dp32·tp1·pp1·cp1 zero3 rc=none mb=2"
-    df = launch.plan_search(cfg.model, cfg.cluster, cfg.training, cfg.efficiency, None, 10)
+    df = study("qlora.yaml")[1]  # plan_search with its default top=10
     limit = 0.9 * CLUSTER.gpu.hbm_bytes / 2**30
     judge = launch.launch_judge(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
 
@@ -314,20 +307,15 @@ def test_a_pinned_layout_the_launch_could_not_fit_is_refused_before_any_job(tmp_
         require_feasible(df, cfg.layout)
 
 
-def test_a_layout_the_launch_cannot_run_is_not_chosen_and_its_family_says_why():
+def test_a_layout_the_launch_cannot_run_is_not_chosen_and_its_family_says_why(study):
     """A LoRA plan runs under Accelerate (torchtitan has no LoRA), which has no pipeline parallelism: a pp > 1
     layout cannot be launched at all. The LoRA study's day-1 switch once named one. plan_search rules them out for
     the whole table at once (launch.artifacts.cannot_run_mask, the verdict as_launched reaches row by row: checked
     on a sample both ways), and each PP family's line says why; a full fine-tune (torchtitan runs PP) keeps them."""
-    from pathlib import Path
+    from trainplan.search.layouts import family_verdicts
 
-    from trainplan.config import load_config
-    from trainplan.search.layouts import family_verdicts, search
-
-    root = Path(__file__).resolve().parents[3] / "config"
     for overlay, runs_pp in (("lora.yaml", False), ("config.yaml", True)):
-        cfg = load_config([root / "config.yaml", root / overlay])
-        planned = search(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
+        cfg, planned = study(overlay, launched=False)
         mask, why = launch.cannot_run_mask(cfg.model, cfg.training, planned)
         judge = launch.launch_judge(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
         feas = planned[planned["feasible"]]
@@ -335,7 +323,7 @@ def test_a_layout_the_launch_cannot_run_is_not_chosen_and_its_family_says_why():
         for i, r in sample.iterrows():
             a = judge(Layout.from_row(r), step=False)
             assert bool(mask[i]) == bool(a and a["cannot_run"]), r["layout_text"]
-        df = launch.plan_search(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
+        df = study(overlay)[1]
         pp = df[df["feasible"] & (df["pp"] > 1)]
         assert (len(pp) > 0) == runs_pp
         if not runs_pp:
@@ -347,20 +335,15 @@ def test_a_layout_the_launch_cannot_run_is_not_chosen_and_its_family_says_why():
 
 
 @pytest.mark.parametrize("overlay", ["lora.yaml", "config.yaml"])
-def test_a_layout_the_launch_runs_as_another_rows_is_ruled_out_for_that_row(overlay):
+def test_a_layout_the_launch_runs_as_another_rows_is_ruled_out_for_that_row(overlay, study):
     """Neither trainer has ZeRO-1 (FSDP2 runs it as ZeRO-2); Accelerate also runs DDP as ZeRO-2, whole-layer recompute
     for selective, TP without SP and ring CP for Ulysses. The LoRA study chose ZeRO-1 dp32 mb1 and its sbatch ran
     ZeRO-2 dp32 mb1. launch.artifacts.runs_as_mask rules such a row out for the whole table ('launched as <the row
     that runs> (trainer: changes)'), so the row that runs is the one ranked: the verdict as_launched reaches row by
     row (a seeded sample of both kinds), the chosen layout, and the ZeRO-1 family's line saying where it went."""
-    from pathlib import Path
+    from trainplan.search.layouts import family_verdicts, technique_verdicts
 
-    from trainplan.config import load_config
-    from trainplan.search.layouts import family_verdicts, search, technique_verdicts
-
-    root = Path(__file__).resolve().parents[3] / "config"
-    cfg = load_config([root / "config.yaml", root / overlay])
-    planned = search(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
+    cfg, planned = study(overlay, launched=False)
     mask, why = launch.runs_as_mask(cfg.model, cfg.cluster, cfg.training, planned)
     judge = launch.launch_judge(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
     listed = set(planned["layout_text"])
@@ -379,7 +362,7 @@ def test_a_layout_the_launch_runs_as_another_rows_is_ruled_out_for_that_row(over
     for w in why[mask]:  # a target that does not fit itself says so, with its own reason; one that fits, nothing
         target = w.removeprefix("launched as ").split(" (")[0]
         assert w.endswith(f"), which does not fit: {reason[target]}") if reason[target] else w.endswith(")"), w
-    df = launch.plan_search(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
+    df = study(overlay)[1]
     chosen = df.iloc[0]
     assert chosen["layout_text"] == "dp32·tp1·pp1·cp1 zero2 rc=none mb=1"
     assert judge(Layout.from_row(chosen)) is None  # the launch runs the recommended layout as planned
@@ -402,7 +385,7 @@ def test_a_layout_the_launch_runs_as_another_rows_is_ruled_out_for_that_row(over
 
 
 @pytest.mark.parametrize("overlay", ["fp8.yaml", "qlora.yaml", "config.yaml"])
-def test_the_search_ranks_the_speed_of_what_the_launch_runs(overlay):
+def test_the_search_ranks_the_speed_of_what_the_launch_runs(overlay, study):
     """torchtitan has no FP8 tensorwise recipe: an FP8 study's TP, PP and CP layouts train in bf16, and the families
     table listed them at FP8 speed (ZeRO-2×TP 1.3% slower than the chosen layout; as launched 25%). QLoRA runs as
     LoRA over a bf16 base, which moves every layout by its own factor (FSDP gathers bf16 weights, not NF4).
@@ -410,22 +393,16 @@ def test_the_search_ranks_the_speed_of_what_the_launch_runs(overlay):
     row on a seeded sample; where a change has no step-time model, the ratio of those that have one), the search
     ranks on it, and the family and technique lines give the speeds as launched and say why. The default study
     runs every row as planned (ratio 1: no change)."""
-    from pathlib import Path
-
-    from trainplan.config import load_config
     from trainplan.search.layouts import (
         LAUNCH_TPS_RATIO,
         LAUNCH_TPS_WHY,
         TIE_FRAC,
         family_verdicts,
         launched_tps,
-        search,
     )
 
-    root = Path(__file__).resolve().parents[3] / "config"
-    cfg = load_config([root / "config.yaml", root / overlay])
+    cfg, planned = study(overlay, launched=False)
     m, c, t, eff = cfg.model, cfg.cluster, cfg.training, cfg.efficiency
-    planned = search(m, c, t, eff)
     ratio, why = launch.launched_speed(m, c, t, planned, eff)
     judge = launch.launch_judge(m, c, t, eff)
     feas = planned[planned["feasible"]]
@@ -446,7 +423,7 @@ def test_the_search_ranks_the_speed_of_what_the_launch_runs(overlay):
         want = step_time(m, c, t, lay, eff)["step_time_s"] / step_time(m, c, run_t, run_l, eff)["step_time_s"]
         assert ratio[i] == pytest.approx(want, rel=1e-9), r["layout_text"]
         assert ("step time not modelled for: " in why[i]) == (ratio[i] != 1.0), (r["layout_text"], why[i])
-    df = launch.plan_search(m, c, t, eff)
+    df = study(overlay)[1]
     ok = df[df["feasible"]]
     speed = launched_tps(ok).to_numpy()
     later_max = np.maximum.accumulate(speed[::-1])[::-1]  # the fastest at this rank or below, as launched
@@ -479,22 +456,17 @@ def family_layout_of(row):
 
 
 @pytest.mark.parametrize("overlay", ["config.yaml", "fp8.yaml"])
-def test_check_2_names_a_second_strategy_when_check_1_switched_to_the_runner_up(overlay):
+def test_check_2_names_a_second_strategy_when_check_1_switched_to_the_runner_up(overlay, study):
     """The default and FP8 studies' day-1 switch at the p90 memory error is FSDP mb1, also their runner-up: after that
     switch check 2's "measure the runner-up" has nothing left to measure. memo.switch_runner_up names the preflight's
     rule with the switch as the chosen layout, among the other families (not the chosen one's, not the switch's), not
     a layout that only shards like the switch, and only where its speed as launched is modelled: it fits at that
     error as launched, and no such layout among the fastest 300 is faster beyond a tie. In the FP8 study each of the
     three rules changes the pick (FSDP mb1 offload, HSDP/16 mb1, an async-TP CP layout with no step-time model)."""
-    from pathlib import Path
-
-    from trainplan.config import load_config
     from trainplan.report import memo
     from trainplan.search.layouts import TIE_FRAC, shards_alike
 
-    root = Path(__file__).resolve().parents[3] / "config"
-    cfg = load_config([root / "config.yaml", root / overlay])
-    df = launch.plan_search(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
+    cfg, df = study(overlay)
     ok = df[df["feasible"]]
     chosen = ok.iloc[0].to_dict()
     judge = launch.launch_judge(cfg.model, cfg.cluster, cfg.training, cfg.efficiency)
@@ -535,27 +507,22 @@ def test_a_deviation_that_cannot_run_models_nothing_and_survives_a_copy():
     assert copy.deepcopy(d).cannot_run and pickle.loads(pickle.dumps(d)).cannot_run
 
 
-def test_the_sensitivity_reranks_with_the_studys_own_search():
+def test_the_sensitivity_reranks_with_the_studys_own_search(study):
     """The tornado's flips rerun the search under each assumption; with the plan's own search the QLoRA study's base
     layout would be FSDP mb2, which the study ruled out as launched, so every row would read as a flip of a layout
     the study never chose. With the study's search (plan_search, the cost_and_risk stage's searcher) its base is the
     study's choice, and its memory_x rerun holds the launched peak × the error to the limit too."""
-    from pathlib import Path
-
-    from trainplan.config import load_config
     from trainplan.cost.sensitivity import search_ranker
 
-    root = Path(__file__).resolve().parents[3] / "config"
-    cfg = load_config([root / "config.yaml", root / "qlora.yaml"])
+    cfg, df = study("qlora.yaml")
     eff = cfg.efficiency
     base = {"inter_busbw_GBps": cfg.cluster.inter_busbw_Bps / 1e9, "comm_bw_eff": eff.comm_bw_eff,
             "runtime_overhead_GiB": eff.runtime_overhead_bytes / 2**30}
     plan_only = search_ranker(cfg.model, cfg.cluster, cfg.training, eff, {})
     studys = search_ranker(cfg.model, cfg.cluster, cfg.training, eff, {}, launch.plan_search)
-    chosen = launch.plan_search(cfg.model, cfg.cluster, cfg.training, eff).iloc[0]["layout_text"]
+    chosen = df.iloc[0]["layout_text"]
     assert plan_only(base)[0] != chosen == studys(base)[0]
     lay, _ = studys(base | {"memory_x": 1.19})
-    df = launch.plan_search(cfg.model, cfg.cluster, cfg.training, eff)
     row = df[df["layout_text"] == lay].iloc[0]
     judge = launch.launch_judge(cfg.model, cfg.cluster, cfg.training, eff)
     ratio = (judge(Layout.from_row(row), step=False) or {"memory_ratio": 1.0})["memory_ratio"] or 1.0

@@ -458,7 +458,7 @@ def test_the_fallback_says_how_to_switch_with_an_overlay_the_study_accepts():
 
 
 @pytest.mark.parametrize("overlay", ["config.yaml", "fp8.yaml"])
-def test_a_switch_that_is_check_2s_runner_up_names_what_check_2_measures_instead(tmp_path, overlay):
+def test_a_switch_that_is_check_2s_runner_up_names_what_check_2_measures_instead(tmp_path, overlay, study):
     """In the default study the switch at a measured ×1.19 is FSDP mb1, also the runner-up that page 1's check 2
     measures when the first 50 steps run slow: after the switch there is nothing left for check 2 to measure. The
     memo names the next strategy at its p90 error (memo.switch_runner_up); the preflight, which measured the error,
@@ -466,14 +466,12 @@ def test_a_switch_that_is_check_2s_runner_up_names_what_check_2_measures_instead
     comparable-runs table name), and says so in its FALLBACK line. At an error where the switch is another layout
     than the runner-up, it says nothing of the kind. In the FP8 study the TP layouts run in bf16 under torchtitan:
     the runner-up from candidates.csv is the one page 1 names from families.csv (both on the launched speeds)."""
-    from trainplan.config import load_config
-    from trainplan.launch.artifacts import launch_judge, plan_search
+    from trainplan.launch.artifacts import launch_judge
     from trainplan.report import memo
     from trainplan.search.layouts import family_verdicts, runner_up_row
 
-    cfg = load_config([ROOT / "config" / "config.yaml", ROOT / "config" / overlay])
+    cfg, df = study(overlay)
     m, c, t, eff = cfg.model, cfg.cluster, cfg.training, cfg.efficiency
-    df = plan_search(m, c, t, eff)
     ok = df[df["feasible"]]
     path = tmp_path / "candidates.csv"
     ok.to_csv(path, index=False)

@@ -15,6 +15,8 @@ from trainplan.search.layouts import (
     family_verdicts,
     row_layout,
     search,
+    shards_alike,
+    shards_alike_mask,
     structural_reasons,
 )
 
@@ -94,6 +96,22 @@ def test_a_family_that_lost_a_tie_says_so(df):
     assert v.loc[other["family"], "verdict"] == "ties"
     assert v.loc[other["family"], "line"].startswith("faster by 0.2%") and "a tie on time" in v.loc[other["family"], "line"]
     assert list(v["rank"].dropna()) == sorted(v["rank"].dropna())  # families in rank order
+
+
+@pytest.mark.parametrize("b", [Layout(dp=32, sharding="zero3", micro_batch=1),
+                               Layout(dp=16, tp=2, sp=True, sharding="hsdp", shard_group=8, recompute="full",
+                                      micro_batch=2)])
+def test_shards_alike_mask_is_shards_alike_row_by_row_also_from_a_csv(df, b, tmp_path):
+    """The vectorised test (check 2's second layout over a study's 40k rows) gives what shards_alike gives on each
+    row's Layout, on the search's frame and on its candidates.csv (booleans as the CSV reads them, shard_group
+    NaN), and it is not all one answer."""
+    path = tmp_path / "c.csv"
+    df.to_csv(path, index=False)
+    import pandas as pd
+
+    for frame in (df, pd.read_csv(path, keep_default_na=False, dtype={"sp": str})):
+        want = np.array([shards_alike(Layout.from_row(r), b) for _, r in frame.iterrows()])
+        assert (shards_alike_mask(frame, b) == want).all() and 0 < want.sum() < len(want)
 
 
 def test_pareto_front_is_non_dominated(df):
