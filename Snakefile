@@ -5,7 +5,7 @@ from snakemake.utils import min_version, validate
 
 from trainplan.config import require_proxy_executor
 from trainplan.model.base import ConfigError
-from trainplan.proxy.torchrun import forward_signals_to_proxies
+from trainplan.proxy.procs import forward_signals_to_proxies
 from trainplan.report.headline import headline
 
 min_version("9.0")

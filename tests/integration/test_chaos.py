@@ -2,7 +2,7 @@
 
 SIGINT to the Snakemake process alone (not its process group: the case where Snakemake would wait for the
 running proxy to finish) while a proxy's two torchrun workers train. The Snakefile's ``onstart:`` passes it
-on to the proxy launcher (``launch.forward_signals_to_proxies``): every process below Snakemake is gone
+on to the proxy launcher (``proxy.procs.forward_signals_to_proxies``): every process below Snakemake is gone
 within seconds, Snakemake exits, no hidden work folder, temporary spec folder or partial record is left.
 The rerun completes, and the memo counts every proxy of the proxy set. (Ctrl-C, SIGINT to the whole group,
 reaches the launcher directly: tests/integration/test_interrupts.py.)
@@ -24,7 +24,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
 from workflow_copy import SNAKEMAKE, copy_workflow, snakemake  # noqa: E402
 
-from trainplan.proxy import torchrun as L  # noqa: E402
+from trainplan.proxy import procs as P  # noqa: E402
 from trainplan.proxy.aggregate import check_record  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")]
@@ -33,20 +33,20 @@ GONE_WITHIN_S = 20.0
 
 
 def _ranks(pid: int) -> list[int]:
-    return [p for p in L.descendants(pid) if "worker" in (c := L._cmdline(p)) and "torch.distributed.run" not in c]
+    return [p for p in P.descendants(pid) if P.RANK_ENTRY in (c := P.cmdline(p)) and "torch.distributed.run" not in c]
 
 
 def _processes_in(wf: Path) -> list[tuple[int, list[str]]]:
     """Live processes whose working directory is inside the workflow copy."""
     out = []
     for d in os.listdir("/proc"):
-        if d.isdigit() and L._running(int(d)):
+        if d.isdigit() and P.running(int(d)):
             try:
                 cwd = os.readlink(f"/proc/{d}/cwd")
             except OSError:
                 continue
             if cwd == str(wf) or cwd.startswith(f"{wf}/"):
-                out.append((int(d), L._cmdline(int(d))))
+                out.append((int(d), P.cmdline(int(d))))
     return out
 
 
@@ -67,13 +67,13 @@ def test_study_interrupted_mid_proxy_reruns_to_a_memo_that_counts_every_proxy(tm
             assert time.monotonic() < deadline, "no proxy started within 300 s"
             time.sleep(0.1)
         time.sleep(1.0)  # the ranks are importing torch / training
-        tree = {p: st[2] for p in L.descendants(smk.pid) if (st := L._stat(p))}
+        tree = {p: st[2] for p in P.descendants(smk.pid) if (st := P.proc_stat(p))}
         running = [p for p in _ranks(smk.pid)]
-        spec_dir = next(Path(a).parent for p in running for a in L._cmdline(p) if a.endswith("spec.json"))
+        spec_dir = next(Path(a).parent for p in running for a in P.cmdline(p) if a.endswith("spec.json"))
         t0 = time.monotonic()
         os.kill(smk.pid, signal.SIGINT)  # Snakemake alone
-        while any(L._running(p, s) for p, s in tree.items()):
-            assert time.monotonic() - t0 < GONE_WITHIN_S, [L._cmdline(p) for p, s in tree.items() if L._running(p, s)]
+        while any(P.running(p, s) for p, s in tree.items()):
+            assert time.monotonic() - t0 < GONE_WITHIN_S, [P.cmdline(p) for p, s in tree.items() if P.running(p, s)]
             time.sleep(0.05)
         gone = time.monotonic() - t0
         rc = smk.wait(timeout=60)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from trainplan.proxy import procs as P
 from trainplan.proxy import torchrun as L
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
@@ -30,8 +31,8 @@ PROXY = [sys.executable, "-c", "import sys; from trainplan.cli import main; sys.
 
 
 def _workers(pid: int) -> set[int]:
-    """The ranks: ``python -u -m trainplan.proxy.torchrun worker …`` (torchrun's own argv names them too)."""
-    return {p for p in L.descendants(pid) if "worker" in (c := L._cmdline(p)) and "torch.distributed.run" not in c}
+    """The ranks: ``python -m trainplan.proxy.worker …`` (torchrun's own argv names them too)."""
+    return {p for p in P.descendants(pid) if P.RANK_ENTRY in (c := P.cmdline(p)) and "torch.distributed.run" not in c}
 
 
 def _start(tmp: Path, prefix: list[str] = (), cmd: list[str] | None = None) -> tuple[subprocess.Popen, int, set[int], dict]:
@@ -47,18 +48,18 @@ def _start(tmp: Path, prefix: list[str] = (), cmd: list[str] | None = None) -> t
         assert time.monotonic() < deadline, "torchrun did not start two workers in 120 s"
         time.sleep(0.2)
     time.sleep(2.0)  # let the ranks get into the run (rank 0 blocks in its first collective)
-    below = sorted(L.descendants(top.pid)) if prefix else [top.pid, *sorted(L.descendants(top.pid))]
-    launcher = next(p for p in below if "proxy" in L._cmdline(p) and "trainplan.cli" in " ".join(L._cmdline(p)))
-    tree = L.descendants(launcher)
-    starts = {p: L._stat(p)[2] for p in tree if L._stat(p)}
+    below = sorted(P.descendants(top.pid)) if prefix else [top.pid, *sorted(P.descendants(top.pid))]
+    launcher = next(p for p in below if "proxy" in P.cmdline(p) and "trainplan.cli" in " ".join(P.cmdline(p)))
+    tree = P.descendants(launcher)
+    starts = {p: P.proc_stat(p)[2] for p in tree if P.proc_stat(p)}
     assert len(_workers(launcher)) == 2 and len(tree) >= 3, tree  # torchrun + 2 workers (+ helpers)
     return top, launcher, tree, starts
 
 
 def _wait_gone(starts: dict[int, int], limit: float) -> float:
     t0 = time.monotonic()
-    while any(L._running(p, s) for p, s in starts.items()):
-        assert time.monotonic() - t0 < limit, [(p, L._cmdline(p)) for p, s in starts.items() if L._running(p, s)]
+    while any(P.running(p, s) for p, s in starts.items()):
+        assert time.monotonic() - t0 < limit, [(p, P.cmdline(p)) for p, s in starts.items() if P.running(p, s)]
         time.sleep(0.05)
     return time.monotonic() - t0
 
@@ -77,14 +78,14 @@ def test_kill_tree_reaches_descendants_in_their_own_sessions():
             "time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     deadline = time.monotonic() + 30
-    while len(L.descendants(proc.pid)) < 2:
+    while len(P.descendants(proc.pid)) < 2:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     time.sleep(0.3)  # the children have installed their SIGTERM-ignoring handler
-    kids = {p: L._stat(p)[2] for p in L.descendants(proc.pid)}
+    kids = {p: P.proc_stat(p)[2] for p in P.descendants(proc.pid)}
     took = L.kill_tree(proc, grace_s=0.5)  # they ignore SIGTERM: SIGKILL after the grace
     assert proc.returncode is not None and took < 10
-    assert not any(L._running(p, s) for p, s in kids.items())
+    assert not any(P.running(p, s) for p, s in kids.items())
 
 
 def test_unreadable_rank_result_is_an_error_result_not_a_crash(tmp_path):
@@ -143,9 +144,9 @@ def test_proxy_stops_when_the_snakemake_that_started_it_dies(tmp_path):
     fake.write_text(f"#!{sys.executable}\nimport subprocess, sys\nsys.exit(subprocess.call(sys.argv[1:]))\n")
     fake.chmod(0o755)
     top, launcher, tree, starts = _start(tmp_path, [str(fake)])
-    assert L.descendants(top.pid) >= {launcher}
+    assert P.descendants(top.pid) >= {launcher}
     os.kill(top.pid, signal.SIGKILL)
-    took = _wait_gone({**starts, launcher: L._stat(launcher)[2]}, GONE_WITHIN_S)
+    took = _wait_gone({**starts, launcher: P.proc_stat(launcher)[2]}, GONE_WITHIN_S)
     top.wait(timeout=30)
     log = (tmp_path / "proxy.log").read_text()
     print(f"parent lost: launcher and {len(tree)} descendants gone {took:.2f} s after snakemake died")
@@ -173,7 +174,7 @@ def test_sigterm_to_trainplan_preflight_stops_its_proxy_and_judges_nothing(tmp_p
 
 GRACEFUL_PARENT = """\
 import signal, subprocess, sys
-from trainplan.proxy.torchrun import forward_signals_to_proxies
+from trainplan.proxy.procs import forward_signals_to_proxies
 # like Snakemake's scheduler: SIGTERM means "finish the running jobs, then exit" (exit_gracefully)
 signal.signal(signal.SIGTERM, lambda *a: print("graceful: waiting for running jobs", flush=True))
 forward_signals_to_proxies()  # what the Snakefile's onstart: hook installs
@@ -191,9 +192,9 @@ def test_sigterm_to_a_waiting_snakemake_reaches_its_proxies(tmp_path):
     fake.write_text(f"#!{sys.executable}\n{GRACEFUL_PARENT}")
     fake.chmod(0o755)
     top, launcher, tree, starts = _start(tmp_path, [str(fake)])
-    assert L.proxy_launchers(top.pid) == {launcher}
+    assert P.proxy_launchers(top.pid) == {launcher}
     os.kill(top.pid, signal.SIGTERM)
-    took = _wait_gone({**starts, launcher: L._stat(launcher)[2]}, GONE_WITHIN_S)
+    took = _wait_gone({**starts, launcher: P.proc_stat(launcher)[2]}, GONE_WITHIN_S)
     rc = top.wait(timeout=30)
     log = (tmp_path / "proxy.log").read_text()
     print(f"SIGTERM to the parent alone: launcher and {len(tree)} descendants gone {took:.2f} s later, rc {rc}")

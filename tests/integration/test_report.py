@@ -1,6 +1,6 @@
 """`snakemake --report`: the memo's figures (with captions carrying their config hash) and the PDF memo.
 
-Runs the tiny study in a copy of the workflow, then builds the self-contained HTML report and reads back the
+Copies the session's finished tiny study (tests/integration/conftest.py), then builds the self-contained HTML report and reads back the
 JSON blobs Snakemake embeds in it (``var categories = {...}`` and one ``"<path>": {...}`` entry per result).
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
-from workflow_copy import copy_workflow, snakemake  # noqa: E402
+from workflow_copy import clone_study, snakemake  # noqa: E402
 
 from trainplan.provenance import read_sidecar  # noqa: E402
 from trainplan.report.figures import read_caption  # noqa: E402
@@ -34,10 +34,8 @@ def _data(entry: dict) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    wf = copy_workflow(tmp_path_factory.mktemp("report"))
-    r = snakemake(wf, *TINY, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+def report(tiny_study, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    wf = clone_study(tiny_study[0], tmp_path_factory.mktemp("report"))  # the session's finished tiny study
     r = snakemake(wf, *TINY, "--report", "report.html", timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     html = (wf / "report.html").read_text(encoding="utf-8")

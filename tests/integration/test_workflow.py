@@ -13,7 +13,7 @@ import yaml
 from pypdf import PdfReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
-from workflow_copy import ROOT, copy_workflow, planned_jobs, snakemake  # noqa: E402
+from workflow_copy import ROOT, clone_study, copy_workflow, planned_jobs, snakemake  # noqa: E402
 
 from trainplan.config import load_config
 from trainplan.provenance import config_hash, read_sidecar, study_hash
@@ -75,10 +75,9 @@ def test_bad_config_fails_at_parse_time_and_runs_nothing(tmp_path, override, key
 
 
 @pytest.mark.slow
-def test_tiny_study_runs_end_to_end_and_reruns_only_what_changed(tmp_path):
-    wf = copy_workflow(tmp_path)
-    r = snakemake(wf, *TINY, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+def test_tiny_study_runs_end_to_end_and_reruns_only_what_changed(tiny_study, tmp_path):
+    done, r = tiny_study  # the session's one end-to-end run (tests/integration/conftest.py)
+    wf = clone_study(done, tmp_path / "wf")  # the dry runs below edit files: on a copy, the shared tree stays as run
     # a clean run prints no Python warnings (pandas' DtypeWarning on candidates.csv once did, from two stages)
     assert not re.findall(r"\w+Warning: .*", r.stdout + r.stderr), re.findall(r"\w+Warning: .*", r.stdout + r.stderr)
     res = wf / "results"
@@ -164,8 +163,8 @@ def _code_lines(text: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_pinning_a_different_layout_changes_the_launch_artifacts(tmp_path):
-    wf = copy_workflow(tmp_path)
+def test_pinning_a_different_layout_changes_the_launch_artifacts(tiny_study, tmp_path):
+    wf = clone_study(tiny_study[0], tmp_path / "wf")  # a finished study: each pin reruns analytic_model and its readers
     a, b = _launch_for(wf, PIN_FSDP), _launch_for(wf, PIN_TP)
     for pin, files in ((PIN_FSDP, a), (PIN_TP, b)):
         layout = json.loads(files["manifest.json"])["layout"]

@@ -42,3 +42,11 @@ def planned_jobs(out: str) -> dict[str, int]:
         if len(parts) == 2 and parts[1].isdigit():
             jobs[parts[0]] = int(parts[1])
     return jobs
+
+
+def clone_study(src: Path, dst: Path) -> Path:
+    """A copy of a workflow tree that Snakemake has run (``results/`` and ``.snakemake/`` included, every file's
+    modification time kept), so Snakemake finds it exactly as up to date as ``src``: tests that start from a
+    finished study copy one run instead of repeating it."""
+    shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+    return dst

@@ -2,6 +2,8 @@
 
 Submodules: ``model`` (Llama-architecture nn.Module from a ModelSpec), ``lora``, ``parallelize`` (one
 ``apply_*`` per technique), ``measure`` (state bytes, saved activations, FLOPs, collectives), ``run``
-(per-rank training entry), ``launch`` (torchrun / srun), ``cli``, ``select``, ``aggregate``, ``fakemem``,
-``schema``. Importing this package does not import torch; the submodules that need it do.
+(what each rank trains), ``worker`` (the ranks' entry under torchrun), ``torchrun`` (the launcher: torchrun /
+srun), ``procs`` (its processes from /proc, the Snakefile's signal hook), ``command`` (``trainplan proxy``),
+``select``, ``aggregate``, ``fakemem``, ``schema``, ``record``. Importing this package does not import torch; the
+submodules that need it do, and only the ranks and ``fakemem`` need it: the launcher and the Snakefile do not.
 """

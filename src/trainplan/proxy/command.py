@@ -12,13 +12,18 @@ input (ConfigError, nothing run).
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from trainplan.io import read_json_checked, write_json
+from trainplan.io import read_json_checked
 from trainplan.model.base import ConfigError
-from trainplan.proxy.fakemem import fakemem, format_fakemem
 from trainplan.proxy.schema import normalize_run_spec
 from trainplan.proxy.torchrun import launch
+
+# ``trainplan proxy NAME …`` → the module whose main(argv) runs it, imported when it runs (as ``trainplan.cli`` does
+# with its subcommands): fakemem builds the model under FakeTensorMode and needs torch; the launcher of a proxy run
+# (this module, ``proxy.torchrun``) does not: torchrun and the ranks (``proxy.worker``) import it, the job itself not
+SUBCOMMANDS = {"fakemem": "trainplan.proxy.fakemem"}
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -31,33 +36,11 @@ def _run_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _fakemem_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trainplan proxy fakemem",
-                                description="FSDPMemTracker on a fake N-rank world (FakeTensorMode; no GPU).",
-                                epilog="example: trainplan proxy fakemem --model llama2-13b --world 32 --seq-len 4096 --mb 1")
-    p.add_argument("--model", default="llama2-13b", help="preset name or config.json")
-    p.add_argument("--world", type=int, default=32, help="simulated ranks (FSDP full shard)")
-    p.add_argument("--seq-len", type=int, default=4096)
-    p.add_argument("--mb", type=int, default=1, help="micro-batch (sequences per rank)")
-    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
-    p.add_argument("--recompute", choices=("none", "full"), default="none")
-    p.add_argument("--out", help="write the result JSON here")
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        if argv and argv[0] == "fakemem":
-            a = _fakemem_parser().parse_args(argv[1:])
-
-            res = fakemem(a.model, world=a.world, seq_len=a.seq_len, micro_batch=a.mb, dtype=a.dtype,
-                          recompute=a.recompute)
-            if a.out:
-                write_json(a.out, res)
-
-            print(format_fakemem(res))
-            return 0
+        if argv and argv[0] in SUBCOMMANDS:
+            return int(importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]) or 0)
         a = _run_parser().parse_args(argv)
 
         try:

@@ -9,9 +9,11 @@ Reported next to the analytic ``memory_breakdown`` of the same layout.
 
 from __future__ import annotations
 
+import argparse
 import time
 from typing import Any
 
+from trainplan.io import write_json
 from trainplan.model import memory
 from trainplan.model.arch import resolve_model
 from trainplan.model.base import ConfigError
@@ -97,3 +99,27 @@ def format_fakemem(res: dict[str, Any]) -> str:
     if res.get("analytic"):
         lines.append("  analytic: " + ", ".join(f"{k} {v / GiB:.2f}" for k, v in res["analytic"].items()) + " GiB")
     return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trainplan proxy fakemem",
+                                description="FSDPMemTracker on a fake N-rank world (FakeTensorMode; no GPU).",
+                                epilog="example: trainplan proxy fakemem --model llama2-13b --world 32 --seq-len 4096 --mb 1")
+    p.add_argument("--model", default="llama2-13b", help="preset name or config.json")
+    p.add_argument("--world", type=int, default=32, help="simulated ranks (FSDP full shard)")
+    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--mb", type=int, default=1, help="micro-batch (sequences per rank)")
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--recompute", choices=("none", "full"), default="none")
+    p.add_argument("--out", help="write the result JSON here")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """``trainplan proxy fakemem …`` (``argv`` after ``fakemem``): print the comparison, write it with ``--out``."""
+    a = _parser().parse_args(argv)
+    res = fakemem(a.model, world=a.world, seq_len=a.seq_len, micro_batch=a.mb, dtype=a.dtype, recompute=a.recompute)
+    if a.out:
+        write_json(a.out, res)
+    print(format_fakemem(res))
+    return 0

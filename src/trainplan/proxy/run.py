@@ -35,6 +35,7 @@ from trainplan.proxy.lora import apply_lora, lora_trainable_params
 from trainplan.proxy.model import build_model, n_params
 from trainplan.proxy.parallelize import build_mesh, parallelize
 from trainplan.proxy.schema import normalize_run_spec, uses_autocast
+from trainplan.proxy.torchrun import PROGRESS_ENV
 
 
 class ProxyOOM(RuntimeError):
@@ -65,8 +66,6 @@ def _dp_coords(mesh: Any, layout: Layout) -> tuple[int, int]:
         r = r * mesh[n].size() + mesh[n].get_local_rank()
     return r, layout.dp
 
-
-PROGRESS_ENV = "TRAINPLAN_PROXY_PROGRESS"
 
 
 def progress_line(spec: dict[str, Any], step: int, loss: float, times: list[float], *, tokens_per_step: int) -> str:

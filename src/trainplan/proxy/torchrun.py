@@ -1,7 +1,7 @@
 """Start a proxy run under torchrun (or srun + torchrun inside a multi-node Slurm allocation) and
 turn what the ranks left behind into one RECORD.
 
-Locally: ``python -m torch.distributed.run --standalone --nproc-per-node N -m trainplan.proxy.run``.
+Locally: ``python -m torch.distributed.run --standalone --nproc-per-node N -m trainplan.proxy.worker``.
 Inside Slurm with ``SLURM_JOB_NUM_NODES > 1``: ``srun --nodes=K --ntasks-per-node=1`` starting one torchrun
 per node with a c10d rendezvous on the allocation's first host. The whole process group is killed after
 ``timeout_s`` (a hung collective → status ``timeout``). Arguments are passed as a list, never a shell string.
@@ -35,13 +35,14 @@ from typing import Any
 
 from trainplan.io import read_json, write_json
 from trainplan.model.base import ConfigError
+from trainplan.proxy.procs import RANK_ENTRY, cmdline, descendants, proc_stat, running
 from trainplan.proxy.record import assemble_record
-from trainplan.proxy.run import main
 from trainplan.proxy.slurm_resources import proxy_job_resources
 
 RDZV_PORT = 29517  # the c10d rendezvous port of a multi-node proxy outside a numbered job; in one: rdzv_port()
 GRACE_S = 3.0  # SIGTERM → SIGKILL for the process tree of an interrupted or timed-out run
 POLL_S = 0.2  # how often the launcher checks its caller while torchrun runs
+PROGRESS_ENV = "TRAINPLAN_PROXY_PROGRESS"  # a steps log rank 0 appends to (set by the proxy_run stage, inherited by the ranks)
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
 
@@ -70,7 +71,7 @@ def torchrun_command(spec: dict[str, Any], spec_path: str, rank_dir: str, env: d
     ``--cpus-per-task``, and the jobstep plugin strips the variables that would pass it on, so without it every
     rank of a node would share one CPU wherever Slurm binds tasks to cores."""
     env = os.environ if env is None else env
-    entry = ["-m", "trainplan.proxy.torchrun", "worker", spec_path, rank_dir]  # = proxy.run, dies with torchrun
+    entry = ["-m", RANK_ENTRY, spec_path, rank_dir]  # proxy.run's main, dying with torchrun
     nproc = str(spec["nproc_per_node"])
     nodes = int(env.get("SLURM_JOB_NUM_NODES", "1"))
     if spec["nnodes"] > 1 or nodes > 1:
@@ -88,46 +89,6 @@ def torchrun_command(spec: dict[str, Any], spec_path: str, rank_dir: str, env: d
 
 
 # ----------------------------------------------------------------------------------- processes (/proc)
-def _stat(pid: int) -> tuple[int, str, int] | None:
-    """(ppid, state, start time in clock ticks) of ``pid`` from /proc, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            rest = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(rest[1]), rest[0].decode(), int(rest[19])
-
-
-def _running(pid: int, start: int | None = None) -> bool:
-    """``pid`` exists, is not a zombie, and (when ``start`` is given) is the same process as before."""
-    st = _stat(pid)
-    return st is not None and st[1] not in ("Z", "X") and (start is None or st[2] == start)
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` (children, grandchildren, …), from one scan of /proc."""
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if d.isdigit() and (st := _stat(int(d))) is not None and st[1] not in ("Z", "X"):
-            children.setdefault(st[0], []).append(int(d))
-    out: set[int] = set()
-    todo = [pid]
-    while todo:
-        for c in children.get(todo.pop(), ()):
-            if c not in out:
-                out.add(c)
-                todo.append(c)
-    return out
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
-
-
 def watched_parent() -> tuple[int, int, str] | None:
     """(pid, start time, name) of the outermost ``snakemake`` process among this process's ancestors: the run
     this proxy belongs to. Its jobs wait on their children, so it is gone only if it was killed or
@@ -135,10 +96,10 @@ def watched_parent() -> tuple[int, int, str] | None:
     running under ``nohup``)."""
     found, pid, seen = None, os.getppid(), 0
     while pid > 1 and seen < 64:
-        st = _stat(pid)
+        st = proc_stat(pid)
         if st is None:
             break
-        argv = _cmdline(pid)
+        argv = cmdline(pid)
         if any(os.path.basename(a) == "snakemake" or a == "snakemake" for a in argv[:3]):
             found = (pid, st[2], "snakemake")
         pid, seen = st[0], seen + 1
@@ -158,7 +119,7 @@ def _prctl() -> Any:
 _PRCTL: Any = None
 
 
-def _set_pdeathsig(sig: int) -> None:
+def set_pdeathsig(sig: int) -> None:
     """Linux: deliver ``sig`` to this process when its parent (thread) exits. No-op elsewhere."""
     fn = _prctl()
     if fn is not None:
@@ -177,13 +138,13 @@ def kill_tree(proc: subprocess.Popen, *, grace_s: float = GRACE_S) -> float:
     whatever is left after ``grace_s``, reap torchrun. Returns the seconds until nothing was left."""
     t0 = time.monotonic()
     tree = descendants(proc.pid)  # snapshot first: a worker whose torchrun died is reparented out of reach
-    starts = {p: st[2] for p in tree if (st := _stat(p))}
+    starts = {p: st[2] for p in tree if (st := proc_stat(p))}
 
     def alive() -> set[int]:
-        live = {p for p in starts if _running(p, starts[p])}
+        live = {p for p in starts if running(p, starts[p])}
         if proc.poll() is None:
             for p in descendants(proc.pid) - set(starts):  # spawned since the snapshot
-                if st := _stat(p):
+                if st := proc_stat(p):
                     starts[p] = st[2]
                     live.add(p)
         return live
@@ -236,38 +197,6 @@ def _signals_raise() -> Any:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-
-
-def proxy_launchers(root: int) -> set[int]:
-    """The proxy launchers below ``root``: the parents of the processes that start ranks with
-    ``trainplan.proxy.torchrun worker`` (torchrun, or srun in a multi-node allocation)."""
-    starters = {p for p in descendants(root)
-                if "trainplan.proxy.torchrun" in (c := " ".join(_cmdline(p))) and "torch.distributed.run" in c}
-    return {st[0] for p in starters if (st := _stat(p))} - starters - {root}
-
-
-def forward_signals_to_proxies(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
-    """For the Snakefile's ``onstart:`` hook (the main Snakemake process). Snakemake answers SIGINT and
-    SIGTERM by waiting for its running jobs to finish — for a GPU proxy, hours on held GPUs. This chains a
-    handler in front of Snakemake's: it first sends the signal to every proxy launcher below this process
-    (:func:`proxy_launchers`), which kills its ranks within seconds and writes no record; then Snakemake's
-    own handling runs (the job fails, Snakemake exits, the next run reruns the proxy)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for s in signals:
-        prev = signal.getsignal(s)
-
-        def handler(signum: int, frame: Any, prev: Any = prev) -> None:
-            for pid in proxy_launchers(os.getpid()):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signum)
-            if callable(prev):
-                prev(signum, frame)
-            elif prev == signal.SIG_DFL:
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
-
-        signal.signal(s, handler)
 
 
 def _stale_work_dirs(out: Path, run_id: str) -> None:
@@ -374,7 +303,7 @@ def _wait(proc: subprocess.Popen, deadline: float, parent: tuple[int, int, str] 
         if time.monotonic() >= deadline:
             kill_tree(proc)
             return proc.wait(), True
-        if parent is not None and not _running(parent[0], parent[1]):
+        if parent is not None and not running(parent[0], parent[1]):
             raise Interrupted(signal.SIGTERM, f"its {parent[2]} (pid {parent[0]}) exited")
 
 
@@ -389,18 +318,3 @@ def _rank_result(path: Path) -> dict[str, Any]:
         why = f"{type(e).__name__}: {e}"
     return {"rank": int(path.stem.removeprefix("rank") or -1), "status": "error",
             "message": f"unreadable rank result {path.name}: {why}"}
-
-
-def _worker_main(argv: list[str]) -> int:
-    """Entry of every rank (``python -m trainplan.proxy.torchrun worker SPEC RANK_DIR``): die with torchrun."""
-    _set_pdeathsig(signal.SIGKILL)
-    if os.getppid() == 1:  # torchrun already gone between fork and prctl
-        return 1
-
-    return main(argv)
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["worker"]:
-        sys.exit(_worker_main(sys.argv[2:]))
-    sys.exit(f"usage: python -m {__spec__.name if __spec__ else 'trainplan.proxy.torchrun'} worker SPEC RANK_DIR")

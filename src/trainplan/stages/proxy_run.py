@@ -10,8 +10,8 @@ from typing import Any
 
 from trainplan import cli
 from trainplan.io import read_json, write_json
-from trainplan.proxy.run import PROGRESS_ENV
 from trainplan.proxy.slurm_resources import restore_allocation_env
+from trainplan.proxy.torchrun import PROGRESS_ENV
 from trainplan.stages.common import (
     log,
     sidecars,

@@ -5,6 +5,7 @@ importable in a fresh interpreter in sorted and in reverse-sorted order."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ PKG = Path(__file__).resolve().parents[3] / "src" / "trainplan"
 # layer or a lower one. The same list is in docs/ARCHITECTURE.md; a new module gets a layer here.
 LAYERS: list[tuple[str, set[str]]] = [
     ("leaves (standard library + third party only)",
-     {"trainplan", "io", "pkgdata", "proxy", "proxy.slurm_resources", "report", "report.benchmarks", "report.headline",
+     {"trainplan", "io", "pkgdata", "proxy", "proxy.procs", "proxy.slurm_resources", "report", "report.benchmarks", "report.headline",
       "model", "search", "published", "cost", "calibration", "prediction", "launch", "stages"}),
     ("specs", {"model.base", "model.arch", "model.hardware", "model.training", "model.layout"}),
     ("analytic core (no torch, no snakemake)",
@@ -26,7 +27,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("harness, calibration, report, launch",
      {"proxy.aggregate", "proxy.command", "proxy.fakemem", "proxy.torchrun", "proxy.lora", "proxy.measure",
       "proxy.model", "proxy.parallelize", "proxy.analytic", "proxy.record", "proxy.run", "proxy.schema",
-      "proxy.select", "calibration.fitting", "calibration.sources", "calibration.scaling", "calibration.gpu", "prediction.production", "launch.ingest",
+      "proxy.select", "proxy.worker", "calibration.fitting", "calibration.sources", "calibration.scaling", "calibration.gpu", "prediction.production", "launch.ingest",
       "report.labels", "report.figures", "report.memo", "launch.artifacts", "launch.trainers", "train_entry"}),
     ("preflight, subcommands", {"launch.preflight", "commands", "commands.common", "commands.estimate", "commands.plan",
                                "commands.validate"}),
@@ -223,4 +224,28 @@ def test_every_module_imports_in_a_fresh_interpreter(reverse, tmp_path):
     code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
     r = subprocess.run([sys.executable, "-c", code, *order], capture_output=True, text=True, timeout=300,
                        cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_the_snakefile_parses_without_torch():
+    """Every Snakemake call parses the Snakefile and its rules (each dry run, each Slurm job on its node): the
+    trainplan modules they import load no torch (it took 1.7 s of every parse while the signal hook lived in
+    proxy.torchrun, which imports the rank entry)."""
+    root = PKG.parents[1]
+    text = "\n".join(p.read_text() for p in [root / "Snakefile", *sorted((root / "rules").glob("*.smk"))])
+    mods = sorted(set(re.findall(r"^(?:from|import) (trainplan(?:\.\w+)*)", text, re.M)))
+    assert "trainplan.proxy.procs" in mods, mods  # the signal hook: what once pulled torch in
+    code = ("import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
+            "assert 'torch' not in sys.modules, [m for m in sys.modules if m.startswith('torch')][:5]\n")
+    r = subprocess.run([sys.executable, "-c", code, *mods], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_a_proxy_job_imports_torch_only_in_its_ranks():
+    """The proxy_run stage and the launcher it calls (``trainplan proxy SPEC --out RECORD``) only start torchrun
+    and read what the ranks wrote: importing torch there cost every proxy job 2–3 s before torchrun began."""
+    code = ("import sys, trainplan.stages.proxy_run, trainplan.proxy.command, trainplan.proxy.torchrun\n"
+            "assert 'torch' not in sys.modules, [m for m in sys.modules if m.startswith('torch')][:5]\n"
+            "import trainplan.proxy.worker\nassert 'torch' in sys.modules  # the ranks' entry: the check sees torch\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
