@@ -324,26 +324,29 @@ def tie_order(tput: np.ndarray, headroom: np.ndarray, complexity: np.ndarray, ti
     n = len(tput)
     if n == 0:
         return np.zeros(0, dtype=int)
+    tput = np.asarray(tput, dtype=float)
     if np.any(np.diff(tput) > 0):
         raise ValueError("tie_order: throughput must be sorted in descending order")
-    taken = np.zeros(n, dtype=bool)
-    neg = -np.asarray(tput, dtype=float)
+    # each position's tie band ends where throughput drops below (1 - tie) of its own: the band of the fastest row
+    # not yet ranked (``start``); a ranked row gets headroom -inf and complexity +inf, so one max and one argmin over
+    # the band pick the next row (argmin: the first, i.e. fastest, of the fewest techniques among the roomiest)
+    ends = np.searchsorted(-tput, -(1.0 - tie) * tput, side="right")
+    room = np.array(headroom, dtype=float)
+    techniques = np.array(complexity, dtype=float)
     order = np.empty(n, dtype=int)
-    start = 0
+    start, end = 0, int(ends[0])
     for k in range(n):
-        while taken[start]:
-            start += 1
-        end = int(np.searchsorted(neg, -(1.0 - tie) * tput[start], side="right"))  # tput[i] >= (1-tie)·max
         if end - start == 1:
             j = start
         else:
-            w = np.arange(start, end)[~taken[start:end]]
-            # lexicographic: most headroom, fewest techniques, fastest (w is in throughput order)
-            w = w[headroom[w] >= headroom[w].max() - HEADROOM_TIE]
-            w = w[complexity[w] == complexity[w].min()]
-            j = int(w[0])
+            band = room[start:end]
+            j = start + int(np.where(band >= band.max() - HEADROOM_TIE, techniques[start:end], np.inf).argmin())
         order[k] = j
-        taken[j] = True
+        room[j], techniques[j] = -np.inf, np.inf
+        if j == start and k + 1 < n:
+            while room[start] == -np.inf:
+                start += 1
+            end = int(ends[start])
     return order
 
 
