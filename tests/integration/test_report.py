@@ -1,7 +1,7 @@
 """`snakemake --report`: the memo's figures (with captions carrying their config hash) and the PDF memo.
 
-Copies the session's finished tiny study (tests/integration/conftest.py), then builds the self-contained HTML report and reads back the
-JSON blobs Snakemake embeds in it (``var categories = {...}`` and one ``"<path>": {...}`` entry per result).
+Copies the session's finished tiny study (tests/integration/conftest.py), then builds the self-contained HTML
+report and reads back the JSON blobs Snakemake embeds in it (``var categories = {...}`` and one ``"<path>": {...}`` entry per result).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The proxy launchers' processes, read from /proc, and the Snakefile's signal hook.
 
-Standard library only, so the Snakefile (``onstart:`` installs :func:`forward_signals_to_proxies`) parses
-without importing torch: :mod:`trainplan.proxy.torchrun` starts the ranks through :mod:`trainplan.proxy.run`,
-which does.
+Standard library only: the Snakefile's ``onstart:`` installs :func:`forward_signals_to_proxies` in every
+Snakemake process (each Slurm job parses it too), and the launcher (:mod:`trainplan.proxy.torchrun`) reads the same
+/proc helpers. Neither imports torch; only the ranks (:mod:`trainplan.proxy.worker`) do.
 """
 
 from __future__ import annotations

@@ -67,7 +67,6 @@ def _dp_coords(mesh: Any, layout: Layout) -> tuple[int, int]:
     return r, layout.dp
 
 
-
 def progress_line(spec: dict[str, Any], step: int, loss: float, times: list[float], *, tokens_per_step: int) -> str:
     """One step of progress: step k/N, loss, this step's time, median so far, tokens/s, elapsed, ETA."""
     med = statistics.median(times)

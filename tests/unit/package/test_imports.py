@@ -230,7 +230,7 @@ def test_every_module_imports_in_a_fresh_interpreter(reverse, tmp_path):
 def test_the_snakefile_parses_without_torch():
     """Every Snakemake call parses the Snakefile and its rules (each dry run, each Slurm job on its node): the
     trainplan modules they import load no torch (it took 1.7 s of every parse while the signal hook lived in
-    proxy.torchrun, which imports the rank entry)."""
+    proxy.torchrun, which then imported the ranks' code)."""
     root = PKG.parents[1]
     text = "\n".join(p.read_text() for p in [root / "Snakefile", *sorted((root / "rules").glob("*.smk"))])
     mods = sorted(set(re.findall(r"^(?:from|import) (trainplan(?:\.\w+)*)", text, re.M)))
