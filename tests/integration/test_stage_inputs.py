@@ -1,14 +1,14 @@
 """Every file a rule's code reads is a declared input of that rule, read from the path the rule gives it (issue 11).
 
-A complete results tree is built once (the tiny config, every stage in DAG order through
-``trainplan.stages.<rule>.run``, as ``scripts/diff_results.py`` does; the two tiny proxy runs are real CPU runs).
-Then each rule of ``rules/*.smk`` (``scripts/rule_io.py``) runs in a fresh directory that holds ONLY its declared
-inputs, copied from that tree: it must succeed and write its declared outputs. A stage that finds a file by
-walking from one input to its neighbours (``Path(inp["cost"]).parent.parent / ...``) fails here.
+The complete results tree is the session's tiny study (``snakemake --cores 2 --configfile config/tiny.yaml``, the
+``tiny_study`` fixture; its two proxy runs are real CPU runs). Then each rule of ``rules/*.smk``
+(``scripts/rule_io.py``) runs in a fresh directory that holds ONLY its declared inputs, copied from that tree: it
+must succeed and write, in this process (``trainplan.stages.<rule>.run``), the bytes Snakemake's run wrote. A stage
+that finds a file by walking from one input to its neighbours (``Path(inp["cost"]).parent.parent / ...``) fails here.
 
-``proxy_run`` is not rerun on its own (a real torch run; it reads only ``proxy_set``). Inputs outside the results
-dir and the working directory (package data: the published tables, the committed GPU records) stay where they
-are. The Snakemake ``benchmark:`` TSVs the memo reads are written here, as Snakemake would.
+``proxy_run`` is not rerun on its own (a real torch run; it reads only ``proxy_set``). Package data (the published
+tables) stays where it is. The committed GPU records (``data/calibration/...``) are copied like any other input, to
+the relative paths the rule gives them: the calibrate stage opens their directory by the config's relative path.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ ORDER = ("analytic_model", "select_proxies", "proxy_run", "aggregate", "calibrat
          "predict_production", "cost_and_risk", "launch_artifacts", "figures", "memo")
 IO = rule_io()
 RULES = sorted(r for r in IO if r != "proxy_run")
-BENCH_HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +67,9 @@ def _resolve(value: str, study: Path, raw: dict, wildcards: dict | None = None) 
 
         return sorted(str(p) for p in pkgdata.path(pkgdata.DATA).glob("*.csv"))
     if value in ("<GPU_RECORDS>", "<GPU_CHECK>"):  # rules/common.smk: GPU_RECORDS, GPU_CHECK
-        return gpu_record_files(value.strip("<>"), raw, ROOT)
+        # relative to the working dir, as common.smk globs them there (the study tree is a workflow copy: data/)
+        files = gpu_record_files(value.strip("<>"), raw, study)
+        return [os.path.relpath(f, study) if Path(f).is_relative_to(study) else f for f in files]
     path = value.replace("{R}", "results")
     for k, v in (wildcards or {}).items():
         path = path.replace("{" + k + "}", v)
@@ -94,25 +95,10 @@ def _run(rule: str, work: Path, raw: dict, wildcards: dict | None = None, study:
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The tiny study's complete results tree (work dir with results/ and report/), built stage by stage."""
-    raw = load_config(TINY).raw
-    work = tmp_path_factory.mktemp("study")
-    shutil.copytree(ROOT / "report" / "templates", work / "report" / "templates")
-    for rule in ORDER:
-        if rule == "proxy_run":
-            for i in _ids(work):
-                _run(rule, work, raw, {"id": i})
-            continue
-        if rule == "memo":
-            for f in _resolve("<benchmark_files>", work, raw):  # what Snakemake's `benchmark:` wrote
-                p = work / f
-                p.parent.mkdir(parents=True, exist_ok=True)
-                p.write_text(BENCH_HEADER + "1.5\t0:00:01\t100\t200\t90\t95\t0\t0\t50\t0.8\n")
-        _run(rule, work, raw)
-        if rule == "figures":  # what Snakemake leaves in a directory() output
-            (work / "results/figures/.snakemake_timestamp").touch()
-    return {"raw": raw, "work": work}
+def study(tiny_study) -> dict:
+    """The tiny study's complete results tree: the session's one Snakemake run (``tests/integration/conftest.py``),
+    read, never changed. Its ``benchmark:`` TSVs are the ones Snakemake wrote."""
+    return {"raw": load_config(TINY).raw, "work": tiny_study[0]}
 
 
 def _copy_declared(rule: str, study: dict, dest: Path, drop: tuple[str, ...] = ()) -> None:
@@ -128,7 +114,7 @@ def _copy_declared(rule: str, study: dict, dest: Path, drop: tuple[str, ...] = (
             continue
         for f in _files(_resolve(v, src, study["raw"])):
             if Path(f).is_absolute():
-                assert Path(f).exists(), f  # package data / committed records: read in place
+                assert Path(f).exists(), f  # package data: read in place
                 continue
             a = src / f
             assert a.exists(), f"{rule}: declared input {f} was not produced by the study"
