@@ -7,6 +7,7 @@ lookup bug in the memo shows up as a mismatch.
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -39,6 +40,16 @@ def _squash(s: str) -> str:
 def _render(root: Path, out: Path) -> Path:
     make_figures(figure_inputs(root), root / "figures")
     return memo.render_memo(memo.memo_inputs(root), out, config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+
+
+def _html_text(ctx: dict) -> str:
+    """The memo's text from its HTML (no PDF): for checks of what it says, not of where on which page."""
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+
+
+def _context(root: Path) -> dict:
+    """The memo's template context for the results tree ``root`` (the fixture study's config, hash and commit)."""
+    return memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
 
 
 @pytest.fixture(scope="module")
@@ -216,10 +227,8 @@ def test_runner_up_is_no_tie_that_only_shards_the_states_differently(rendered):
                   Layout(dp=16, tp=2, sp=True, sharding="none")):
         assert memo.runner_up(_families([z1, other, *lays[2:]], tps, [54.3] * 5, list(fam["verdict"])),
                               ch)["layout"] == other.describe()
-    import html as html_mod
-
-    ctx = memo.build_context(memo.memo_inputs(rendered["root"]), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
-    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx | {"runner_up": r}))).split())
+    ctx = _context(rendered["root"])
+    text = _html_text(ctx | {"runner_up": r})
     assert "DDP, HSDP tie with it, sharding the states differently: no throughput fallback." in text
     assert "run the same steps with the runner-up, FSDP ( dp32·tp1·pp1·cp1 zero3 rc=none mb=1 ," in text
     only = fam.iloc[:2]
@@ -229,13 +238,10 @@ def test_runner_up_is_no_tie_that_only_shards_the_states_differently(rendered):
 def test_page_one_says_when_the_runner_up_is_below_the_chosen_p10(rendered):
     """The README promised page 1 says whether the runner-up lies inside the recommendation's p10–p90; it spoke only
     when it did (the default study's runner-up, 4,724 against a p10 of 4,742, got no word). Both cases now."""
-    import html as html_mod
-
-    ctx = memo.build_context(memo.memo_inputs(rendered["root"]), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    ctx = _context(rendered["root"])
     p10 = _load("prediction/production.json")["chosen"]["tokens_per_s_per_gpu_p10"]
     for inside in (True, False):
-        html = memo.render_html(ctx | {"runner_up": {**ctx["runner_up"], "inside_interval": inside}})
-        text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", html)).split())
+        text = _html_text(ctx | {"runner_up": {**ctx["runner_up"], "inside_interval": inside}})
         assert ("the model alone cannot rank the two" in text) == inside
         assert (f"below this layout's p10 ({p10:,.0f})." in text) == (not inside), text[:3000]
 
@@ -447,7 +453,7 @@ def test_fmt_is_the_one_formatter():
 def test_template_fails_loudly_on_a_missing_key(rendered):
     import jinja2
 
-    ctx = memo.build_context(memo.memo_inputs(rendered["root"]), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    ctx = _context(rendered["root"])
     del ctx["cost"]
     with pytest.raises(jinja2.UndefinedError):
         memo.render_html(ctx)
@@ -585,7 +591,7 @@ def test_own_gpu_check_prints_the_records_summary_and_says_only_what_the_errors_
     def text_with(check: dict) -> str:
         cal = json.loads((FIXTURE / "calibration/calibration.json").read_text()) | {"gpu_check": check}
         (root / "calibration/calibration.json").write_text(json.dumps(cal))
-        return " ".join(" ".join(p.extract_text() for p in PdfReader(_render(root, tmp_path / "m.pdf")).pages).split())
+        return _html_text(_context(root))
 
     text = text_with(gc)
     allr = next(r for r in gc["summary"] if r["family"] == "all")
@@ -623,8 +629,7 @@ def test_fp8_paragraph_says_what_compile_gives_and_which_recipe_is_opted_in(tmp_
         out = root / "analytic/techniques.csv"
         pd.concat([base, pd.DataFrame(rows)[list(base.columns) + ["compiled_note", "risk"]]]).to_csv(out, index=False)
         write_sidecar(out, rule="analytic_model", config_slice={})
-        pages = PdfReader(_render(root, tmp_path / "m.pdf")).pages
-        return " ".join(" ".join(p.extract_text() for p in pages).split())
+        return _html_text(_context(root))
 
     eager = text_with(TrainingSpec(seq_len=4096, global_batch=256, kernels="eager"))
     assert "FP8 on this layout" in eager and "Neither is used: bf16 unless the study opts in." in eager
@@ -644,11 +649,9 @@ def test_fp8_paragraph_says_what_compile_gives_and_which_recipe_is_opted_in(tmp_
 def test_sensitivity_base_is_explained_against_the_cost_tables_p50(rendered):
     """The tornado's base cost is one point (every assumption at base, p50 throughput); the cost table's p50 is a
     median over joint draws. The memo prints both from cost.json and says why they differ; costs print as dollars."""
-    import html as html_mod
-
-    ctx = memo.build_context(memo.memo_inputs(rendered["root"]), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    ctx = _context(rendered["root"])
     ctx["cost"] = dict(ctx["cost"], detail={"point": {"usd": 1600.0}, "n_samples": 4000})
-    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    text = _html_text(ctx)
     p50 = ctx["cost"]["dollars"]["p50"]
     assert "every assumption at its config value and the throughput at its p50: one point, $1,600" in text
     assert f"The cost table's p50, ${p50:,.0f}, is the median over 4,000 joint draws" in text
@@ -665,16 +668,14 @@ def test_sensitivity_base_is_explained_against_the_cost_tables_p50(rendered):
 def test_throughput_table_shows_the_terms_that_add_up_to_the_step(tmp_path):
     """The recommended layout's row lists the step's terms (timing.STEP_PARTS): CPU offload only when it offloads,
     so the row adds up to its step time either way."""
-    import html as html_mod
-
     import pandas as pd
 
     root = tmp_path / "results"
     shutil.copytree(FIXTURE, root)
 
     def row_text() -> tuple[list[str], str]:
-        ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
-        text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+        ctx = _context(root)
+        text = _html_text(ctx)
         r = ctx["chosen_row"]
         assert sum(float(r[k]) for k, _ in ctx["step_parts"]) == pytest.approx(float(r["step_time_s"]), rel=1e-6)
         return [k for k, _ in ctx["step_parts"]], text
@@ -694,8 +695,6 @@ def test_nccl_check_holds_the_cluster_to_the_busbw_the_plan_assumes(tmp_path):
     """The day-1 nccl-tests threshold is the busbw the model gives a collective over all GPUs (rail model: per-rail
     inter-node busbw × rails per node, capped at NVLink's), written once in the manifest and quoted by the memo; it
     was the per-rail 46 GB/s, which a cluster 8× slower than planned would pass."""
-    import html as html_mod
-
     from trainplan.launch.artifacts import day1_commands
     from trainplan.model import comm
     from trainplan.model.hardware import ClusterSpec, resolve_gpu
@@ -716,15 +715,15 @@ def test_nccl_check_holds_the_cluster_to_the_busbw_the_plan_assumes(tmp_path):
     man = json.loads((root / "launch/manifest.json").read_text()) | {"day1": day1}
     (root / "launch/manifest.json").write_text(json.dumps(man))
     write_sidecar(root / "launch/manifest.json", rule="launch_artifacts", config_slice={})
-    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
-    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    ctx = _context(root)
+    text = _html_text(ctx)
     assert f"reaches the busbw the plan assumes, {planned:,.0f} GB/s ( inter_busbw_GBps × rails" in text
     # one node: the check runs on the node and holds it to the NVLink busbw, with no rail model to mention
     assert one_node["check"] == "nccl-tests all-reduce on the node" and one_node["nodes"] == 1
     one = day1_commands(ClusterSpec(nodes=1, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb")), trainer="accelerate")
     (root / "launch/manifest.json").write_text(json.dumps(man | {"day1": one}))
-    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
-    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    ctx = _context(root)
+    text = _html_text(ctx)
     assert _squash("nccl-tests all-reduce on the node reaches the busbw the plan assumes, 360 GB/s (intra_busbw_GBps)"
                    ) in _squash(text)
     assert "rail model" not in text and "over all nodes" not in text
@@ -734,8 +733,6 @@ def test_a_one_gpu_study_has_no_nccl_check_no_ddp_and_no_vacuous_deviation(tmp_p
     """One GPU (a QLoRA 7B study on 1 × H100): nothing to all-reduce, so no nccl-tests check (the memo listed one
     at the NVLink busbw); the layout's family is 'one GPU', not DDP; and Accelerate's FSDP2 over one rank is the
     plan, not a difference from it."""
-    import html as html_mod
-
     from trainplan.launch.artifacts import day1_commands, plan_deviations
     from trainplan.model.arch import resolve_model
     from trainplan.model.hardware import ClusterSpec, resolve_gpu
@@ -766,27 +763,25 @@ def test_a_one_gpu_study_has_no_nccl_check_no_ddp_and_no_vacuous_deviation(tmp_p
     man = json.loads((root / "launch/manifest.json").read_text()) | {"day1": day1}
     (root / "launch/manifest.json").write_text(json.dumps(man))
     write_sidecar(root / "launch/manifest.json", rule="launch_artifacts", config_slice={})
-    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
-    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    ctx = _context(root)
+    text = _html_text(ctx)
     assert "one GPU: no collective to test" in text and "nccl-tests all-reduce" not in text
 
 
 def test_page_one_names_a_global_batch_that_divides_when_it_is_clearly_faster(tmp_path):
     """analytic/summary.json's batch_alternative (search.layouts.batch_alternative) is one sentence on page 1."""
-    import html as html_mod
-
     root = tmp_path / "results"
     shutil.copytree(FIXTURE, root)
     summ = json.loads((root / "analytic/summary.json").read_text())
     alt = {"configured": 256, "global_batch": 264, "other": 240, "family": "ZeRO-2", "gain_frac": 0.1139,
            "layout": "dp24·tp1·pp1·cp1 zero2 rc=none mb=1", "tokens_per_s_per_gpu": 5033.9}
     (root / "analytic/summary.json").write_text(json.dumps(summ | {"n_gpus": 24, "batch_alternative": alt}))
-    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
-    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    ctx = _context(root)
+    text = _html_text(ctx)
     assert _squash("Global batch 256 rules out dp = 24; at 264 (or 240) dp24·tp1·pp1·cp1 zero2 rc=none mb=1 would run "
                    "11.4% faster (5,034 tokens/s/GPU), a training choice left to you.") in _squash(text)
     (root / "analytic/summary.json").write_text(json.dumps(summ))
-    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    ctx = _context(root)
     assert "rules out dp =" not in memo.render_html(ctx)
 
 
@@ -796,16 +791,14 @@ def test_a_memory_p90_above_the_searchs_limit_is_at_risk_and_names_the_preflight
     model errors behind it, offers the runner-up whose p90 fits, and the day-1 preflight holds the same limit at the
     error it measures, naming the layout it would switch to at the p90 error (memo.fit_fallback, the preflight's
     own rule), not a fixed-margin layout of its own."""
-    import html as html_mod
-
     root = tmp_path / "results"
     shutil.copytree(FIXTURE, root)
     prod = json.loads((root / "prediction/production.json").read_text())
     prod["chosen"] |= {"mem_total_gib_p50": 60.0, "mem_total_gib_p90": 75.0, "headroom_frac": 1 - 75.0 / 79.6474609375,
                        "mem_over_limit_errors": 5, "mem_errors_n": 27}
     (root / "prediction/production.json").write_text(json.dumps(prod))
-    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
-    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    ctx = _context(root)
+    text = _html_text(ctx)
     assert "AT RISK : p90 above the search's limit (5 of 27 model errors)" in text
     assert "≤ 71.7 GiB (90% of usable HBM). Above it: switch to the layout the search would choose" in text
     assert "headroom" not in text.split("memory per GPU (GiB)")[1].split("wall-clock")[0]
@@ -866,7 +859,7 @@ def test_a_memory_p90_above_the_searchs_limit_is_at_risk_and_names_the_preflight
     # differs, and where its slowdown is the plan's (what runs has no step-time model); check 1 only for the latter
     ctx["fallback"] = fb | {"as_launched": True, "launched": {"trainer": "torchtitan", "changes": ["FSDP2 for ZeRO-1"],
                                                               "unmodelled": []}, "slower_is_plan": True}
-    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    text = _html_text(ctx)
     pct = f"{100 * fb['slower_frac']:.1f}% slower"
     assert f"({fb['mem_expected_gib']:.1f} GiB at p90, {pct}, as launched: FSDP2 for ZeRO-1; day-1 check 1's switch)" in text
     assert f"{pct}, as launched: FSDP2 for ZeRO-1 (the plan's step time)) and rerun the preflight" in text
@@ -874,14 +867,14 @@ def test_a_memory_p90_above_the_searchs_limit_is_at_risk_and_names_the_preflight
     ctx["runner_up"] = dict(ctx["runner_up"]) | {"layout": fb["layout"]}
     for frac, word in ((-0.005, "0.5% faster"), (0.101, "10.1% slower")):
         ctx["runner_up"]["after_switch"] = {"layout": "dp16·tp2(sp)·pp1·cp1 zero2 rc=none mb=2", "slower_frac": frac}
-        text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+        text = _html_text(ctx)
         assert (f"keep the faster of the two measured; if check 1 switched to it, measure dp16·tp2(sp)·pp1·cp1 zero2 "
                 f"rc=none mb=2 instead ({word}; the next layout that fits at that error).") in text
     # errors that would exceed usable HBM itself are an OOM, not a limit breach: page 1 and the risk row count them
     prod["chosen"]["mem_over_hbm_errors"] = 2
     (root / "prediction/production.json").write_text(json.dumps(prod))
-    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
-    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    ctx = _context(root)
+    text = _html_text(ctx)
     assert "AT RISK : p90 above the search's limit (5 of 27 model errors; 2 above usable HBM, an OOM)" in text
     assert "put the planned sequence over it, 2 above usable HBM;" in text.split("Risks and mitigations")[-1]
 
@@ -910,8 +903,6 @@ def test_a_chosen_layout_that_won_a_tie_says_so_on_page_one(tmp_path):
     """The search ranks a layout within TIE_FRAC of the fastest first when it has clearly more headroom: page 1
     then says it ties with the fastest (named, how much faster) and how much less memory it needs, instead of
     calling it the fastest; a runner-up 'equivalent' that is that same layout is not named twice."""
-    import html as html_mod
-
     root = tmp_path / "results"
     shutil.copytree(FIXTURE, root)
     cand = pd.read_csv(root / "analytic/candidates.csv")
@@ -924,16 +915,16 @@ def test_a_chosen_layout_that_won_a_tie_says_so_on_page_one(tmp_path):
     won = memo.tie_winner(cand[cand["feasible"].astype(bool)], cand.loc[first].to_dict())
     assert won["layout"] == cand.loc[second, "layout_text"]
     assert won["faster_frac"] == pytest.approx(0.002) and won["more_gib"] == pytest.approx(9.0)
-    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
-    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    ctx = _context(root)
+    text = _html_text(ctx)
     assert _squash(f"it ties with the fastest layout that fits ({won['layout']}, 0.2% faster) and needs 9.0 GiB less "
                    "memory") in _squash(text)
     assert "it is the fastest layout whose modelled peak fits" not in text
     # a tie won on simplicity (headroom within HEADROOM_TIE): no "needs -0.4 GiB less memory"
     cand.loc[second, "mem_total_gib"] = cand.loc[first, "mem_total_gib"] - 0.4
     cand.to_csv(root / "analytic/candidates.csv", index=False)
-    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
-    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    ctx = _context(root)
+    text = _html_text(ctx)
     assert _squash(f"({won['layout']}, 0.2% faster) and is simpler (fewer techniques at about the same memory)") in \
         _squash(text) and "GiB less memory" not in text
 
@@ -1077,19 +1068,16 @@ def test_an_fp8_memo_lists_its_loss_check_on_page_one_and_in_risks(tmp_path):
     assert _squash("Day-1 check 5: 200 steps in FP8 and in bf16 from the same weights and data, the mean loss of the "
                    "last 50 within 1% of bf16's; beyond it, train in bf16.") in text
     assert _squash("TRAINPLAN_MODE=day1-loss-parity") in text  # Appendix A's command
-    # a memo without FP8 has neither
+    # a memo without FP8 has neither (its text, from the HTML: nothing here asks where)
     shutil.copy(FIXTURE / "launch/manifest.json", root / "launch/manifest.json")
     write_sidecar(root / "launch/manifest.json", rule="launch_artifacts", config_slice={})
-    text = _squash("\n".join(p.extract_text() for p in PdfReader(_render(root, tmp_path / "m2.pdf")).pages))
-    assert _squash("FP8 loss") not in text
+    assert _squash("FP8 loss") not in _squash(_html_text(_context(root)))
 
 
 def test_flops_formula_names_the_parameters_it_counts(tmp_path):
     """The throughput section's 6·N + 12·L·h·s reproduces the FLOPs per token it prints: N is N_dense (all but the
     input embedding; the output projection counts), printed beside the non-embedding count, which differs from it
     by the LM head (it said N_non-embedding: 8.62e10 by its own formula against the 8.72e10 printed)."""
-    import html as html_mod
-
     from trainplan.model.arch import resolve_model
     from trainplan.model.flops import n_params_dense, train_flops_per_token
     from trainplan.model.training import TrainingSpec
@@ -1104,8 +1092,8 @@ def test_flops_formula_names_the_parameters_it_counts(tmp_path):
     summary["flops_per_token"] = train_flops_per_token(m, TrainingSpec(seq_len=4096, global_batch=256))
     (root / "analytic/summary.json").write_text(json.dumps(summary))
     write_sidecar(root / "analytic/summary.json", rule="analytic_model", config_slice={})
-    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
-    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    ctx = _context(root)
+    text = _html_text(ctx)
     assert f"N dense = {n_params_dense(m):,}, every parameter but the input embedding table" in text
     assert "Model FLOPs per token = 6·N dense + 12·L·h·s" in text
     flops = 6 * n_params_dense(m) + 12 * m.layers * m.hidden * 4096
@@ -1121,19 +1109,17 @@ def test_day1_criteria_render_backticked_commands_as_code():
 
     day1 = day1_commands(ClusterSpec(nodes=4, gpus_per_node=8, gpu=resolve_gpu("h100-sxm-80gb")), trainer="accelerate",
                          min_tokens_per_s_per_gpu=4741.6, study_hash="1d4b04148965" + "0" * 52)
-    html = str(memo.code_spans(day1[1]["passes_when"]))
-    text = re.sub(r"</?span[^>]*>", "", html)  # the no-wrap pieces of a command (test_day1_commands_wrap_only...)
+    spans = str(memo.code_spans(day1[1]["passes_when"]))
+    text = re.sub(r"</?span[^>]*>", "", spans)  # the no-wrap pieces of a command (test_day1_commands_wrap_only...)
     assert "<code>trainplan ingest results/launch/run-1d4b04148965/day1-throughput-&lt;job&gt;/steps.jsonl " in text
-    assert "`" not in html and "<run-" not in day1[1]["passes_when"]
+    assert "`" not in spans and "<run-" not in day1[1]["passes_when"]
     assert re.sub(r"</?span[^>]*>", "", str(memo.code_spans("a <b> `c & d`"))) == "a &lt;b&gt; <code>c &amp; d</code>"
 
 
 def test_comparable_runs_say_when_none_is_of_the_layouts_family():
     """The runner-up's closest open runs may all be of other family classes (nearest size wins): the memo says so
     rather than let FSDP runs stand as evidence for a PP layout; a block with a same-class run says nothing."""
-    import html as html_mod
-
-    ctx = memo.build_context(memo.memo_inputs(FIXTURE), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    ctx = _context(FIXTURE)
     run = {"table": "t", "row": "r", "model": "m", "params_b": 8.0, "n_gpus": 8, "seq_len": 8192, "kernels": "eager",
            "layout": "dp8", "precision": "bf16", "published_mfu": 0.4, "predicted_mfu": 0.38, "err_pct": -5.0}
     ctx["production"] = dict(ctx["production"] or {}, comparable_runs=[
@@ -1141,7 +1127,7 @@ def test_comparable_runs_say_when_none_is_of_the_layouts_family():
          "runs": [run | {"family": "FSDP/ZeRO"}, run | {"family": "TP"}]},
         {"role": "runner-up family", "layout": "dp16 pp2", "family": "PP", "predicted_mfu": 0.42,
          "runs": [run | {"family": "FSDP/ZeRO"}, run | {"family": "TP"}]}])
-    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    text = _html_text(ctx)
     assert text.count("no open run of the") == 1
     assert ("predicted MFU 42.0%: no open run of the PP class is this close in size, so these speak for the model, "
             "not for this family") in text
@@ -1171,16 +1157,14 @@ def test_risks_state_the_chance_of_an_interruption(rendered):
 def test_risks_also_state_the_interruptions_at_the_p90_of_the_draws(tmp_path):
     """The base-case count sits at the low end of the failure-rate range (× 0.5–3): the row adds the p90 of the
     cost table's draws, so the reader sees the pessimistic chance too."""
-    import html as html_mod
-
     root = tmp_path / "results"
     shutil.copytree(FIXTURE, root)
     cost = json.loads((root / "cost/cost.json").read_text())
     cost |= {"expected_interruptions_p90": 0.031, "p_any_interruption_p90": 0.0305,
              "detail": {"assumptions": {"failure_rate_x_range": [0.5, 3.0]}}}
     (root / "cost/cost.json").write_text(json.dumps(cost))
-    ctx = memo.build_context(memo.memo_inputs(root), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
-    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(ctx))).split())
+    ctx = _context(root)
+    text = _html_text(ctx)
     assert _squash("at the base assumptions; 0.031 (3.0%) at the p90 of the cost table's draws (failure rate up to "
                    "3× the Llama 3 fleet's).") in _squash(text)
 
@@ -1194,21 +1178,18 @@ def test_no_memory_trade_is_offered_when_the_chosen_p90_fits(rendered):
 def test_risk_table_measures_memory_against_page_ones_limit_and_names_seq8k_only_below_8k(rendered):
     """The OOM risk row states the p90 against the search's limit page 1 holds (it printed the headroom to all of
     usable HBM: 0.7% where page 1 said 7.4 GiB over), and suggests the 8k-token study only to a shorter study."""
-    import html as html_mod
-
     ch = _load("prediction/production.json")["chosen"]
     gap = ch["mem_limit_gib"] - ch["mem_total_gib_p90"]
     want = (f"p90 memory {ch['mem_total_gib_p90']:.1f} GiB, {abs(gap):.1f} GiB {'under' if gap >= 0 else 'over'} the "
             f"limit (90% of usable HBM, {ch['mem_limit_gib']:.1f} GiB)")
     assert _squash(want) in _squash(rendered["text"])
-    ctx = memo.build_context(memo.memo_inputs(rendered["root"]), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    ctx = _context(rendered["root"])
     risks = {}
     for seq in (4096, 8192):
-        html = memo.render_html(dict(ctx, training_seq_len=seq))
-        risks[seq] = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", html)).split())
+        risks[seq] = _html_text(dict(ctx, training_seq_len=seq))
     assert "config/seq8k.yaml , is one such study" in risks[4096] and "seq8k.yaml" not in risks[8192]
     over = dict(ctx, chosen=dict(ctx["chosen"], mem_total_gib_p90=ch["mem_limit_gib"] + 2.5))
-    text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", memo.render_html(over))).split())
+    text = _html_text(over)
     assert "GiB, 2.5 GiB over the limit (90% of usable HBM" in text
 
 
@@ -1240,15 +1221,12 @@ def test_day1_commands_wrap_only_at_spaces_and_after_a_slash():
 def test_technique_layouts_may_wrap_and_adapter_studies_say_what_their_states_are(rendered):
     """The seq8k memo's technique table ran past the page edge (its CP layouts are long unbreakable strings); they
     may now wrap after each "·". The LoRA and QLoRA memos printed only the full fine-tune's 16Ψ model states."""
-    import html as html_mod
-
     assert memo.layout_breaks("dp16·tp1·pp1·cp2(ulysses) zero2") == "dp16·\u200btp1·\u200bpp1·\u200bcp2(ulysses) zero2"
     assert memo.layout_breaks(None) == ""
-    ctx = memo.build_context(memo.memo_inputs(rendered["root"]), config=CONFIG, study_hash=HASH, git_commit=COMMIT)
+    ctx = _context(rendered["root"])
     for finetune, want in (("full", None), ("lora", "This study is LoRA: the frozen base holds only its weights (2Ψ in "
                                                      "bf16"),
                            ("qlora", "This study is QLoRA: the frozen base holds only its weights (0.5Ψ in NF4")):
-        html = memo.render_html(ctx | {"training_finetune": finetune})
-        text = " ".join(html_mod.unescape(re.sub(r"<[^>]+>", " ", html)).split())
+        text = _html_text(ctx | {"training_finetune": finetune})
         assert (want is None and "This study is" not in text) or (want is not None and want in text), finetune
     assert "\u200b" in memo.render_html(ctx) or not ctx.get("techniques")
