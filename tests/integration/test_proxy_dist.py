@@ -2,7 +2,7 @@
 
 Measured against the analytic model: per-rank state bytes exactly, saved activations within 2% (with
 the one documented gap of DTensor sequence parallelism), FLOPs within 1%, first-step loss equal across
-layouts, loss falling over 20 steps, collectives' bytes; plus the oom / timeout / error statuses.
+layouts, loss falling over 20 steps (FSDP), collectives' bytes; plus the oom / timeout / error statuses.
 """
 
 import json
@@ -31,7 +31,7 @@ LAYOUTS = {
 
 def _run(tmp, id_, layout, **kw):
     spec = normalize_run_spec({"id": id_, "model": "debug", "layout": layout, "seq_len": SEQ, "global_batch": GB,
-                               "steps": 20, "warmup": 3, "nproc_per_node": 2, "timeout_s": 120, **kw})
+                               "steps": 6, "warmup": 3, "nproc_per_node": 2, "timeout_s": 120, **kw})
     rec, code = launch(spec, tmp / f"{id_}.json")
     assert json.loads((tmp / f"{id_}.json").read_text())["status"] == rec["status"]
     return rec, code
@@ -40,7 +40,8 @@ def _run(tmp, id_, layout, **kw):
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("proxy")
-    out = {k: _run(tmp, k, v) for k, v in LAYOUTS.items()}
+    # every check reads step 0 but the loss curve's: 20 steps for FSDP, 6 (3 timed) for the others
+    out = {k: _run(tmp, k, v, **({"steps": 20} if k == "fsdp" else {})) for k, v in LAYOUTS.items()}
     out["lora"] = _run(tmp, "lora", {"dp": 2, "sharding": "zero3"}, finetune="lora", lora_rank=4,
                        lora_targets=["q", "v"])
     return out
