@@ -669,8 +669,10 @@ def fsdp_offload_pcie_mb_s(model: ModelSpec, training: TrainingSpec, layout: Lay
     micro-batch (torch ``FSDPParam.all_gather_inputs``, on the all-gather copy-in stream). Each micro-batch's
     reduce-scattered fp32 gradient shard is copied to the host (``foreach_reduce``). The bytes are the states
     ``memory.model_states`` keeps on the host; PCIe is full duplex, each direction at ``host_to_device_Bps``."""
-    host = model_states(model, training, layout, cluster, "last", on_device=False)
     on = (np.asarray(layout.offload) == "cpu") & np.isin(layout.sharding, ("zero3", "hsdp"))
+    if np.ndim(on) == 0 and not on:  # one layout that keeps its states on the GPU: no host states to size
+        return np.where(on, 1.0, 0.0), np.where(on, 1.0, 0.0)
+    host = model_states(model, training, layout, cluster, "last", on_device=False)
     bw = cluster.host_to_device_Bps
     return (np.where(on, 2.0 * np.asarray(host["weights"], dtype=float) / bw, 0.0),
             np.where(on, np.asarray(host["gradients"], dtype=float) / bw, 0.0))

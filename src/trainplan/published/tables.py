@@ -8,6 +8,7 @@ cannot speak to are shown but left out of the MAPE; torch.compile rows are model
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -81,7 +82,13 @@ TT500_PARAM = "h100_500w_peak_frac"
 
 
 def load_table(name: str) -> pd.DataFrame:
-    """A CSV from the package data folder (trainplan/data)."""
+    """A CSV from the package data folder (trainplan/data): a fresh copy of the table parsed once per process (a
+    refit evaluates every table thousands of times; parsing was a ninth of ``validate --heldout``)."""
+    return _parsed_table(name).copy()
+
+
+@cache
+def _parsed_table(name: str) -> pd.DataFrame:
     with resources.files("trainplan").joinpath("data", name).open("r", encoding="utf-8") as f:
         return pd.read_csv(f)
 
