@@ -80,17 +80,16 @@ def _files(v: str | list[str]) -> list[str]:
     return list(v) if isinstance(v, list) else [v]
 
 
-def _run(rule: str, work: Path, raw: dict, wildcards: dict | None = None, study: Path | None = None,
-         drop: tuple[str, ...] = ()) -> dict:
-    """Run the stage of ``rule`` in ``work`` with its declared inputs (less ``drop``) and outputs."""
-    inp = {k: _resolve(v, study or work, raw) for k, v in IO[rule]["input"].items() if k not in drop}
-    out = {k: _resolve(v, study or work, raw, wildcards) for k, v in IO[rule]["output"].items()}
+def _run(rule: str, work: Path, raw: dict, study: Path, drop: tuple[str, ...] = ()) -> dict:
+    """Run the stage of ``rule`` in ``work`` with its declared inputs (less ``drop``) and outputs; ``study``: the
+    tree whose proxy set names the proxy records (every rule here but ``proxy_run``, which takes an ``{id}``)."""
+    inp = {k: _resolve(v, study, raw) for k, v in IO[rule]["input"].items() if k not in drop}
+    out = {k: _resolve(v, study, raw) for k, v in IO[rule]["output"].items()}
     with _cwd(work):
         for v in out.values():
             for f in _files(v):
                 Path(f).parent.mkdir(parents=True, exist_ok=True)
-        kw = {"wildcards": wildcards} if wildcards else {}
-        importlib.import_module(f"trainplan.stages.{rule}").run(inp, out, config_slice(raw, rule), **kw)
+        importlib.import_module(f"trainplan.stages.{rule}").run(inp, out, config_slice(raw, rule))
     return out
 
 
@@ -164,7 +163,7 @@ def test_each_stage_runs_with_only_its_declared_inputs(rule, study, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     _copy_declared(rule, study, work)
-    _run(rule, work, study["raw"], study=study["work"])
+    _run(rule, work, study["raw"], study["work"])
     got, want = _outputs(rule, work, study["raw"]), _outputs(rule, study["work"], study["raw"])
     assert want and sorted(got) == sorted(want), rule
     differ = [f for f in want if got[f] != want[f]]
@@ -178,6 +177,6 @@ def test_the_check_bites_an_undeclared_read(rule, left_out, study, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     _copy_declared(rule, study, work, drop=(left_out,))
-    _run(rule, work, study["raw"], study=study["work"], drop=(left_out,))
+    _run(rule, work, study["raw"], study["work"], drop=(left_out,))
     got, want = _outputs(rule, work, study["raw"]), _outputs(rule, study["work"], study["raw"])
     assert [f for f in want if got.get(f) != want[f]]

@@ -671,7 +671,7 @@ def fsdp_offload_pcie_mb_s(model: ModelSpec, training: TrainingSpec, layout: Lay
     ``memory.model_states`` keeps on the host; PCIe is full duplex, each direction at ``host_to_device_Bps``."""
     on = (np.asarray(layout.offload) == "cpu") & np.isin(layout.sharding, ("zero3", "hsdp"))
     if np.ndim(on) == 0 and not on:  # one layout that keeps its states on the GPU: no host states to size
-        return np.where(on, 1.0, 0.0), np.where(on, 1.0, 0.0)
+        return np.zeros(()), np.zeros(())
     host = model_states(model, training, layout, cluster, "last", on_device=False)
     bw = cluster.host_to_device_Bps
     return (np.where(on, 2.0 * np.asarray(host["weights"], dtype=float) / bw, 0.0),
