@@ -236,9 +236,9 @@ def _tt_peak(h100_peak_flops: float | None) -> float | None:
     return None if frac is None else float(frac) * H100_96GB_500W.peak_bf16_flops
 
 
-def torchtitan_h100(eff: Efficiency, h100_peak_flops: float | None = None) -> list[dict]:
-    """torchtitan H100 (2024-12): tokens/s/GPU and peak reserved GiB; float8 / async-TP rows not modelled here
-    (async TP is scored on its own table; float8 is issue FP8)."""
+def torchtitan_h100(eff: Efficiency, h100_peak_flops: float | None = None, memory_rows: bool = True) -> list[dict]:
+    """torchtitan H100 (2024-12): tokens/s/GPU and (``memory_rows``) peak reserved GiB; float8 / async-TP rows not
+    modelled here (async TP is scored on its own table; float8 is issue FP8)."""
     part = _h100_part(h100_peak_flops)
     rows = []
     for r in load_table("torchtitan_h100_202412.csv").itertuples():
@@ -263,6 +263,8 @@ def torchtitan_h100(eff: Efficiency, h100_peak_flops: float | None = None) -> li
         label = f"T{r.table} {m.name} {lay.describe()}"
         rows.append(_predict("torchtitan_h100", label, "tokens_per_s_per_gpu", r.tps_per_gpu, m, c, t, lay, eff,
                              in_mape=ok, extra=extra))
+        if not memory_rows:
+            continue
         # torchtitan logs torch.cuda max reserved: the caching allocator only (no CUDA context / NCCL).
         lay_mem = replace(lay, micro_batch=int(r.local_batch) // int(r.pp)) if int(r.pp) > 1 else lay
         mem = memory.reserved_bytes(memory.memory_breakdown(m, c, t, lay_mem, eff), eff)
@@ -473,20 +475,21 @@ def _effs(eff: Efficiency | dict[str, Efficiency] | None) -> dict[str, Efficienc
 
 
 def validate_all(eff: Efficiency | dict[str, Efficiency] | None = None, *, h100_peak_flops: float | None = None,
-                 tables: tuple[str, ...] = TABLES) -> pd.DataFrame:
+                 tables: tuple[str, ...] = TABLES, memory_rows: bool = True) -> pd.DataFrame:
     """Every comparable published row: table, row, metric, published, predicted, err_pct, in_mape, note,
     generation, family, kernels, model, params_b, n_gpus, seq_len, pred_mfu, layout.
 
     ``eff``: one Efficiency for all rows, or one per GPU generation (default: the fitted generation sets,
     ``Efficiency.for_gpu``). ``h100_peak_flops`` scores torchtitan's 500 W H100 rows at that peak (default:
-    the fitted clock fraction of those parts × 989 TFLOP/s; ``--h100-peak-tflops`` in the CLI).
+    the fitted clock fraction of those parts × 989 TFLOP/s; ``--h100-peak-tflops`` in the CLI). ``memory_rows=False``
+    leaves out the rows whose metric is memory (a throughput fit never reads them; they were a third of its time).
     """
     e = _effs(eff)
     peak = _tt_peak(h100_peak_flops)
     a, h = e["a100"], e["h100"]
     fns = {"megatron2021_t1": lambda: megatron2021_t1(a), "narayanan2021_t2": lambda: narayanan2021_t2(a),
            "korthikanti2022_t3_5": lambda: korthikanti2022_t3_5(a),
-           "torchtitan_h100": lambda: torchtitan_h100(h, peak),
+           "torchtitan_h100": lambda: torchtitan_h100(h, peak, memory_rows),
            "torchtitan_a100": lambda: torchtitan_a100(a, peak, h),
            "torchtitan_asynctp_h100": lambda: torchtitan_asynctp_h100(h, peak),
            "megatron2024_h100": lambda: megatron2024_h100(h), "llama3_405b_h100": lambda: llama3_405b_h100(h),
