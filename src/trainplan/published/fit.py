@@ -209,8 +209,8 @@ def fit_generation(gen: str, tables: tuple[str, ...] | None = None, params: tupl
     # A parameter that no row of these tables depends on (alone at either bound, every residual is unchanged) is not
     # fitted: held at its prior (FIT_PRIOR), a published figure independent of every fit, else at its start. Left in
     # the fit its Jacobian column is zero, trust-region steps along it are arbitrary, and the fit that leaves
-    # torchtitan_a100 out ran to least_squares' evaluation cap (500) without converging: 2.5 of validate --heldout's
-    # 4 minutes.
+    # torchtitan_a100 out ran to least_squares' evaluation cap (500) without converging: 147 s of validate --heldout's
+    # 197 s (docs/timing-model.md §7.8).
     unseen = _unidentified(resid, x_first, lo, hi)
     free = [j for j in range(len(params)) if j not in unseen]
     if not free:
