@@ -7,6 +7,9 @@ held-out errors, the interval's error pools and coverage, comparable public runs
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from importlib import resources
 from typing import Any
 
@@ -301,25 +304,42 @@ def write_fits(path: Any = None) -> dict[str, Any]:
     return out
 
 
-def heldout_rows(params: tuple[str, ...] | None = None, only: tuple[str, ...] | None = None) -> pd.DataFrame:
+def _heldout_table(gen: str, held: str, params: tuple[str, ...] | None) -> pd.DataFrame:
+    """One table's scored rows, predicted by ``gen``'s fit on its other tables (one task of ``heldout_rows``)."""
+    spec = GEN_FIT[gen]
+    fit_on = tuple(t for t in spec["tables"] if t != held)
+    f = fit_generation(gen, fit_on, params or spec["params"])
+    peak = f["hardware"].get(TT500_PARAM)
+    d = validate_all({gen: f["efficiency"]}, h100_peak_flops=None if peak is None else peak * 989e12,
+                     tables=(held,), memory_rows=False)
+    d = scored_rows(d)
+    # An FP8 recipe no remaining table measures has no fitted efficiency to predict with: such rows are
+    # not held-out predictions (the fp8-rowwise rows exist only in the async-TP table).
+    seen = set(validate_all({gen: f["efficiency"]}, tables=fit_on, memory_rows=False)["precision"])
+    return d[d["precision"].isin(seen)].assign(held_out_fit="+".join(fit_on))
+
+
+def _usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def heldout_rows(params: tuple[str, ...] | None = None, only: tuple[str, ...] | None = None,
+                 jobs: int | None = None) -> pd.DataFrame:
     """Every scored row predicted by the fit that left its table out (leave one table out): the rows of
-    ``validate_all`` plus ``held_out_fit``. The errors the production interval and its coverage check use."""
-    out = []
-    for gen, spec in GEN_FIT.items():
-        for held in spec["tables"]:
-            if only is not None and held not in only:
-                continue
-            fit_on = tuple(t for t in spec["tables"] if t != held)
-            f = fit_generation(gen, fit_on, params or spec["params"])
-            peak = f["hardware"].get(TT500_PARAM)
-            d = validate_all({gen: f["efficiency"]}, h100_peak_flops=None if peak is None else peak * 989e12,
-                             tables=(held,), memory_rows=False)
-            d = scored_rows(d)
-            # An FP8 recipe no remaining table measures has no fitted efficiency to predict with: such rows are
-            # not held-out predictions (the fp8-rowwise rows exist only in the async-TP table).
-            seen = set(validate_all({gen: f["efficiency"]}, tables=fit_on, memory_rows=False)["precision"])
-            out.append(d[d["precision"].isin(seen)].assign(held_out_fit="+".join(fit_on)))
-    return pd.concat(out, ignore_index=True)
+    ``validate_all`` plus ``held_out_fit``. The errors the production interval and its coverage check use.
+
+    The refits are independent and deterministic: ``jobs`` of them run at once in worker processes (default: the
+    CPUs this process may use, at most one per refit; ``jobs=1`` runs them in this process). The rows come back in
+    the same order either way."""
+    tasks = [(gen, held, params) for gen, spec in GEN_FIT.items() for held in spec["tables"]
+             if only is None or held in only]
+    n = min(len(tasks), _usable_cpus() if jobs is None else int(jobs))
+    if n <= 1:
+        parts = [_heldout_table(*t) for t in tasks]
+    else:
+        with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
+            parts = list(pool.map(_heldout_table, *zip(*tasks, strict=True)))
+    return pd.concat(parts, ignore_index=True)
 
 
 def never_fitted_rows() -> pd.DataFrame:

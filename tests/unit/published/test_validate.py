@@ -224,6 +224,16 @@ def test_shipped_heldout_rows_are_what_a_refit_gives():
     assert worst <= 0.05, worst  # rewrite with `python -m trainplan.published.fit --fit --write`
 
 
+def test_heldout_refits_in_worker_processes_equal_those_in_process():
+    """The refits run in parallel by default (spawned workers): the same rows, in the same order, as one by one."""
+    from trainplan.published.fit import heldout_rows
+
+    only = ("megatron2021_t1", "torchtitan_h100")
+    serial = heldout_rows(only=only, jobs=1)
+    pd.testing.assert_frame_equal(heldout_rows(only=only, jobs=2), serial)
+    assert list(serial["table"].unique()) == list(only)
+
+
 def test_validate_heldout_cli_prints_tables_family_bias_and_coverage(capsys, monkeypatch):
     import trainplan.commands.validate as command
     from trainplan.cli import main
