@@ -66,6 +66,9 @@ COMPUTE_PARTS = {"recompute_s": "recompute", "fsdp_copy_s": "FSDP all-gather cop
                  "ring_merge_s": "ring-attention merges", "dequant_s": "QLoRA dequantisation"}  # key → what it is
 
 
+FSDP2_SHARDINGS = ("zero3", "hsdp")  # the shardings FSDP2 (fully_shard) runs: parameters gathered per layer
+
+
 def _isin(x: Array, options: tuple[str, ...]) -> Array:
     """``np.isin(x, options)``, answered in Python for one layout (a str): numpy's call costs ~20 µs, and a
     published-table refit makes six per row and evaluation."""
@@ -470,7 +473,7 @@ def fsdp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     h2d, d2h = pcie_s
     total = np.maximum(total, np.maximum(h2d, d2h))
     exposed = ag + np.asarray(h2d) / (2.0 * units) + np.maximum(0.0, total - eff.fsdp_overlap * compute_mb)
-    return np.where(_isin(layout.sharding, ("zero3", "hsdp")), exposed, 0.0)
+    return np.where(_isin(layout.sharding, FSDP2_SHARDINGS), exposed, 0.0)
 
 
 def dp_comm_step_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayoutLike,
@@ -526,7 +529,7 @@ def fsdp_copy_mb_s(model: ModelSpec, training: TrainingSpec, layout: LayoutLike,
     stage at HBM speed (fsdp_copy_bytes_per_param)."""
     params = model.n_params / (np.asarray(layout.tp) * np.asarray(layout.pp))
     t = params * fsdp_copy_bytes_per_param(training)[stream] / (hbm_Bps * eff.membound_eff)
-    return np.where(_isin(layout.sharding, ("zero3", "hsdp")), t, 0.0)
+    return np.where(_isin(layout.sharding, FSDP2_SHARDINGS), t, 0.0)
 
 
 def qlora_dequant_passes(recompute: Array, kernels: str) -> Array:
@@ -675,7 +678,7 @@ def fsdp_offload_pcie_mb_s(model: ModelSpec, training: TrainingSpec, layout: Lay
     micro-batch (torch ``FSDPParam.all_gather_inputs``, on the all-gather copy-in stream). Each micro-batch's
     reduce-scattered fp32 gradient shard is copied to the host (``foreach_reduce``). The bytes are the states
     ``memory.model_states`` keeps on the host; PCIe is full duplex, each direction at ``host_to_device_Bps``."""
-    on = (np.asarray(layout.offload) == "cpu") & _isin(layout.sharding, ("zero3", "hsdp"))
+    on = (np.asarray(layout.offload) == "cpu") & _isin(layout.sharding, FSDP2_SHARDINGS)
     if np.ndim(on) == 0 and not on:  # one layout that keeps its states on the GPU: no host states to size
         return np.zeros(()), np.zeros(())
     host = model_states(model, training, layout, cluster, "last", on_device=False)
@@ -724,7 +727,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
             cf, cb, cw = te_fp8_cast_bytes(model, training, tokens, tp)
             fp8_weight_step = layers * cw / (hbm * eff.membound_eff)
         else:
-            fsdp_fp8_gather = (training.fp8 == "tensorwise") & _isin(layout.sharding, ("zero3", "hsdp"))
+            fsdp_fp8_gather = (training.fp8 == "tensorwise") & _isin(layout.sharding, FSDP2_SHARDINGS)
             cf, cb = fp8_cast_bytes_mb(model, training, tokens, tp, np.where(fsdp_fp8_gather, 0.0, 1.0))
             fp8_weight_step = 0.0
         cast_f, cast_b = cf / (hbm * eff.membound_eff), cb / (hbm * eff.membound_eff)
@@ -768,7 +771,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     # FSDP2 offload: micro-batches after the first accumulate into a host gradient, so their D2H copies block
     # (torch foreach_reduce: non_blocking only without a gradient to add to; the CPU add itself is not charged).
     # Under pipelining FSDP2 reduces once per step (schedules' perform_reduce_grad): nothing to accumulate.
-    fsdp2 = _isin(layout.sharding, ("zero3", "hsdp"))
+    fsdp2 = _isin(layout.sharding, FSDP2_SHARDINGS)
     sync_d2h = np.where(pp > 1, 0.0, (m - 1) * pcie[1])
     off = np.where(cpu, offload_s(local, cluster, eff, fsdp2, sync_d2h), 0.0)
 

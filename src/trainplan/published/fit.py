@@ -205,9 +205,9 @@ def fit_generation(gen: str, tables: tuple[str, ...] | None = None, params: tupl
     # lowest cost over the starts is kept (A100's Megatron rows alone leave a flat valley between a high GEMM ceiling
     # with a wide shape penalty and a lower one with none; one start lands on either side).
     starts = [{**FIT_START, **FIT_PRIOR.get(gen, {}), **over} for over in FIT_STARTS.get(gen, ({},))]
-    if gen in FIT_LOW_START_FRAC:
+    if gen in FIT_LOW_START_FRAC:  # lo, hi are scaled by sc: the start is in the parameters' own units
         q = FIT_LOW_START_FRAC[gen]
-        starts.append({**starts[0], **{p: (1 - q) * a + q * b for p, (a, b) in ((p, _bounds(gen, p)) for p in params)}})
+        starts.append({**starts[0], **dict(zip(params, ((1 - q) * lo + q * hi) * sc, strict=True))})
     x_first = np.clip(np.array([starts[0][p] for p in params]) / sc, lo, hi)
     # A parameter that no row of these tables depends on (alone at either bound, every residual is unchanged) is not
     # fitted: held at its prior (FIT_PRIOR), a published figure independent of every fit, else at its start. Left in
@@ -224,7 +224,7 @@ def fit_generation(gen: str, tables: tuple[str, ...] | None = None, params: tupl
         x_all[free] = xf
         return resid(x_all)
 
-    res, res_all = None, x_first
+    res = None
     for start in starts:
         x0 = np.clip(np.array([start[p] for p in params]) / sc, lo, hi)
         r = least_squares(resid_free, x0[free], bounds=(lo[free], hi[free]), diff_step=1e-3, args=(x0,))

@@ -208,7 +208,7 @@ def test_fits_file_is_valid_json_with_every_generation():
 
 
 def test_shipped_heldout_rows_are_what_a_refit_gives():
-    """Every leave-one-table-out refit, A100 and H100 (`trainplan validate --heldout`, ~1 min): its rows equal the
+    """Every leave-one-table-out refit, A100 and H100 (`trainplan validate --heldout`, ~25 s on 2 cores): its rows equal the
     shipped ones, which the production intervals, their coverage and the family biases are computed from. Without the
     async-TP table the H100 fit has two minima; from the middle start alone it lands on the higher one, and the
     async-TP rows move by up to 3.4 points (FIT_LOW_START_FRAC)."""
