@@ -89,17 +89,21 @@ def test_sbatch_stops_checkpoints_requeues_and_resumes(tmp_path):
         subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=env, check=True, timeout=30)
         deadline = time.time() + 400
         actions: list[str] = []
+        pending_since = None
         while time.time() < deadline and not (out / "run-abc123def456" / "checkpoints" / "DONE").exists():
             state, reason = _squeue(env, job)
             stopped = any(e["event"] == "stop" for e in _events(log))
             if not state and stopped:
                 break  # the job has left the queue without finishing: no use waiting for DONE
-            if state == "PENDING" and stopped and (reason == "BeginTime" or "held" in reason.lower()):
+            pending_since = (pending_since or time.time()) if state == "PENDING" else None
+            held = "held" in reason.lower()
+            if stopped and pending_since and (held or (reason == "BeginTime" and time.time() - pending_since >= 2)):
                 # Slurm holds a requeued batch job until its credential has expired (BeginTime; 121-155 s here),
-                # which was most of this test's time: make it eligible now, as an operator would. A job whose
-                # relaunch failed is held instead ("launch failed requeued held"): release it. Asked on every
-                # poll while the job waits for either reason. The requeue itself is the script's.
-                cmd = (["scontrol", "release", job] if "held" in reason.lower()
+                # which was most of this test's time: make it eligible now, as an operator would, once it has
+                # been pending a poll (a relaunch in the second its old credential was revoked is refused). A
+                # job whose relaunch failed is held instead ("launch failed requeued held"): release it. Asked on
+                # every poll while the job waits for either reason. The requeue itself is the script's.
+                cmd = (["scontrol", "release", job] if held
                        else ["scontrol", "update", f"JobId={job}", "StartTime=now"])
                 r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
                 actions.append(f"{time.strftime('%H:%M:%S')} {reason}: {' '.join(cmd[1:])} -> rc {r.returncode} "
