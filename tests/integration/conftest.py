@@ -33,7 +33,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _RERUN_FAILURES.append((report.nodeid, report.longreprtext))
 
 
-def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 (pytest's TerminalReporter)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Print each rerun attempt's failure (message, Slurm's view of the job), whatever the rerun's outcome."""
     for nodeid, text in _RERUN_FAILURES:
         terminalreporter.write_sep("=", f"failed attempt, rerun: {nodeid}")

@@ -227,11 +227,11 @@ def fit_generation(gen: str, tables: tuple[str, ...] | None = None, params: tupl
     res = None
     for start in starts:
         x0 = np.clip(np.array([start[p] for p in params]) / sc, lo, hi)
-        r = least_squares(resid_free, x0[free], bounds=(lo[free], hi[free]), diff_step=1e-3, args=(x0,))
+        r = least_squares(resid_free, x0[free], bounds=(lo[free], hi[free]), diff_step=1e-3, args=(x_first,))
         if res is None or r.cost < res.cost - 1e-12:
-            res, res_all = r, x0.copy()
+            res = r
+    res_all = x_first.copy()  # an unseen parameter without a prior keeps the first start's value, whichever start won
     res_all[free] = res.x
-    res_all[unseen] = x_first[unseen]  # whichever start won, an unseen parameter without a prior keeps the first's value
     n, k = len(res.fun), len(free)
     sigma2 = float(res.fun @ res.fun) / max(1, n - k)
     se = np.full(len(params), np.nan)
@@ -247,7 +247,7 @@ def fit_generation(gen: str, tables: tuple[str, ...] | None = None, params: tupl
     # value and is listed: the held-out rows that would need it are not scored (heldout_rows: the FP8 rowwise recipe,
     # measured by the async-TP table only).
     flat = {free[j] for j in range(k) if not np.any(np.abs(res.jac[:, j]) > 0)}
-    unidentified = [p for j, p in enumerate(params) if j in set(unseen) | flat]
+    unidentified = [params[j] for j in sorted(set(unseen) | flat)]
     for p in unidentified:
         if p in FIT_PRIOR.get(gen, {}):
             x[p] = FIT_PRIOR[gen][p]
