@@ -126,6 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     va.add_argument("--csv", help="also write the comparison rows to this CSV")
     va.add_argument("--heldout", action="store_true",
                     help="leave one published table out: refit the Efficiency on the others, predict it")
+    va.add_argument("--jobs", type=int, default=None, metavar="N",
+                    help="with --heldout: refits run at once in worker processes (default: the CPUs this process "
+                         "may use, at most one per refit; 1 runs them in this process); the rows are the same")
     va.add_argument("--gpu-records", metavar="DIR", default=None,
                     help="predict the GPU proxy RECORDs in DIR (scripts/device_proxies.sh output, e.g. "
                          "data/calibration/h200-2026-12-04) with the shipped fit, nothing fitted on them")

@@ -38,10 +38,12 @@ def run(args: argparse.Namespace) -> int:
     t = args.h100_peak_tflops
     if t is not None and not (math.isfinite(t) and 0 < t <= 100_000):
         raise ConfigError("h100-peak-tflops", t, "a finite number of TFLOP/s in (0, 100000]")
+    if args.jobs is not None and not args.heldout:
+        raise ConfigError("jobs", args.jobs, "applies only with --heldout (its refits run in worker processes)")
     if args.gpu_records is not None:
         return print_gpu_check(args.gpu_records, args.csv)
     if args.heldout:
-        return print_heldout(heldout_rows(), args.csv, never_fitted_rows())
+        return print_heldout(heldout_rows(jobs=args.jobs), args.csv, never_fitted_rows())
     peak = None if args.h100_peak_tflops is None else args.h100_peak_tflops * 1e12
     df = validate_all(h100_peak_flops=peak)
     if args.csv:

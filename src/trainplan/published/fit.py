@@ -319,6 +319,9 @@ def _heldout_table(gen: str, held: str, params: tuple[str, ...] | None) -> pd.Da
     return d[d["precision"].isin(seen)].assign(held_out_fit="+".join(fit_on))
 
 
+JOBS_MAX = 1024  # worker processes for the held-out refits (there are fewer refits than that: one per table)
+
+
 def _usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
@@ -331,9 +334,11 @@ def heldout_rows(params: tuple[str, ...] | None = None, only: tuple[str, ...] | 
     The refits are independent and deterministic: ``jobs`` of them run at once in worker processes (default: the
     CPUs this process may use, at most one per refit; ``jobs=1`` runs them in this process). The rows come back in
     the same order either way."""
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, (int, np.integer)) or not 1 <= jobs <= JOBS_MAX):
+        raise ConfigError("jobs", jobs, f"must be an integer in 1..{JOBS_MAX} (refits at once; 1 = in this process)")
     tasks = [(gen, held, params) for gen, spec in GEN_FIT.items() for held in spec["tables"]
              if only is None or held in only]
-    n = min(len(tasks), _usable_cpus() if jobs is None else int(jobs))
+    n = min(len(tasks), _usable_cpus() if jobs is None else jobs)
     if n <= 1:
         parts = [_heldout_table(*t) for t in tasks]
     else:

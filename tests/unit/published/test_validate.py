@@ -247,6 +247,30 @@ def test_validate_heldout_cli_prints_tables_family_bias_and_coverage(capsys, mon
     assert "Tables no fit sees" in out and "nemo_longseq_h100" in out
 
 
+def test_validate_heldout_jobs_reaches_the_refits_and_bad_values_are_refused(capsys, monkeypatch):
+    """`--jobs N` is the refits' worker count (heldout_rows(jobs=N)); 0, a negative count or --jobs without
+    --heldout is refused by name before any refit, and so is a bad count through the Python API."""
+    import trainplan.commands.validate as command
+    from trainplan.cli import main
+    from trainplan.model.base import ConfigError
+    from trainplan.published.fit import heldout_rows
+
+    rows = _heldout_frame().assign(in_mape=True, held_out_fit="(shipped)")
+    seen = []
+    monkeypatch.setattr(command, "heldout_rows", lambda *a, **k: seen.append(k.get("jobs")) or rows)
+    assert main(["validate", "--heldout", "--jobs", "3"]) == 0 and main(["validate", "--heldout"]) == 0
+    assert seen == [3, None]
+    capsys.readouterr()
+    for argv in (["--heldout", "--jobs", "0"], ["--heldout", "--jobs", "-2"], ["--jobs", "2"]):
+        monkeypatch.setattr(command, "heldout_rows", heldout_rows)  # the real one: it must refuse, not refit
+        assert main(["validate", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"trainplan: error: jobs={argv[-1]}: "), err
+    for bad in (0, 1.5, True, 2048):
+        with pytest.raises(ConfigError, match="jobs="):
+            heldout_rows(jobs=bad)
+
+
 def test_fixed_attention_half_work_is_the_fit_of_the_cited_fa2_speeds():
     """attn_eff_half_work is not typed in: it is the refit of FlashAttention-2's published H100 forward speeds
     (data/flashattention2_h100_fwd.csv, FA3 paper Fig. 5), rounded within its standard error, with both head dims'
