@@ -117,6 +117,7 @@ from trainplan.config import load_config
 from trainplan.io import write_json
 from trainplan.proxy.schema import normalize_run_spec
 from trainplan.proxy.select import select_proxies
+from trainplan.proxy.torchrun import alloc_conf
 
 out, budget_s, dry, configs = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1", sys.argv[4:]
 t0 = time.monotonic()
@@ -240,6 +241,7 @@ env = {"configs": configs, "budget_s": budget_s, "elapsed_s": round(time.monoton
                         "--format=csv"),
        "nvidia_smi_topo": sh("nvidia-smi", "topo", "-m"), **tv,
        "git_commit": sh("git", "rev-parse", "HEAD"), "hostname": os.uname().nodename,
+       "alloc_conf": alloc_conf(os.environ),  # the caching allocator's settings (None: torch's defaults)
        "ran": ran, "skipped": skipped, "failed": failed}
 write_json(out / "environment.json", env)
 print(f"device_proxies: {len(ran)} records, {len(skipped)} skipped (budget), {len(failed)} without a record -> {out}")

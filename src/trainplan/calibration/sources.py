@@ -310,7 +310,8 @@ def gpu_check(directory: Any, fitted_dirs: Sequence[Any] = ()) -> dict[str, Any]
     env = {}
     if env_file.is_file():
         e = json.loads(env_file.read_text())
-        env = {k: e.get(k) for k in ("torch_version", "cuda_version", "nccl_version", "device_names", "git_commit")}
+        env = {k: e.get(k) for k in ("torch_version", "cuda_version", "nccl_version", "device_names", "git_commit",
+                                     "alloc_conf")}
     out = {"dir": str(directory), "n": int(len(check)), "environment": env,
            "devices": sorted(set(check["gpu"])), "regimes": sorted(set(check["regime"])),
            "records": check.to_dict(orient="records"), "summary": summarize_gpu_check(check).to_dict(orient="records")}

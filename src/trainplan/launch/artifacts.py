@@ -69,6 +69,7 @@ from trainplan.model.memory import memory_breakdown
 from trainplan.model.timing import step_time
 from trainplan.model.training import TrainingSpec
 from trainplan.provenance import study_hash
+from trainplan.proxy.torchrun import ALLOC_CONF
 from trainplan.search.layouts import (
     LAUNCH_AS,
     LAUNCH_AS_MISFIT,
@@ -640,7 +641,7 @@ def torchrun_script(model: ModelSpec, cluster: ClusterSpec, layout: Layout, *, s
     _check_hash(study_hash)
     return _template("torchrun.sh.j2").render(
         header=_header("torchrun command (run on every node)", study_hash, model, cluster, layout),
-        rdzv_port=int(master_port), rdzv_id=shlex.quote(f"trainplan-{study_hash[:12]}"),
+        rdzv_port=int(master_port), rdzv_id=shlex.quote(f"trainplan-{study_hash[:12]}"), alloc_conf=ALLOC_CONF,
         command=torchrun_command(cluster, train_script=train_script, train_args=train_args))
 
 
@@ -722,7 +723,7 @@ def sbatch_script(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         ckpt_interval_steps=ckpt_steps,
         trainer=trainer, trainer_why=_one_line(why), torchtitan_ok=not titan_no,
         torchtitan_why=_one_line("; ".join(titan_no)).replace('"', "'"),
-        min_tps=round(min_tokens_per_s_per_gpu or 0), rdzv_port=master_port,
+        min_tps=round(min_tokens_per_s_per_gpu or 0), rdzv_port=master_port, alloc_conf=ALLOC_CONF,
         own_entry=not train_script,  # the data guard knows what trainplan.train_entry reads, not a custom script
         fp8_accelerate=training.fp8 == "tensorwise", ckpt_async=int(bool(checkpoint_async)),
         # the FP8 day-1 loss check, for each trainer that runs FP8 for this plan; ``fp8_parity`` False leaves it out

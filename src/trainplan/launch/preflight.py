@@ -21,6 +21,7 @@ A check whose prediction or measurement is missing fails: a preflight that could
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ from trainplan.model.training import TrainingSpec
 from trainplan.proxy.aggregate import attn_kernel_of
 from trainplan.proxy.record import predicted_state_terms
 from trainplan.proxy.schema import RUN_DEFAULTS
+from trainplan.proxy.torchrun import allocator_env
 from trainplan.report.memo import Judge, fit_fallback, memory_fallback, switch_runner_up
 from trainplan.search.layouts import runner_up_row
 
@@ -280,7 +282,9 @@ def _run_proxy(cmd: list[str], timeout_s: float) -> tuple[int, str, str]:
     import threading
 
     got: list[int] = []
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the slice runs under the production scripts' allocator setting, so its reserved bytes are theirs
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=allocator_env(os.environ))
 
     def forward(signum: int, _frame: object) -> None:
         if not got:

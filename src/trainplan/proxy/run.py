@@ -35,7 +35,7 @@ from trainplan.proxy.lora import apply_lora, lora_trainable_params
 from trainplan.proxy.model import build_model, n_params
 from trainplan.proxy.parallelize import build_mesh, parallelize
 from trainplan.proxy.schema import normalize_run_spec, uses_autocast
-from trainplan.proxy.torchrun import PROGRESS_ENV
+from trainplan.proxy.torchrun import PROGRESS_ENV, alloc_conf
 
 
 class ProxyOOM(RuntimeError):
@@ -207,6 +207,8 @@ def train(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
                         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                         "hostname": socket.gethostname(),
                         "slurm_node": os.environ.get("SLURMD_NODENAME") or None,
+                        # the caching allocator's settings (None: torch's defaults); reserved bytes depend on them
+                        "alloc_conf": alloc_conf(os.environ),
                         "compiled_graphs": compiled_graphs()},
     }
     if dev.type == "cuda":

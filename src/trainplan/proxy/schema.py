@@ -129,6 +129,7 @@ RECORD_SCHEMA: dict[str, Any] = {
             "torch_version": {"type": "string"}, "device_name": {"type": "string"},
             "world_size": {"type": "integer"}, "backend": {"type": "string"}, "hostname_count": {"type": "integer"},
             "slurm_nodes": {"type": "array", "items": {"type": "string"}},
+            "alloc_conf": {"type": ["string", "null"]},
             "compiled_graphs": {"type": "integer", "minimum": 0}}},
         "timing": {"type": "object", "properties": {
             "step_times_s": {"type": "array", "items": {"type": "number"}},

@@ -46,6 +46,28 @@ PROGRESS_ENV = "TRAINPLAN_PROXY_PROGRESS"  # a steps log rank 0 appends to (set 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
 
+# The CUDA caching allocator of every launch path (the sbatch and torchrun scripts, the preflight's slice): expandable
+# segments grow one mapped range per stream instead of cudaMalloc'ing fixed blocks, so memory freed at one tensor size
+# serves the next rather than staying reserved (fragmentation). torchtitan's launcher (run_train.sh) sets the same.
+# PYTORCH_ALLOC_CONF is torch's device-generic name (torch 2.13 also reads the older PYTORCH_CUDA_ALLOC_CONF); an
+# operator's own setting under either name is kept.
+ALLOC_CONF = "expandable_segments:True"
+ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+def alloc_conf(environ: Mapping[str, str]) -> str | None:
+    """The allocator settings ``environ`` gives torch (the first non-empty of ALLOC_CONF_VARS), None: its defaults."""
+    return next((environ[k] for k in ALLOC_CONF_VARS if environ.get(k)), None)
+
+
+def allocator_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` with ``PYTORCH_ALLOC_CONF=ALLOC_CONF`` added, unless either allocator variable is already set
+    (non-empty): what the generated scripts export, for a process the preflight starts itself."""
+    env = dict(environ)
+    if alloc_conf(env) is None:
+        env[ALLOC_CONF_VARS[0]] = ALLOC_CONF
+    return env
+
 
 def first_slurm_host() -> str:
     """The address of the allocation's first node: its ``NodeAddr`` (``scontrol show node``), which is what

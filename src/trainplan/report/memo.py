@@ -28,6 +28,7 @@ from trainplan.model.estimate import DEFAULT_MAX_MEM_FRAC
 from trainplan.model.layout import Layout
 from trainplan.model.timing import STEP_PARTS, attention_kernel_rel
 from trainplan.provenance import sidecar_path
+from trainplan.proxy.torchrun import ALLOC_CONF
 from trainplan.published.fit import HELDOUT_TARGETS, bias_se
 from trainplan.published.intervals import (
     error_pool,
@@ -607,6 +608,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         "training_finetune": (config.get("training") or {}).get("finetune", "full") if config else "full",
         "cudnn_attention_rel": attention_kernel_rel("cudnn"),
         "proxy_family_labels": PROXY_FAMILY_LABELS,
+        "alloc_conf": ALLOC_CONF,  # the caching allocator the launch scripts and the preflight set
         "assumptions": _assumptions(config) if config else [],
         "provenance": [{"file": f, **sc} for f, sc in res.sidecars()],
     }

@@ -141,6 +141,26 @@ def test_sbatch_has_one_task_per_node_rendezvous_and_commented_nccl_settings(tmp
     assert "export TRAINPLAN_OPTIMIZER_IMPL=fused " in text  # the AdamW kernels the plan timed
 
 
+@pytest.mark.parametrize("script", ["sbatch_4x8.sh", "torchrun.sh"])
+def test_scripts_set_the_expandable_segments_allocator_unless_the_operator_set_one(tmp_path, script):
+    """Both scripts export PYTORCH_ALLOC_CONF=expandable_segments:True (what the preflight's slice runs with,
+    allocator_env) before anything starts, and keep an operator's own setting under either of torch's names."""
+    from trainplan.proxy.torchrun import ALLOC_CONF, allocator_env
+
+    out, _ = write(tmp_path, FSDP)
+    lines = (out / script).read_text().splitlines()
+    (line,) = [ln for ln in lines if "PYTORCH_ALLOC_CONF=" in ln]
+    assert lines.index(line) < next(i for i, ln in enumerate(lines) if ln.startswith("exec ") or "srun" in ln)
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
+    for given, expect in (({}, ALLOC_CONF), ({"PYTORCH_ALLOC_CONF": "max_split_size_mb:64"}, "max_split_size_mb:64"),
+                          ({"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, "unset"),
+                          ({"PYTORCH_ALLOC_CONF": ""}, ALLOC_CONF)):
+        r = subprocess.run(["bash", "-c", f'set -euo pipefail\n{line}\necho "${{PYTORCH_ALLOC_CONF-unset}}"'],
+                           env={**base, **given}, capture_output=True, text=True, timeout=30)
+        assert (r.returncode, r.stdout.strip()) == (0, expect), (given, r.stderr)
+        assert allocator_env({**base, **given}).get("PYTORCH_ALLOC_CONF", "unset") == expect, given
+
+
 def test_the_optimizer_implementation_reaches_the_trainer(tmp_path):
     """training.optimizer_impl is exported to train_entry (TRAINPLAN_OPTIMIZER_IMPL) and set as torchtitan's
     optimizer.implementation, so the launch runs the kernels the step time was computed for."""

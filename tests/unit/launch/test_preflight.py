@@ -16,6 +16,7 @@ from trainplan.model.base import ConfigError
 from trainplan.model.hardware import GPUS, ClusterSpec
 from trainplan.model.layout import Layout
 from trainplan.model.training import TrainingSpec
+from trainplan.proxy.torchrun import ALLOC_CONF, ALLOC_CONF_VARS
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -174,7 +175,9 @@ def test_report_prints_numbers_thresholds_and_verdict():
 # ------------------------------------------------------------------------------------ the real run
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_cpu_preflight_runs_the_proxy_and_passes_against_the_analytic_prediction(tmp_path):
+def test_cpu_preflight_runs_the_proxy_and_passes_against_the_analytic_prediction(tmp_path, monkeypatch):
+    for var in ALLOC_CONF_VARS:  # the slice gets the production scripts' allocator setting, which its record names
+        monkeypatch.delenv(var, raising=False)
     res = pf.run_preflight(MODEL, CLUSTER, TRAINING, FSDP, tmp_path, device="cpu", steps=3, warmup=1,
                            timeout_s=240)
     assert (tmp_path / "preflight_record.json").exists() and (tmp_path / "preflight.json").exists()
@@ -182,6 +185,8 @@ def test_cpu_preflight_runs_the_proxy_and_passes_against_the_analytic_prediction
     assert checks["weights bytes/rank"]["measured"] and checks["saved activations bytes/layer"]["measured"]
     assert checks["median step time s"]["status"] == "NOT_COMPARABLE"
     assert res["verdict"] == "PASS", res["checks"]
+    rec = json.loads((tmp_path / "preflight_record.json").read_text())
+    assert rec["environment"]["alloc_conf"] == ALLOC_CONF
 
 
 def test_main_bad_summary_is_a_config_error(tmp_path, capsys):

@@ -18,6 +18,7 @@ import pytest
 from pypdf import PdfReader
 
 from trainplan.model.layout import Layout
+from trainplan.proxy.torchrun import ALLOC_CONF
 from trainplan.report import memo
 from trainplan.report.figures import figure_inputs, make_figures, read_caption
 
@@ -600,6 +601,15 @@ def test_own_gpu_check_prints_the_records_summary_and_says_only_what_the_errors_
     assert memo.PROXY_FAMILY_LABELS["layout"] in text
     assert f"predicted to within {memo.fmt(allr['saved_layer_max_abs_err_bytes'], 'int')} bytes in every run" in text
     assert "Every step time is predicted longer than it ran" in text
+    # the allocator: the committed runs recorded none; a session that records one is named as such
+    def tight(t: str) -> str:  # the text layer puts spaces inside brackets and before punctuation after <code>
+        return re.sub(r"\s+([,;)])", r"\1", re.sub(r"\(\s+", "(", t))
+
+    launch_sets = f"the launch scripts and the preflight set {ALLOC_CONF}, meant to cut that fragmentation"
+    assert "Allocator settings: none recorded for these runs (scripts/device_proxies.sh sets none)" in tight(text)
+    assert launch_sets in tight(text)
+    gc["environment"]["alloc_conf"] = ALLOC_CONF
+    assert f"Allocator settings: {ALLOC_CONF} in these runs; {launch_sets}" in tight(text_with(gc))
     gc["records"][0]["throughput_err"] = 0.02
     assert "Every step time is predicted longer than it ran" not in text_with(gc)
 
