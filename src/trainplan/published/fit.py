@@ -334,7 +334,8 @@ def heldout_rows(params: tuple[str, ...] | None = None, only: tuple[str, ...] | 
     The refits are independent and deterministic: ``jobs`` of them run at once in worker processes (default: the
     CPUs this process may use, at most one per refit; ``jobs=1`` runs them in this process). The rows come back in
     the same order either way."""
-    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, (int, np.integer)) or not 1 <= jobs <= JOBS_MAX):
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int | np.integer)
+                             or not 1 <= jobs <= JOBS_MAX):
         raise ConfigError("jobs", jobs, f"must be an integer in 1..{JOBS_MAX} (refits at once; 1 = in this process)")
     tasks = [(gen, held, params) for gen, spec in GEN_FIT.items() for held in spec["tables"]
              if only is None or held in only]
