@@ -660,12 +660,26 @@ def optimizer_s(local_params: Array, hbm_Bps: float, eff: Efficiency, impl: str 
     return local_params * (ADAMW_STEP_BYTES / (hbm_Bps * stream_frac(OPTIMIZER_STREAM[impl])) + copy / rest)
 
 
+# FSDP2's offload accumulates each micro-batch after the first into the host gradient (torch ``foreach_reduce``:
+# ``grad += new_sharded_grad`` on CPU tensors, in the post-backward hook): two reads and one write of the gradient's
+# bytes, on the CPU thread that launches the backward, so nothing hides it.
+HOST_ADD_BYTES_PER_GRAD_BYTE = 3.0
+
+
+def host_add_s(grad_bytes: Array, eff: Efficiency) -> Array:
+    """Seconds of one CPU ``+=`` over ``grad_bytes`` of host gradient. Its rate is CPU Adam's byte rate,
+    ``cpu_optimizer_params_per_s`` × ``ADAMW_STEP_BYTES`` (28 GB/s per GPU's shard by default): both stream the same
+    host memory [I: the add's own rate was never measured]."""
+    return HOST_ADD_BYTES_PER_GRAD_BYTE * np.asarray(grad_bytes, dtype=float) / (
+        eff.cpu_optimizer_params_per_s * ADAMW_STEP_BYTES)
+
+
 def offload_s(local_params: Array, cluster: ClusterSpec, eff: Efficiency, fsdp: Array = False,
               sync_d2h_s: Array = 0.0) -> Array:
     """CPU optimizer once per step. ZeRO-Offload (ZeRO-1/2, optimizer-only): fp32 grads D2H + bf16 params H2D over
     PCIe, plus CPU Adam (Ren 2021, ZeRO-Offload §4). FSDP2's ``CPUOffloadPolicy`` (ZeRO-3/HSDP, ``fsdp``) moves its
-    traffic per micro-batch instead (``fsdp_offload_pcie_mb_s``): here CPU Adam plus ``sync_d2h_s``, the gradient
-    copies the accumulating micro-batches make synchronously."""
+    traffic per micro-batch instead (``fsdp_offload_pcie_mb_s``): here CPU Adam plus ``sync_d2h_s``, what the
+    accumulating micro-batches do synchronously (each one's gradient copy and its CPU add, ``host_add_s``)."""
     pcie = np.where(fsdp, sync_d2h_s, local_params * (GRAD_REDUCE_BYTES + 2.0) / cluster.host_to_device_Bps)
     return pcie + local_params / eff.cpu_optimizer_params_per_s
 
@@ -769,10 +783,11 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     opt = np.where(cpu, 0.0, optimizer_s(local, hbm, eff, training.optimizer_impl,
                                          measured=gpu.generation == "h100" and training.optimizer == "adamw"))
     # FSDP2 offload: micro-batches after the first accumulate into a host gradient, so their D2H copies block
-    # (torch foreach_reduce: non_blocking only without a gradient to add to; the CPU add itself is not charged).
-    # Under pipelining FSDP2 reduces once per step (schedules' perform_reduce_grad): nothing to accumulate.
+    # (torch foreach_reduce: non_blocking only without a gradient to add to) and the add runs on the CPU thread
+    # (host_add_s; pcie[1] × the PCIe rate is the gradient's bytes). Under pipelining FSDP2 reduces once per step
+    # (schedules' perform_reduce_grad): nothing to accumulate.
     fsdp2 = _isin(layout.sharding, FSDP2_SHARDINGS)
-    sync_d2h = np.where(pp > 1, 0.0, (m - 1) * pcie[1])
+    sync_d2h = np.where(pp > 1, 0.0, (m - 1) * (pcie[1] + host_add_s(pcie[1] * cluster.host_to_device_Bps, eff)))
     off = np.where(cpu, offload_s(local, cluster, eff, fsdp2, sync_d2h), 0.0)
 
     compute = m * compute_mb + accum_step + fp8_weight_step

@@ -465,7 +465,8 @@ def test_peft_lora_rereads_the_input_and_passes_over_the_output():
 
 def test_fsdp2_cpu_offload_moves_the_shard_over_pcie_every_micro_batch():
     """FSDP2's CPUOffloadPolicy copies each rank's fp32 parameter shard H2D before both all-gathers of a micro-batch
-    and its fp32 gradient shard D2H after each reduce-scatter; ZeRO-Offload (ZeRO-1/2) moves them once per step."""
+    and its fp32 gradient shard D2H after each reduce-scatter, and adds the later micro-batches' shards into the host
+    gradient on the CPU; ZeRO-Offload (ZeRO-1/2) moves them once per step."""
     bw = CLUSTER.host_to_device_Bps
     shard = MODEL.n_params / 32
     z3 = Layout(dp=32, sharding="zero3", offload="cpu")
@@ -482,7 +483,10 @@ def test_fsdp2_cpu_offload_moves_the_shard_over_pcie_every_micro_batch():
             for mb in (1, 8)}  # 8 and 1 micro-batches per step
     cpu_adam = shard / Efficiency().cpu_optimizer_params_per_s
     assert step[8]["offload_s"] == pytest.approx(cpu_adam, rel=1e-6)
-    assert step[1]["offload_s"] == pytest.approx(cpu_adam + 7 * d2h, rel=1e-6)
+    # each of those 7 also adds into the host gradient on the CPU thread: 3 × its fp32 bytes at CPU Adam's byte rate
+    add = 3 * (d2h * bw) / (Efficiency().cpu_optimizer_params_per_s * timing.ADAMW_STEP_BYTES)  # d2h · bw: its bytes
+    assert add == pytest.approx(3 * shard * 4 / 28e9, rel=0.01)  # 0.17 s: 1.6 GB of fp32 shard, 28 GB/s by default
+    assert step[1]["offload_s"] == pytest.approx(cpu_adam + 7 * (d2h + add), rel=1e-6)
     pp = step_time(MODEL, CLUSTER, TRAIN, Layout(dp=16, pp=2, sharding="zero3", offload="cpu"))
     assert pp["offload_s"] == pytest.approx(cpu_adam, rel=1e-6)  # dp16·pp2: the same 13B/32 shard per rank
     zero2 = step_time(MODEL, CLUSTER, TRAIN, Layout(dp=32, sharding="zero2", offload="cpu"))
