@@ -78,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     es.add_argument("--inter-busbw", type=float, default=None, metavar="GBPS",
                     help="NCCL busbw across nodes, GB/s per GPU rail (= cluster.inter_busbw_GBps; default 46: 400G "
                          "InfiniBand)")
+    es.add_argument("--host-bw", type=float, default=None, metavar="GBPS",
+                    help="host↔GPU bandwidth each way, GB/s (= cluster.host_to_device_GBps; default 50: PCIe Gen5 "
+                         "x16; CPU offload)")
     es.add_argument("--seq-len", type=int, default=4096,
                     help="tokens per sequence (above the model's max_seq_len: a warning, as with RoPE scaling)")
     es.add_argument("--micro-batch", default="auto",

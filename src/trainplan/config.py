@@ -541,7 +541,7 @@ def load_config(path_or_dict: str | Path | Mapping[str, Any] | Iterable[str | Pa
     cluster = _section("cluster", build_cluster, raw["cluster"])
     training = _section("training", TrainingSpec, **{**tr, "lora_targets": tuple(tr["lora_targets"])})
     notes = model_preset_notes(raw["model"], model) + seq_len_notes(model, training.seq_len) + link_default_notes(
-        cluster, "cluster.intra_busbw_GBps", "cluster.inter_busbw_GBps")
+        cluster, "cluster.intra_busbw_GBps", "cluster.inter_busbw_GBps", "cluster.host_to_device_GBps")
     layout = None
     if raw.get("layout") is not None:
         _check_layout_flags(raw["layout"])

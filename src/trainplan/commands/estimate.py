@@ -151,7 +151,8 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     if args.gpus % gpn:
         raise ConfigError("gpus", args.gpus, f"must be a multiple of --gpus-per-node={args.gpus_per_node}")
     links = {}
-    for flag, field in (("intra_busbw", "intra_busbw_Bps"), ("inter_busbw", "inter_busbw_Bps")):
+    for flag, field in (("intra_busbw", "intra_busbw_Bps"), ("inter_busbw", "inter_busbw_Bps"),
+                        ("host_bw", "host_to_device_Bps")):
         v = getattr(args, flag, None)
         if v is not None:
             if not (math.isfinite(v) and 0 < v <= 100_000):
@@ -181,7 +182,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         raise ConfigError("global-batch", args.global_batch,
                           f"must be a multiple of dp = {layout.dp} (--gpus / (tp·pp·cp)) for any micro-batch "
                           f"(the nearest that are: {batch_multiples(training.global_batch, layout.dp)})") from None
-    for line in link_default_notes(cluster, "--intra-busbw", "--inter-busbw"):  # after the checks: an error stays
+    for line in link_default_notes(cluster, "--intra-busbw", "--inter-busbw", "--host-bw"):  # after the checks: an error stays
         warn(line)  # one line
     if training.fp8 and training.kernels == "eager":
         warn(f"--precision {args.precision} with --kernels eager: torchao's FP8 casts run unfused (timing."

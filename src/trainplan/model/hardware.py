@@ -25,6 +25,9 @@ class GPUSpec:
     # NVLink bandwidth per GPU, GB/s both directions (datasheet). The cluster's busbw defaults were measured on
     # NVLink4 nodes (DGX_LINKS_NVLINK_GBps); on another fabric they overstate its links (link_default_notes).
     nvlink_GBps: float = 900.0
+    # PCIe host link per GPU, GB/s both directions (datasheet: Gen5 x16 128, Gen4 x16 64). ClusterSpec's
+    # host_to_device default was set for Gen5 (DGX_HOST_PCIE_GBps); on Gen4 it overstates the link (link_default_notes).
+    pcie_GBps: float = 128.0
 
     def __post_init__(self) -> None:
         positive_num(self, "peak_bf16_flops", "hbm_bytes", "hbm_bw_Bps")
@@ -45,9 +48,10 @@ GPUS: dict[str, GPUSpec] = {
                        "memory.total on the H200 this project measured (data/calibration/h200-2026-12-04/"
                        "environment.json)"),
         GPUSpec(name="a100-80gb", peak_bf16_flops=312e12, hbm_bytes=81251 * 1024**2, hbm_bw_Bps=2.039e12,
-                source="NVIDIA A100 datasheet (312 TFLOP/s BF16, 2.0 TB/s; NVLink3 600 GB/s; no FP8 tensor cores); "
-                       "81,251 MiB usable [I]: 80 GiB less a driver reserve like H100's, not measured here",
-                generation="a100", fp8=False, nvlink_GBps=600.0),
+                source="NVIDIA A100 datasheet (312 TFLOP/s BF16, 2.0 TB/s; NVLink3 600 GB/s; PCIe Gen4 64 GB/s; no "
+                       "FP8 tensor cores); 81,251 MiB usable [I]: 80 GiB less a driver reserve like H100's, not "
+                       "measured here",
+                generation="a100", fp8=False, nvlink_GBps=600.0, pcie_GBps=64.0),
     ]
 }
 
@@ -69,6 +73,9 @@ DGX_LINKS_NVLINK_GBps = 900.0
 # ClusterSpec's defaults: nccl-tests #212, #290 measure 365–370 GB/s for the ring in a node and #290, #309 46–48 per
 # rail across nodes (SOURCES.md); each taken at its low end, rounded down [I]
 DGX_INTRA_BUSBW_GBps, DGX_INTER_BUSBW_GBps = 360.0, 46.0
+# ClusterSpec's host link default: PCIe Gen5 x16 (128 GB/s both directions, 64 each way; H100 and H200 datasheets)
+# at ~80% of its line rate each way [I], not measured here.
+DGX_HOST_PCIE_GBps, HOST_TO_DEVICE_GBps = 128.0, 50.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +90,7 @@ class ClusterSpec:
     intra_latency_s: float = 30e-6  # NCCL tuning.cc / nccl-tests #232
     inter_latency_s: float = 50e-6
     nics_per_node: int = 8
-    host_to_device_Bps: float = 50e9  # PCIe 5 x16, each way: ~80% of its 64 GB/s line rate [I], not measured here
+    host_to_device_Bps: float = HOST_TO_DEVICE_GBps * 1e9  # PCIe 5 x16, each way: ~80% of its 64 GB/s line rate [I]
     host_mem_bytes: int = 2 * 1000**4  # DGX H100: 2 TB
 
     def __post_init__(self) -> None:
@@ -98,19 +105,27 @@ class ClusterSpec:
         return self.nodes * self.gpus_per_node
 
 
-def link_default_notes(cluster: ClusterSpec, intra_name: str, inter_name: str) -> list[str]:
+def link_default_notes(cluster: ClusterSpec, intra_name: str, inter_name: str, host_name: str) -> list[str]:
     """A warning when the links the cluster uses (intra with > 1 GPU per node, inter with > 1 node; named as the
     caller's key or flag) are at DGX H100's measured busbw (the defaults, and the default study's values) on a GPU
     with another NVLink fabric (A100 NVLink3, H100 PCIe bridges): they then likely overstate its links. H200 shares
-    NVLink4."""
+    NVLink4. Likewise the host link (``host_name``: CPU offload, checkpoint staging) left at the PCIe Gen5 default on
+    a GPU with another PCIe generation (A100: Gen4)."""
     gpu = cluster.gpu
+    host = []
+    if gpu.pcie_GBps != DGX_HOST_PCIE_GBps and cluster.host_to_device_Bps == HOST_TO_DEVICE_GBps * 1e9:
+        each_way = HOST_TO_DEVICE_GBps / (DGX_HOST_PCIE_GBps / 2) * gpu.pcie_GBps / 2
+        host = [f"{host_name}={HOST_TO_DEVICE_GBps:g} GB/s: the default for PCIe Gen5 x16 ({DGX_HOST_PCIE_GBps:.0f} GB/s "
+                f"both directions); {gpu.name}'s PCIe is {gpu.pcie_GBps:.0f} GB/s, so this likely overstates its host "
+                f"link (CPU offload, checkpoint staging): set your nodes' figure (the same fraction of its line rate: "
+                f"{each_way:g})"]
     if gpu.nvlink_GBps == DGX_LINKS_NVLINK_GBps:
-        return []
+        return host
     links = ((intra_name, cluster.gpus_per_node > 1, cluster.intra_busbw_Bps / 1e9, DGX_INTRA_BUSBW_GBps),
              (inter_name, cluster.nodes > 1, cluster.inter_busbw_Bps / 1e9, DGX_INTER_BUSBW_GBps))
     same = [f"{name}={v:g}" for name, used, v, dgx in links if used and v == dgx]
     if not same:
-        return []
+        return host
     return [f"{' and '.join(same)} GB/s: the busbw nccl-tests measures on DGX H100 (NVLink4, "
             f"{DGX_LINKS_NVLINK_GBps:.0f} GB/s per GPU; 400G NICs); {gpu.name} has {gpu.nvlink_GBps:.0f} GB/s of "
-            "NVLink per GPU, so this likely overstates its links: set your nodes' nccl-tests busbw"]
+            "NVLink per GPU, so this likely overstates its links: set your nodes' nccl-tests busbw"] + host

@@ -151,12 +151,18 @@ def test_dgx_h100_link_figures_on_another_nvlink_fabric_are_a_warning():
     cluster's own figures pass silently."""
     from trainplan.model.hardware import link_default_notes
 
-    def notes(gpu, keys=("cluster.intra_busbw_GBps", "cluster.inter_busbw_GBps"), **links):
+    def notes(gpu, keys=("cluster.intra_busbw_GBps", "cluster.inter_busbw_GBps", "cluster.host_to_device_GBps"),
+              **links):
         return link_default_notes(ClusterSpec(nodes=2, gpus_per_node=8, gpu=resolve_gpu(gpu), **links), *keys)
 
-    (a100,) = notes("a100-80gb")
+    a100, a100_host = notes("a100-80gb")
     assert a100.startswith("cluster.intra_busbw_GBps=360 and cluster.inter_busbw_GBps=46 GB/s: ")
     assert "a100-80gb has 600 GB/s of NVLink per GPU" in a100
-    assert notes("h100-pcie-80gb", ("--intra-busbw", "--inter-busbw"), inter_busbw_Bps=25e9)
-    assert not notes("a100-80gb", ("--intra-busbw", "--inter-busbw"), intra_busbw_Bps=230e9, inter_busbw_Bps=23e9)
+    # the host link too: the PCIe Gen5 default on A100's Gen4 (64 GB/s both directions), with the figure to set
+    assert a100_host.startswith("cluster.host_to_device_GBps=50 GB/s: the default for PCIe Gen5 x16 (128 GB/s")
+    assert "a100-80gb's PCIe is 64 GB/s" in a100_host and a100_host.endswith("line rate: 25)")
+    assert notes("a100-80gb", host_to_device_Bps=25e9) == [a100]
+    flags = ("--intra-busbw", "--inter-busbw", "--host-bw")
+    assert notes("h100-pcie-80gb", flags, inter_busbw_Bps=25e9)  # PCIe H100: Gen5, its NVLink bridges only
+    assert not notes("a100-80gb", flags, intra_busbw_Bps=230e9, inter_busbw_Bps=23e9, host_to_device_Bps=25e9)
     assert not notes("h200-141gb") and not notes("h100-sxm-80gb")

@@ -133,6 +133,7 @@ def test_estimate_arch_overrides(capsys):
     (["--precision", "fp32"], "training.precision=fp32: bf16, fp8-tensorwise or fp8-rowwise"),
     (["--inter-busbw", "-3"], "inter-busbw=-3.0: must be a bandwidth"),
     (["--intra-busbw", "nan"], "intra-busbw=nan"),
+    (["--host-bw", "0"], "host-bw=0.0: must be a bandwidth"),
     (["--gpu", "a100-80gb", "--precision", "fp8-tensorwise"], "training.precision=fp8-tensorwise: a100-80gb has no"),
 ])
 def test_bad_input_one_line_exit_2(capsys, argv, key):
@@ -360,7 +361,7 @@ def test_search_can_be_narrowed_to_the_cp_kinds_and_pp_schedules_a_trainer_runs(
 
 def test_plan_without_a_feasible_layout_says_why(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("model: llama2-70b\ncluster: {nodes: 1, gpus_per_node: 1, gpu: a100-80gb}\n"
+    cfg.write_text("model: llama2-70b\ncluster: {nodes: 1, gpus_per_node: 1, gpu: a100-80gb, host_to_device_GBps: 25}\n"
                    "training: {seq_len: 4096, global_batch: 7}\ncost: {price_per_gpu_hour_usd: 3}\n"
                    "proxies: {nproc_per_node: 1, scaleout_world_sizes: [1]}\nsearch: {offloads: [none]}\n")
     assert main(["plan", str(cfg)]) == 0
@@ -433,6 +434,22 @@ def test_estimate_takes_the_clusters_link_bandwidths(capsys):
         runs[" ".join(extra)] = json.loads(capsys.readouterr().out)["breakdown"]["tp_comm_s"]
     assert runs["--intra-busbw 360 --inter-busbw 46"] == runs[""]  # the defaults, spelled out
     assert runs["--intra-busbw 180"] == pytest.approx(2 * runs[""], rel=0.05)
+
+
+def test_estimate_takes_the_host_link_and_warns_on_a100s_gen4_at_the_gen5_default(capsys):
+    """--host-bw sets cluster.host_to_device_GBps: FSDP2 offload's copies scale with it (at 8 micro-batches the
+    synchronous D2H copies are in the offload term). On an A100 the Gen5 default is a one-line warning."""
+    base = ["estimate", "--sharding", "zero3", "--offload", "cpu", "--micro-batch", "1", "--json"]
+    terms = {}
+    for extra in ([], ["--host-bw", "25"]):
+        assert main(base + extra) == 0
+        terms[" ".join(extra)] = json.loads(capsys.readouterr().out)["breakdown"]["offload_s"]
+    assert terms["--host-bw 25"] > terms[""]
+    assert main(["estimate", "--gpu", "a100-80gb", "--intra-busbw", "230", "--inter-busbw", "23"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning") == 1 and "--host-bw=50 GB/s: the default for PCIe Gen5" in err
+    assert main(["estimate", "--gpu", "a100-80gb", "--intra-busbw", "230", "--inter-busbw", "23", "--host-bw", "25"]) == 0
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_plan_layers_a_variant_overlay_over_its_base(tmp_path, capsys):

@@ -242,6 +242,18 @@ def test_sequence_above_the_context_window_is_a_warning(capsys):
     assert load_config(DEFAULT).warnings == ()
 
 
+def test_an_a100_study_at_the_dgx_h100_link_defaults_is_warned_by_key(capsys):
+    """cluster.gpu a100-80gb with the default study's NVLink4 busbw and PCIe Gen5 host link: one warning per link
+    kind, each naming its config key; the A100's own figures silence both."""
+    r = raw()
+    r["cluster"]["gpu"] = "a100-80gb"
+    c = load_config(r, warn=False)
+    assert [w.split(" GB/s")[0] for w in c.warnings] == [
+        "cluster.intra_busbw_GBps=360 and cluster.inter_busbw_GBps=46", "cluster.host_to_device_GBps=50"]
+    r["cluster"].update(intra_busbw_GBps=230, inter_busbw_GBps=23, host_to_device_GBps=25)
+    assert load_config(r, warn=False).warnings == ()
+
+
 def test_learned_positions_and_sliding_windows_cap_the_sequence():
     r = raw()
     r["model"] = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 100, "pos_embedding": "learned",
