@@ -43,7 +43,7 @@ from trainplan.model.training import TrainingSpec
 from trainplan.proxy.aggregate import attn_kernel_of
 from trainplan.proxy.record import predicted_state_terms
 from trainplan.proxy.schema import RUN_DEFAULTS
-from trainplan.proxy.torchrun import allocator_env
+from trainplan.proxy.torchrun import ALLOC_CONF, allocator_env
 from trainplan.report.memo import Judge, fit_fallback, memory_fallback, switch_runner_up
 from trainplan.search.layouts import runner_up_row
 
@@ -328,6 +328,11 @@ def run_preflight(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         tail = (stderr or stdout).strip().splitlines()[-3:]
         record = {"status": "error", "message": f"trainplan proxy exited {rc}: " + " | ".join(tail),
                   "spec": spec}
+    env = record.get("environment") or {}
+    if "alloc_conf" in env:  # what the reserved-bytes check measured under (the launch scripts set ALLOC_CONF)
+        same = env["alloc_conf"] == ALLOC_CONF
+        notes.append(f"CUDA allocator settings: {env['alloc_conf'] or 'torch defaults'}"
+                     + (" (as the launch scripts)" if same else f" (the launch scripts set {ALLOC_CONF})"))
     production_peak, peak_notes = production_peak_of(model, cluster, training, layout, eff)
     notes.extend(peak_notes)
     verdict, checks = evaluate(record, cluster, eff, planned_attn_kernel=training.attn_kernel,

@@ -187,6 +187,7 @@ def test_cpu_preflight_runs_the_proxy_and_passes_against_the_analytic_prediction
     assert res["verdict"] == "PASS", res["checks"]
     rec = json.loads((tmp_path / "preflight_record.json").read_text())
     assert rec["environment"]["alloc_conf"] == ALLOC_CONF
+    assert f"CUDA allocator settings: {ALLOC_CONF} (as the launch scripts)" in res["notes"]
 
 
 def test_main_bad_summary_is_a_config_error(tmp_path, capsys):
