@@ -182,8 +182,9 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         raise ConfigError("global-batch", args.global_batch,
                           f"must be a multiple of dp = {layout.dp} (--gpus / (tp·pp·cp)) for any micro-batch "
                           f"(the nearest that are: {batch_multiples(training.global_batch, layout.dp)})") from None
-    for line in link_default_notes(cluster, "--intra-busbw", "--inter-busbw", "--host-bw"):  # after the checks: an error stays
-        warn(line)  # one line
+    # after the checks: an error stays one line
+    for line in link_default_notes(cluster, "--intra-busbw", "--inter-busbw", "--host-bw"):
+        warn(line)
     if training.fp8 and training.kernels == "eager":
         warn(f"--precision {args.precision} with --kernels eager: torchao's FP8 casts run unfused (timing."
              f"FP8_CAST_BYTES_EAGER), usually slower than bf16; torchao's FP8 expects --kernels compiled")

@@ -90,7 +90,7 @@ class ClusterSpec:
     intra_latency_s: float = 30e-6  # NCCL tuning.cc / nccl-tests #232
     inter_latency_s: float = 50e-6
     nics_per_node: int = 8
-    host_to_device_Bps: float = HOST_TO_DEVICE_GBps * 1e9  # PCIe 5 x16, each way: ~80% of its 64 GB/s line rate [I]
+    host_to_device_Bps: float = HOST_TO_DEVICE_GBps * 1e9  # PCIe 5 x16 each way, ~80% of line rate [I]
     host_mem_bytes: int = 2 * 1000**4  # DGX H100: 2 TB
 
     def __post_init__(self) -> None:
@@ -112,20 +112,20 @@ def link_default_notes(cluster: ClusterSpec, intra_name: str, inter_name: str, h
     NVLink4. Likewise the host link (``host_name``: CPU offload, checkpoint staging) left at the PCIe Gen5 default on
     a GPU with another PCIe generation (A100: Gen4)."""
     gpu = cluster.gpu
-    host = []
+    notes = []
+    if gpu.nvlink_GBps != DGX_LINKS_NVLINK_GBps:
+        links = ((intra_name, cluster.gpus_per_node > 1, cluster.intra_busbw_Bps / 1e9, DGX_INTRA_BUSBW_GBps),
+                 (inter_name, cluster.nodes > 1, cluster.inter_busbw_Bps / 1e9, DGX_INTER_BUSBW_GBps))
+        same = [f"{name}={v:g}" for name, used, v, dgx in links if used and v == dgx]
+        if same:
+            notes.append(f"{' and '.join(same)} GB/s: the busbw nccl-tests measures on DGX H100 (NVLink4, "
+                         f"{DGX_LINKS_NVLINK_GBps:.0f} GB/s per GPU; 400G NICs); {gpu.name} has "
+                         f"{gpu.nvlink_GBps:.0f} GB/s of NVLink per GPU, so this likely overstates its links: set "
+                         "your nodes' nccl-tests busbw")
     if gpu.pcie_GBps != DGX_HOST_PCIE_GBps and cluster.host_to_device_Bps == HOST_TO_DEVICE_GBps * 1e9:
-        each_way = HOST_TO_DEVICE_GBps / (DGX_HOST_PCIE_GBps / 2) * gpu.pcie_GBps / 2
-        host = [f"{host_name}={HOST_TO_DEVICE_GBps:g} GB/s: the default for PCIe Gen5 x16 ({DGX_HOST_PCIE_GBps:.0f} GB/s "
-                f"both directions); {gpu.name}'s PCIe is {gpu.pcie_GBps:.0f} GB/s, so this likely overstates its host "
-                f"link (CPU offload, checkpoint staging): set your nodes' figure (the same fraction of its line rate: "
-                f"{each_way:g})"]
-    if gpu.nvlink_GBps == DGX_LINKS_NVLINK_GBps:
-        return host
-    links = ((intra_name, cluster.gpus_per_node > 1, cluster.intra_busbw_Bps / 1e9, DGX_INTRA_BUSBW_GBps),
-             (inter_name, cluster.nodes > 1, cluster.inter_busbw_Bps / 1e9, DGX_INTER_BUSBW_GBps))
-    same = [f"{name}={v:g}" for name, used, v, dgx in links if used and v == dgx]
-    if not same:
-        return host
-    return [f"{' and '.join(same)} GB/s: the busbw nccl-tests measures on DGX H100 (NVLink4, "
-            f"{DGX_LINKS_NVLINK_GBps:.0f} GB/s per GPU; 400G NICs); {gpu.name} has {gpu.nvlink_GBps:.0f} GB/s of "
-            "NVLink per GPU, so this likely overstates its links: set your nodes' nccl-tests busbw"] + host
+        notes.append(f"{host_name}={HOST_TO_DEVICE_GBps:g} GB/s: the default for PCIe Gen5 x16 "
+                     f"({DGX_HOST_PCIE_GBps:.0f} GB/s both directions); {gpu.name}'s PCIe is {gpu.pcie_GBps:.0f} "
+                     "GB/s, so this likely overstates its host link (CPU offload, checkpoint staging): set your "
+                     "nodes' figure (the same fraction of its line rate: "
+                     f"{HOST_TO_DEVICE_GBps * gpu.pcie_GBps / DGX_HOST_PCIE_GBps:g})")
+    return notes
