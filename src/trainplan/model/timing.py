@@ -26,7 +26,13 @@ from trainplan.model.arch import ModelSpec
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.hardware import ClusterSpec
 from trainplan.model.layout import Layout, LayoutTable, check_precision, grad_accum, shard_degree
-from trainplan.model.memory import FP32, NF4_BYTES_PER_PARAM, layer_matmul_params_per_rank, model_states
+from trainplan.model.memory import (
+    FP32,
+    NF4_BYTES_PER_PARAM,
+    layer_matmul_params_per_rank,
+    model_states,
+    resolve_sp_impl,
+)
 from trainplan.model.training import TrainingSpec
 
 __all__ = ["step_time", "gemm_eff", "attn_eff_at", "TIMING_KEYS", "COMPUTE_PARTS"]
@@ -448,13 +454,10 @@ def cp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, tokens: Array, layout: 
     return layers * np.where(cp > 1, np.where(layout.cp_kind == "ring", ring, uly), 0.0)
 
 
-def fsdp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayoutLike,
-                   shard: Array, compute_mb: Array, eff: Efficiency, side_s: Array = 0.0,
-                   pcie_s: tuple[Array, Array] = (0.0, 0.0)) -> Array:
-    """ZeRO-3/FSDP per micro-batch: all-gather fwd + bwd, reduce-scatter grads (Rajbhandari 2019 §5: 3Ψ);
-    prefetch hides fsdp_overlap of it behind compute; the first unit's all-gather is exposed. ``pcie_s``: CPU
-    offload's (H2D, D2H) copies (``fsdp_offload_pcie_mb_s``), on copy engines beside NCCL, each hidden the same way;
-    the first unit's H2D precedes its all-gather."""
+def _fsdp_unit_comm_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayoutLike,
+                      shard: Array, eff: Efficiency) -> tuple[Array, Array, Array, Array]:
+    """(units on the rank's stage, all-gather, reduce-scatter, HSDP replica all-reduce) seconds per FSDP2 unit:
+    one block's parameters over the shard group, its fp32 gradient shard over the replicas."""
     tp, pp = np.asarray(layout.tp), np.asarray(layout.pp)
     unit = model.n_params_per_layer / tp
     units = model.n_params / (tp * pp) / unit
@@ -469,10 +472,47 @@ def fsdp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     replicas = layout.dp * layout.cp // np.maximum(shard, 1)
     rbw, rlat = comm.group_link(cluster, replicas, tp * shard)
     ar = comm.all_reduce_s(unit * GRAD_REDUCE_BYTES * _trainable_frac(model, training) / shard, replicas, rbw, rlat, eff)
+    return units, ag, rs, ar
+
+
+def fsdp_pipelined(training: TrainingSpec, layout: LayoutLike) -> Array:
+    """FSDP2 (ZeRO-3/HSDP) or ZeRO-1/2 on FSDP2 under PyTorch pipelining: the stage's parameters stay gathered
+    for the whole step and its gradients are reduced once, after its last backward. torchtitan shards a PP stage
+    with ``reshard_after_forward=False``; the schedule runs every backward with ``set_reshard_after_backward(False)``
+    and ``set_requires_gradient_sync(False)``, then ``PipelineStage.perform_reduce_grad`` (torch 2.13; in 2024 the
+    same post-backward inside ``backward_maybe_with_nosync``'s last backward) runs every unit's post-backward at
+    once. ``memory.fsdp_buffers`` holds the gathered stage accordingly. Megatron (fused kernels) is not this path."""
+    return ((np.asarray(layout.pp) > 1) & (resolve_sp_impl(training) == "pytorch")
+            & _isin(layout.sharding, ("zero1", "zero2") + FSDP2_SHARDINGS))
+
+
+def fsdp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayoutLike,
+                   shard: Array, compute_mb: Array, eff: Efficiency, side_s: Array = 0.0,
+                   pcie_s: tuple[Array, Array] = (0.0, 0.0)) -> Array:
+    """ZeRO-3/FSDP per micro-batch: all-gather fwd + bwd, reduce-scatter grads (Rajbhandari 2019 §5: 3Ψ);
+    prefetch hides fsdp_overlap of it behind compute; the first unit's all-gather is exposed. ``pcie_s``: CPU
+    offload's (H2D, D2H) copies (``fsdp_offload_pcie_mb_s``), on copy engines beside NCCL, each hidden the same way;
+    the first unit's H2D precedes its all-gather. Pipelined (``fsdp_pipelined``): ``fsdp_comm_pipelined_step_s``."""
+    units, ag, rs, ar = _fsdp_unit_comm_s(model, cluster, training, layout, shard, eff)
     total = units * (2.0 * ag + rs + ar) + side_s  # side_s: work on the comm streams (FSDP2 RS copy-in)
     h2d, d2h = pcie_s
     total = np.maximum(total, np.maximum(h2d, d2h))
     exposed = ag + np.asarray(h2d) / (2.0 * units) + np.maximum(0.0, total - eff.fsdp_overlap * compute_mb)
+    return np.where(_isin(layout.sharding, FSDP2_SHARDINGS), exposed, 0.0)
+
+
+def fsdp_comm_pipelined_step_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayoutLike,
+                               shard: Array, fwd_mb: Array, eff: Efficiency, side_s: Array = 0.0,
+                               pcie_s: tuple[Array, Array] = (0.0, 0.0)) -> Array:
+    """FSDP2 ZeRO-3/HSDP under PyTorch pipelining (``fsdp_pipelined``), per step: each unit is all-gathered once,
+    prefetched behind the first micro-batch's forward ``fwd_mb`` (the first unit's exposed), and reduce-scattered
+    once (HSDP: then all-reduced over the replicas) after the stage's last backward, where no compute is left
+    to hide it. ``side_s``: the reduce-scatter copy-in; ``pcie_s``: CPU offload's (H2D, D2H) copies, once each."""
+    units, ag, rs, ar = _fsdp_unit_comm_s(model, cluster, training, layout, shard, eff)
+    h2d, d2h = pcie_s
+    gather = np.maximum(units * ag, h2d)
+    exposed = (ag + np.asarray(h2d) / units + np.maximum(0.0, gather - eff.fsdp_overlap * fwd_mb)
+               + np.maximum(units * (rs + ar) + side_s, d2h))
     return np.where(_isin(layout.sharding, FSDP2_SHARDINGS), exposed, 0.0)
 
 
@@ -495,7 +535,8 @@ def dp_comm_step_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     reduce = np.where(layout.sharding == "none", ar, rs)
     frac_last = np.minimum(1.0, DDP_BUCKET_BYTES / np.maximum(grad_bytes, 1.0))
     exposed = reduce * frac_last + np.maximum(0.0, reduce * (1 - frac_last) - eff.ddp_overlap * bwd_mb)
-    exposed = exposed * np.where(layout.sharding == "zero2", m, 1)
+    # under PyTorch pipelining the FSDP2-run ZeRO-1/2 reduce once, after the stage's last backward (fsdp_pipelined)
+    exposed = np.where(fsdp_pipelined(training, layout), reduce, exposed * np.where(layout.sharding == "zero2", m, 1))
     ag_exposed = ag / np.maximum(1.0, model.layers / pp) + np.maximum(0.0, ag - eff.fsdp_overlap * fwd_mb)
     exposed = exposed + np.where(layout.sharding == "none", 0.0, ag_exposed)
     return np.where(_isin(layout.sharding, ("none", "zero1", "zero2")), exposed, 0.0)
@@ -760,7 +801,10 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     bwd = g * (1.0 + wgrad) + a_bwd + MEMBOUND_BWD_FACTOR * e + KERNEL_BWD_FACTOR * k0 + cast_b + lora_b
     redo = np.where(rc == "full", fwd, np.where(rc == "selective", selective_redo_s(g, a, e, kernels), 0.0))
     shard = np.asarray(shard_degree(layout, cluster))
-    copy = fsdp_copy_mb_s(model, training, layout, hbm, eff)
+    # pipelined FSDP2 (fsdp_pipelined): one all-gather per step, so one copy-out (half the per-micro-batch pair)
+    piped = fsdp_pipelined(training, layout)
+    copy_all = fsdp_copy_mb_s(model, training, layout, hbm, eff)
+    copy, copy_once = np.where(piped, 0.0, copy_all), np.where(piped, 0.5 * copy_all, 0.0)
     dequant = qlora_dequant_mb_s(model, training, layout, layers, hbm, eff, act)
     ring = ring_overhead_mb_s(model, training, tokens, layout, layers, hbm, eff, act)
     cast_mb, accum_step = autocast_cast_s(model, training, layout, layers, hbm, eff, measured=gpu.generation == "h100")
@@ -771,7 +815,9 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     cp_mb = cp_comm_mb_s(model, cluster, tokens, layout, layers, a + a_bwd, eff, act, kernels)
     rs_copy = fsdp_copy_mb_s(model, training, layout, hbm, eff, stream=1)
     pcie = fsdp_offload_pcie_mb_s(model, training, layout, cluster)
-    fsdp_mb = fsdp_comm_mb_s(model, cluster, training, layout, shard, compute_mb, eff, rs_copy, pcie)
+    fsdp_mb = np.where(piped, 0.0, fsdp_comm_mb_s(model, cluster, training, layout, shard, compute_mb, eff, rs_copy, pcie))
+    fsdp_once = np.where(piped, fsdp_comm_pipelined_step_s(model, cluster, training, layout, shard, layers * fwd, eff,
+                                                           rs_copy, (0.5 * np.asarray(pcie[0]), pcie[1])), 0.0)
     p2p_mb = pp_p2p_mb_s(model, cluster, tokens, layout, eff, act)
     dp = dp_comm_step_s(model, cluster, training, layout, layers * bwd, eff, m, layers * fwd)
 
@@ -790,8 +836,8 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     sync_d2h = np.where(pp > 1, 0.0, (m - 1) * (pcie[1] + host_add_s(pcie[1] * cluster.host_to_device_Bps, eff)))
     off = np.where(cpu, offload_s(local, cluster, eff, fsdp2, sync_d2h), 0.0)
 
-    compute = m * compute_mb + accum_step + fp8_weight_step
-    exposed = m * (tp_mb + cp_mb + fsdp_mb + p2p_mb) + dp
+    compute = m * compute_mb + accum_step + fp8_weight_step + copy_once
+    exposed = m * (tp_mb + cp_mb + fsdp_mb + p2p_mb) + fsdp_once + dp
     step = compute + exposed + bubble + opt + off
     tok_s = training.tokens_per_step / step
     n = cluster.n_gpus
@@ -799,11 +845,11 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     mfu = f_tok * tok_s / (n * peak)
     hw = {k: f_tok + flops.recompute_flops_per_token(model, s, k) for k in ("none", "selective", "full")}
     hfu = np.where(rc == "full", hw["full"], np.where(rc == "selective", hw["selective"], hw["none"])) * tok_s / (n * peak)
-    out = {"compute_s": compute, "tp_comm_s": m * tp_mb, "cp_comm_s": m * cp_mb, "fsdp_comm_s": m * fsdp_mb,
+    out = {"compute_s": compute, "tp_comm_s": m * tp_mb, "cp_comm_s": m * cp_mb, "fsdp_comm_s": m * fsdp_mb + fsdp_once,
            "dp_comm_s": dp, "pp_p2p_s": m * p2p_mb, "comm_exposed_s": exposed, "bubble_s": bubble,
            "optimizer_s": opt, "offload_s": off, "step_time_s": step, "tokens_per_s": tok_s,
            "tokens_per_s_per_gpu": tok_s / n, "mfu": mfu, "hfu": hfu,
-           "recompute_s": m * layers * redo, "fsdp_copy_s": m * copy, "ring_merge_s": m * ring, "dequant_s": m * dequant}
+           "recompute_s": m * layers * redo, "fsdp_copy_s": m * copy + copy_once, "ring_merge_s": m * ring, "dequant_s": m * dequant}
     if isinstance(layout, Layout):
         return {k: float(np.asarray(v)) for k, v in out.items()}
     return {k: np.broadcast_to(np.asarray(v, dtype=float), (len(layout),)).copy() for k, v in out.items()}

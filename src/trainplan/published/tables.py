@@ -62,11 +62,11 @@ ROCE_RAIL_BUSBW_Bps = DGX_INTER_BUSBW_GBps * 1e9  # 400 Gb/s per GPU rail (SOURC
 H100_INTRA_BUSBW_Bps = DGX_INTRA_BUSBW_GBps * 1e9  # 8×H100 NVLink4 ring (the planner's default, hardware.py)
 # Micro-batch for Narayanan 2021 Table 1 is not published: 1 sequence (the paper's §5.x default for PP) [I].
 MEGATRON_T1_MICRO_BATCH = 1
-# torchtitan splits each rank's local batch into micro-batches of 1 under PP (pipeline_parallel_microbatch_size).
-TORCHTITAN_PP_MICRO_BATCH = 1
-# Memory rows: torchtitan at 9dec370 (the benchmark's commit) splits the local batch into
-# ``pipeline_parallel_microbatches or pp`` micro-batches (torchtitan/parallelisms/pipeline_llama.py), so a
-# micro-batch holds local_batch/pp sequences (405B T5: 32/8 = 4). The timing rows keep the value above.
+# torchtitan at 9dec370 (the benchmark's commit) splits each rank's local batch into
+# ``pipeline_parallel_microbatches or pp`` micro-batches (torchtitan/parallelisms/pipelining_utils.py
+# build_pipeline_schedule; the benchmark sets none), so a micro-batch holds local_batch/pp sequences (405B T5:
+# 32/8 = 4, 8 micro-batches; T6: 8/8 = 1). Later torchtitan (2025: ``pipeline_parallel_microbatch_size``, default 1)
+# splits into micro-batches of one sequence; that is not the code these rows ran.
 GPT_VOCAB = 51200  # both Megatron papers: V = 51,200 (SOURCES.md)
 GPT_SEQ = 2048
 # Kernels per framework (TrainingSpec.kernels / attn_impl; docs/timing-model.md): Megatron-LM 2021/2022
@@ -254,7 +254,7 @@ def torchtitan_h100(eff: Efficiency, h100_peak_flops: float | None = None, memor
                      pp_schedule="interleaved" if interleaved else "1f1b", vpp=2 if interleaved else 1,
                      tp_overlap=r.async_tp == "yes" and int(r.tp) > 1, sharding="zero3",
                      recompute=_ac(r.activation_ckpt),
-                     micro_batch=TORCHTITAN_PP_MICRO_BATCH if int(r.pp) > 1 else int(r.local_batch))
+                     micro_batch=int(r.local_batch) // int(r.pp))
         unmodelled: list[str] = []
         ok = not unmodelled
         extra = ("not modelled: " + ", ".join(unmodelled)) if unmodelled else ""
@@ -266,8 +266,7 @@ def torchtitan_h100(eff: Efficiency, h100_peak_flops: float | None = None, memor
         if not memory_rows:
             continue
         # torchtitan logs torch.cuda max reserved: the caching allocator only (no CUDA context / NCCL).
-        lay_mem = replace(lay, micro_batch=int(r.local_batch) // int(r.pp)) if int(r.pp) > 1 else lay
-        mem = memory.reserved_bytes(memory.memory_breakdown(m, c, t, lay_mem, eff), eff)
+        mem = memory.reserved_bytes(memory.memory_breakdown(m, c, t, lay, eff), eff)
         mem_note = _note(m, c, t, lay, extra if not ok else ("memory under compile not modelled" if compiled else ""))
         rows.append(_row("torchtitan_h100", label, "memory_gib", r.memory_gib, mem / GiB, mem_ok, mem_note, lay,
                          t.kernels, m, c.n_gpus, seq))

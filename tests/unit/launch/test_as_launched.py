@@ -417,12 +417,17 @@ def test_the_search_ranks_the_speed_of_what_the_launch_runs(overlay, study):
             assert ratio[i] == pytest.approx(a["throughput_ratio"], rel=1e-9), r["layout_text"]
             continue
         trainer = trainers.choose_trainer(m, t, lay)[0]  # a change without a step-time model: the others' ratio
-        timed = [d for d in launch.plan_deviations(m, c, t, lay, trainer) if "step time" not in d.unmodelled]
+        devs = launch.plan_deviations(m, c, t, lay, trainer)
+        timed = [d for d in devs if "step time" not in d.unmodelled]
         run_t = replace(t, **{k: v for d in timed for k, v in d.training.items()})
         run_l = replace(lay, **{k: v for d in timed for k, v in d.layout.items()})
         want = step_time(m, c, t, lay, eff)["step_time_s"] / step_time(m, c, run_t, run_l, eff)["step_time_s"]
         assert ratio[i] == pytest.approx(want, rel=1e-9), r["layout_text"]
-        assert ("step time not modelled for: " in why[i]) == (ratio[i] != 1.0), (r["layout_text"], why[i])
+        # the note names the untimed changes wherever a timed change moves the layout (its ratio may be exactly 1:
+        # under PyTorch pipelining FSDP2's ZeRO-1 and ZeRO-2 run alike, timing.fsdp_pipelined)
+        untimed = [d for d in devs if "step time" in d.unmodelled]
+        moves = (run_t, run_l) != (t, lay)
+        assert untimed and ("step time not modelled for: " in why[i]) == moves, (r["layout_text"], why[i])
     df = study(overlay)[1]
     ok = df[df["feasible"]]
     speed = launched_tps(ok).to_numpy()

@@ -523,6 +523,38 @@ def test_zero2_reduces_after_every_micro_batch_zero1_once_per_step():
     assert d[("zero2", 4)] > d[("zero2", 1)] * 1.5
 
 
+def test_fsdp2_under_pytorch_pipelining_gathers_and_reduces_once_per_step():
+    """torchtitan's PP stage under FSDP2 stays gathered across micro-batches and reduces after its last backward
+    (timing.fsdp_pipelined), so neither its FSDP comm nor its copy-out grows with the micro-batch count, and the
+    reduce-scatter is exposed in full; without PP, or under Megatron (fused), FSDP runs per micro-batch."""
+    def run(lay, m, kernels="eager"):
+        t = TrainingSpec(seq_len=4096, global_batch=m * lay.dp * lay.micro_batch, kernels=kernels)
+        return step_time(MODEL, CLUSTER, t, lay)
+
+    for sharding in ("zero3", "hsdp"):
+        piped = Layout(dp=8, pp=4, sharding=sharding, recompute="full")
+        a, b = run(piped, 4), run(piped, 16)
+        assert a["fsdp_comm_s"] > 0 and b["fsdp_comm_s"] == pytest.approx(a["fsdp_comm_s"])
+        assert a["fsdp_copy_s"] > 0 and b["fsdp_copy_s"] == pytest.approx(a["fsdp_copy_s"])
+        eff = Efficiency.for_gpu(CLUSTER.gpu)
+        units, _, rs, ar = timing._fsdp_unit_comm_s(MODEL, CLUSTER, TRAIN, piped, 8, eff)
+        assert a["fsdp_comm_s"] > units * (rs + ar)
+    flat = Layout(dp=32, sharding="zero3", recompute="full")
+    assert run(flat, 4)["fsdp_comm_s"] > 3.0 * run(flat, 1)["fsdp_comm_s"]
+    megatron = Layout(dp=8, pp=4, sharding="zero3", recompute="full")
+    assert run(megatron, 16, "fused")["fsdp_comm_s"] > 3.0 * run(megatron, 4, "fused")["fsdp_comm_s"]
+
+
+def test_zero2_under_pytorch_pipelining_reduces_once_after_the_last_backward():
+    eff = Efficiency.for_gpu(CLUSTER.gpu)
+    lay = Layout(dp=8, pp=4, sharding="zero2")
+    d = {m: timing.dp_comm_step_s(MODEL, CLUSTER, TRAIN, lay, 1e6, eff, m, 1e6) for m in (1, 4)}
+    assert d[4] == pytest.approx(d[1]) and d[1] > 0.0  # once per step, and not hidden by any backward
+    fused = TrainingSpec(seq_len=4096, global_batch=256, kernels="fused")
+    assert timing.dp_comm_step_s(MODEL, CLUSTER, fused, lay, 0.0, eff, 4, 0.0) > 2.0 * timing.dp_comm_step_s(
+        MODEL, CLUSTER, fused, lay, 0.0, eff, 1, 0.0)
+
+
 def test_fsdp_exposes_the_first_units_all_gather_even_with_ample_compute():
     eff = Efficiency.for_gpu(CLUSTER.gpu)
     lay = Layout(dp=32, sharding="zero3")

@@ -599,7 +599,7 @@ def test_plan_on_24_gpus_says_once_why_pure_data_parallelism_is_out_and_what_bat
     assert text.count("24·1 (the nearest") == 1
     assert re.search(r"Global batch: 256 sequences do not divide over 24 GPUs \(no layout with dp = 24\); at 264 "
                      r"\(or 240\) the best would be ZeRO-2 \(dp24·tp1·pp1·cp1 zero2 rc=none mb=1\), [\d,]+ "
-                     r"tokens/s/GPU, 1\d\.\d% faster", text)
+                     r"tokens/s/GPU, [12]\d\.\d% faster", text)
 
 
 def test_estimate_auto_micro_batch_blames_the_global_batch_not_a_micro_batch(capsys):

@@ -24,8 +24,8 @@ from trainplan.published.fit import (
 from trainplan.published.tables import TT500_PARAM, mape_table, validate_all
 
 # In-sample MAPE per table (each generation's own fit; bf16 and FP8 rows). Reached: Megatron 2021 T1 4.0%,
-# Korthikanti 3.7%, torchtitan A100 2.5%; torchtitan H100 6.5%, async TP 7.9%, Megatron 2024 6.1%, Llama 3 405B
-# 3.5%; NeMo 24.07 FP8 (held out of every fit) 7.2%, NeMo long-sequence FP8 (held out of every fit) 14.7%.
+# Korthikanti 3.7%, torchtitan A100 2.5%; torchtitan H100 6.4%, async TP 8.0%, Megatron 2024 6.2%, Llama 3 405B
+# 3.3%; NeMo 24.07 FP8 (held out of every fit) 7.9%, NeMo long-sequence FP8 (held out of every fit) 14.5%.
 MAPE_TOL_PCT = {"megatron2021_t1": 5.0, "korthikanti2022_t3_5": 5.0, "torchtitan_a100": 5.0,
                 "torchtitan_h100": 7.0, "torchtitan_asynctp_h100": 8.5, "megatron2024_h100": 6.5,
                 "llama3_405b_h100": 4.0, "nemo2407_h100": 8.0, "nemo_longseq_h100": 15.5}
@@ -121,6 +121,19 @@ def test_async_tp_speedup_matches_the_published_pairs(rows):
         assert predicted > 1.0 and abs(predicted - measured) <= 0.06, (model, predicted, measured)
 
 
+def test_torchtitan_405b_pipeline_rows_run_the_benchmarked_micro_batching(rows):
+    """torchtitan 9dec370 splits the local batch into pp micro-batches (405B T5: 8 of 4 sequences). With that
+    split, the interleaved schedule's published gain over 1F1B (128 / 100 tokens/s/GPU) is predicted within 5%;
+    with micro-batches of one sequence (32 per step) it was 1.06."""
+    t5 = rows[(rows["table"] == "torchtitan_h100") & rows["row"].str.startswith("T5")
+              & (rows["metric"] == "tokens_per_s_per_gpu")]
+    assert len(t5) == 2 and t5["row"].str.contains("mb=4").all()
+    inter = t5[t5["row"].str.contains("interleaved")].iloc[0]
+    one = t5[~t5["row"].str.contains("interleaved")].iloc[0]
+    measured, predicted = inter["published"] / one["published"], inter["predicted"] / one["predicted"]
+    assert predicted == pytest.approx(measured, rel=0.05), (predicted, measured)
+
+
 def test_llama3_405b_uneven_stages_and_cp16_are_answered(rows):
     d = rows[rows["table"] == "llama3_405b_h100"]
     assert len(d) == 3 and d["in_mape"].all()
@@ -140,9 +153,9 @@ def test_shipped_fits_are_the_documented_fit():
 
 # Leave one table out per generation (the fit without the table predicts it), shipped in efficiency_fits.json.
 # Reached: A100 Megatron 2021 T1 3.4%, T2 (PTD-P) 5.2%, Korthikanti 7.1%, torchtitan A100 2.3%; H100 torchtitan
-# 7.5%, async TP 6.5%, Megatron 2024 7.0%, Llama 3 405B 3.4% (issue target: 10% per table; met on both).
+# 7.3%, async TP 6.9%, Megatron 2024 7.3%, Llama 3 405B 3.4% (issue target: 10% per table; met on both).
 HELDOUT_MAPE_TOL_PCT = {"megatron2021_t1": 4.0, "narayanan2021_t2": 6.0, "korthikanti2022_t3_5": 7.5,
-                        "torchtitan_a100": 3.0, "torchtitan_h100": 8.25, "torchtitan_asynctp_h100": 7.0,
+                        "torchtitan_a100": 3.0, "torchtitan_h100": 8.25, "torchtitan_asynctp_h100": 7.5,
                         "megatron2024_h100": 7.5, "llama3_405b_h100": 4.0}
 # Worst held-out row: H100 19.6% (torchtitan table, Llama 3.1 8B float8 CP8 at 262k, over-predicted), A100 13.6%
 # (Korthikanti 530B full recompute). The issue's target is 20%: met.
