@@ -481,7 +481,7 @@ def fsdp_pipelined(training: TrainingSpec, layout: LayoutLike) -> Array:
     with ``reshard_after_forward=False``; the schedule runs every backward with ``set_reshard_after_backward(False)``
     and ``set_requires_gradient_sync(False)``, then ``PipelineStage.perform_reduce_grad`` (torch 2.13; in 2024 the
     same post-backward inside ``backward_maybe_with_nosync``'s last backward) runs every unit's post-backward at
-    once. ``memory.fsdp_buffers`` holds the gathered stage accordingly. Megatron (fused kernels) is not this path."""
+    once. ``memory.buffer_bytes`` holds the gathered stage accordingly. Megatron (fused kernels) is not this path."""
     return ((np.asarray(layout.pp) > 1) & (resolve_sp_impl(training) == "pytorch")
             & _isin(layout.sharding, ("zero1", "zero2") + FSDP2_SHARDINGS))
 
