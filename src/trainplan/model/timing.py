@@ -501,30 +501,55 @@ def fsdp_comm_mb_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     return np.where(_isin(layout.sharding, FSDP2_SHARDINGS), exposed, 0.0)
 
 
+# torch 2.13's multi-stage pipelining runtime (ScheduleInterleaved1F1B lowered by ``_add_unshard_reshard``) keeps at
+# most this many of a rank's virtual stages gathered; the rest it reshards and gathers again as the schedule cycles.
+PP_MAX_ACTIVE_STAGES = 3
+
+
+def pipelined_stage_passes(pp: Array, vpp: Array, m: Array) -> Array:
+    """How many times per step a pipelined FSDP2 rank gathers its whole stage: 1 while its v virtual stages fit in
+    ``PP_MAX_ACTIVE_STAGES`` (1F1B, interleaved v ≤ 3); beyond, the virtual-stage all-gathers of the busiest rank
+    over v. Closed form of torch 2.13's lowering, R = max(1, m // p) rounds: 2v − 3 gathers in one round,
+    2(v − 3)·R + 7 in more (``test_timing``: equal to torch's own count for p ≤ 8, v ≤ 8, up to 16 rounds)."""
+    v = np.asarray(vpp, dtype=float)
+    r = np.maximum(1, np.asarray(m) // np.asarray(pp))
+    gathers = np.where(v <= PP_MAX_ACTIVE_STAGES, v, np.where(r == 1, 2.0 * v - 3.0, 2.0 * (v - 3.0) * r + 7.0))
+    return gathers / v
+
+
 def fsdp_comm_pipelined_step_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayoutLike,
                                shard: Array, fwd_mb: Array, eff: Efficiency, side_s: Array = 0.0,
-                               pcie_s: tuple[Array, Array] = (0.0, 0.0)) -> Array:
+                               pcie_s: tuple[Array, Array] = (0.0, 0.0), passes: Array = 1.0,
+                               step_compute: Array = 0.0) -> Array:
     """FSDP2 ZeRO-3/HSDP under PyTorch pipelining (``fsdp_pipelined``), per step: each unit is all-gathered once,
     prefetched behind the first micro-batch's forward ``fwd_mb`` (the first unit's exposed), and reduce-scattered
     once (HSDP: then all-reduced over the replicas) after the stage's last backward, where no compute is left
-    to hide it. ``side_s``: the reduce-scatter copy-in; ``pcie_s``: CPU offload's (H2D, D2H) copies, once each."""
+    to hide it. With more virtual stages than the runtime keeps gathered the stage is gathered ``passes`` times
+    (``pipelined_stage_passes``); the later gathers are prefetched behind the rest of the step's compute
+    ``step_compute``. ``side_s``: the reduce-scatter copy-in; ``pcie_s``: CPU offload's (H2D, D2H) copies, H2D with
+    every gather."""
     units, ag, rs, ar = _fsdp_unit_comm_s(model, cluster, training, layout, shard, eff)
     h2d, d2h = pcie_s
     gather = np.maximum(units * ag, h2d)
+    again = (np.asarray(passes) - 1.0) * gather
     exposed = (ag + np.asarray(h2d) / units + np.maximum(0.0, gather - eff.fsdp_overlap * fwd_mb)
+               + np.maximum(0.0, again - eff.fsdp_overlap * np.maximum(0.0, step_compute - fwd_mb))
                + np.maximum(units * (rs + ar) + side_s, d2h))
     return np.where(_isin(layout.sharding, FSDP2_SHARDINGS), exposed, 0.0)
 
 
 def dp_comm_step_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayoutLike,
-                   bwd_mb: Array, eff: Efficiency, m: Array = 1, fwd_mb: Array = 0.0) -> Array:
+                   bwd_mb: Array, eff: Efficiency, m: Array = 1, fwd_mb: Array = 0.0, passes: Array = 1.0,
+                   step_compute: Array = 0.0) -> Array:
     """DDP all-reduce (or ZeRO-1 reduce-scatter + param all-gather) once per step; buckets overlap the
     last micro-batch's backward except the last bucket (Li 2020, PyTorch DDP §3.2.3). ZeRO-2 keeps only a
     gradient shard, so it must reduce-scatter after *every* micro-batch's backward (Rajbhandari 2019 §5.2;
     DeepSpeed stage 2, FSDP2 reshard_after_forward=False): m reductions, each overlapping one backward.
     ZeRO-1/2 gather the updated parameters once per step; gathered per layer and prefetched (FSDP2
     reshard_after_forward=False, Megatron --overlap-param-gather), all but the first layer's gather hide behind
-    the first micro-batch's forward ``fwd_mb`` (fsdp_overlap)."""
+    the first micro-batch's forward ``fwd_mb`` (fsdp_overlap); a pipelined stage interleaved over more virtual
+    stages than the runtime keeps gathered is gathered ``passes`` times (``pipelined_stage_passes``), the later
+    ones behind the rest of the step's compute ``step_compute``."""
     tp, pp = np.asarray(layout.tp), np.asarray(layout.pp)
     n = layout.dp * layout.cp
     bw, lat = comm.group_link(cluster, n, tp)
@@ -537,7 +562,9 @@ def dp_comm_step_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     exposed = reduce * frac_last + np.maximum(0.0, reduce * (1 - frac_last) - eff.ddp_overlap * bwd_mb)
     # under PyTorch pipelining the FSDP2-run ZeRO-1/2 reduce once, after the stage's last backward (fsdp_pipelined)
     exposed = np.where(fsdp_pipelined(training, layout), reduce, exposed * np.where(layout.sharding == "zero2", m, 1))
-    ag_exposed = ag / np.maximum(1.0, model.layers / pp) + np.maximum(0.0, ag - eff.fsdp_overlap * fwd_mb)
+    ag_exposed = (ag / np.maximum(1.0, model.layers / pp) + np.maximum(0.0, ag - eff.fsdp_overlap * fwd_mb)
+                  + np.maximum(0.0, (np.asarray(passes) - 1.0) * ag
+                               - eff.fsdp_overlap * np.maximum(0.0, step_compute - fwd_mb)))
     exposed = exposed + np.where(layout.sharding == "none", 0.0, ag_exposed)
     return np.where(_isin(layout.sharding, ("none", "zero1", "zero2")), exposed, 0.0)
 
@@ -801,10 +828,12 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     bwd = g * (1.0 + wgrad) + a_bwd + MEMBOUND_BWD_FACTOR * e + KERNEL_BWD_FACTOR * k0 + cast_b + lora_b
     redo = np.where(rc == "full", fwd, np.where(rc == "selective", selective_redo_s(g, a, e, kernels), 0.0))
     shard = np.asarray(shard_degree(layout, cluster))
-    # pipelined FSDP2 (fsdp_pipelined): one all-gather per step, so one copy-out (half the per-micro-batch pair)
+    # pipelined FSDP2 (fsdp_pipelined): the stage gathered `passes` times per step (once unless interleaved over more
+    # virtual stages than the runtime keeps gathered), one copy-out each (half the per-micro-batch pair)
     piped = fsdp_pipelined(training, layout)
+    passes = np.where(piped, pipelined_stage_passes(pp, vpp, m), 0.0)
     copy_all = fsdp_copy_mb_s(model, training, layout, hbm, eff)
-    copy, copy_once = np.where(piped, 0.0, copy_all), np.where(piped, 0.5 * copy_all, 0.0)
+    copy, copy_once = np.where(piped, 0.0, copy_all), 0.5 * copy_all * passes
     dequant = qlora_dequant_mb_s(model, training, layout, layers, hbm, eff, act)
     ring = ring_overhead_mb_s(model, training, tokens, layout, layers, hbm, eff, act)
     cast_mb, accum_step = autocast_cast_s(model, training, layout, layers, hbm, eff, measured=gpu.generation == "h100")
@@ -817,9 +846,11 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     pcie = fsdp_offload_pcie_mb_s(model, training, layout, cluster)
     fsdp_mb = np.where(piped, 0.0, fsdp_comm_mb_s(model, cluster, training, layout, shard, compute_mb, eff, rs_copy, pcie))
     fsdp_once = np.where(piped, fsdp_comm_pipelined_step_s(model, cluster, training, layout, shard, layers * fwd, eff,
-                                                           rs_copy, (0.5 * np.asarray(pcie[0]), pcie[1])), 0.0)
+                                                           rs_copy, (0.5 * np.asarray(pcie[0]), pcie[1]), passes,
+                                                           m * compute_mb), 0.0)
     p2p_mb = pp_p2p_mb_s(model, cluster, tokens, layout, eff, act)
-    dp = dp_comm_step_s(model, cluster, training, layout, layers * bwd, eff, m, layers * fwd)
+    dp = dp_comm_step_s(model, cluster, training, layout, layers * bwd, eff, m, layers * fwd, np.maximum(passes, 1.0),
+                        m * compute_mb)
 
     per_mb = compute_mb + tp_mb + cp_mb
     bubble = bubble_s(pp, vpp, m, per_mb)

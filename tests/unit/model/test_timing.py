@@ -545,6 +545,42 @@ def test_fsdp2_under_pytorch_pipelining_gathers_and_reduces_once_per_step():
     assert run(megatron, 16, "fused")["fsdp_comm_s"] > 3.0 * run(megatron, 4, "fused")["fsdp_comm_s"]
 
 
+def _torch_stage_gathers(p: int, v: int, m: int) -> int:
+    """All-gathers of virtual stages per step on the busiest rank, as torch's own ScheduleInterleaved1F1B lowers its
+    compute schedule for FSDP (``_add_unshard_reshard``). Built without process groups: only the plan is needed."""
+    from torch.distributed.pipelining import schedules
+
+    sched = object.__new__(schedules.ScheduleInterleaved1F1B)
+    sched.pp_group_size, sched.n_local_stages, sched._n_microbatches = p, v, m
+    sched.number_of_rounds = max(1, m // p)
+    sched.microbatches_per_round = m // sched.number_of_rounds
+    return max(sum(a.computation_type == schedules.UNSHARD
+                   for a in schedules._add_unshard_reshard(sched._calculate_single_rank_operations(r)))
+               for r in range(p))
+
+
+def test_pipelined_stage_passes_is_torchs_own_count():
+    """timing.pipelined_stage_passes is a closed form of torch's lowering (max_active_stages=3): each virtual stage
+    gathered once while v ≤ 3, re-gathered as the schedule cycles beyond. If torch changes it, this fails."""
+    for p in (2, 4, 8):
+        for v in range(2, 9):
+            for rounds in (1, 2, 3, 5, 16):
+                m = rounds * p
+                want = _torch_stage_gathers(p, v, m) / v
+                assert timing.pipelined_stage_passes(p, v, m) == pytest.approx(want), (p, v, m)
+    assert timing.pipelined_stage_passes(4, 1, 32) == 1.0  # 1F1B: one stage, gathered once
+
+
+def test_an_interleaved_fsdp2_stage_beyond_three_virtual_stages_is_gathered_again():
+    def copy_out(v, m=64):
+        t = TrainingSpec(seq_len=4096, global_batch=m * 8, kernels="eager")
+        return step_time(MODEL, CLUSTER, t, Layout(dp=8, pp=4, pp_schedule="interleaved", vpp=v, sharding="zero3",
+                                                   recompute="full"))["fsdp_copy_s"]
+    assert copy_out(3) == pytest.approx(copy_out(2))
+    assert copy_out(4) == pytest.approx(copy_out(2) * timing.pipelined_stage_passes(4, 4, 64))
+    assert timing.pipelined_stage_passes(4, 4, 64) > 5.0
+
+
 def test_zero2_under_pytorch_pipelining_reduces_once_after_the_last_backward():
     eff = Efficiency.for_gpu(CLUSTER.gpu)
     lay = Layout(dp=8, pp=4, sharding="zero2")
