@@ -210,7 +210,9 @@ _BACKEND_OF = {"fa2": "flash (FA2)", "cudnn": "cudnn"}
 def attention_kernel_rel(kernel: str) -> float:
     """Training-rate ratio of ``kernel``'s causal attention to FlashAttention-2's at the same shapes: the median over
     the measured sequence lengths (1k–16k; cuDNN/FA2 1.69–1.74) of our H200 timings. ``attn_eff`` was fitted on
-    FA2-era runs and matches FA2 alone (docs/timing-model.md §7.9), so another kernel scales it by this ratio."""
+    FA2-era runs and matches FA2 alone (docs/timing-model.md §7.9), so another kernel scales it by this ratio. The
+    published Transformer Engine rows ran 2024's cuDNN attention, slower than this measurement's: they keep the
+    fitted rate (§7.7)."""
     if kernel == "fa2":
         return 1.0
     rows = json.loads(pkgdata.path(f"{pkgdata.DATA}/{ATTENTION_BACKENDS_FILE}").read_text())["rows"]
