@@ -30,7 +30,7 @@ KERNEL_KINDS = ("eager", "compiled", "fused")
 # (Megatron-LM 2021/2022 before flash attention).
 ATTN_IMPL_KINDS = ("flash", "math")
 # Which flash kernel PyTorch's SDPA runs (timing.attention_kernel_rel, docs/timing-model.md §7.9): "fa2" =
-# FlashAttention-2 (FLASH_ATTENTION; what every published run the H100 fit rests on used), "cudnn" = cuDNN's
+# FlashAttention-2 (FLASH_ATTENTION; what the PyTorch runs the H100 fit rests on used: its rate), "cudnn" = cuDNN's
 # attention (CUDNN_ATTENTION; what PyTorch 2.11 dispatched to on our H200), measured faster on Hopper only.
 ATTN_KERNELS = ("fa2", "cudnn")
 # What ``recompute='selective'`` keeps (memory.py, docs/analytic-model.md §3): "attention" = Megatron's
