@@ -4,12 +4,16 @@
 #
 #   bash scripts/device_proxies.sh --dry-run                 # list the runs, run nothing (works on CPU)
 #   bash scripts/device_proxies.sh --budget-s 480            # on a CUDA machine: run until the budget is spent
-#   bash scripts/device_proxies.sh --out /tmp/gpu --config config/gpu_proxies.yaml
+#   bash scripts/device_proxies.sh --out /tmp/gpu --config my_overlay.yaml   # overlays on the two below (repeatable)
 #
-# What runs (config/config.yaml + config/gpu_proxies.yaml, via trainplan.proxy.select.select_proxies):
+# What runs (config/config.yaml + config/gpu_proxies.yaml [+ --config overlays], via
+# trainplan.proxy.select.select_proxies):
 #   depth slice   Llama-2-13B widths, 1–4 layers, seq 4096, one GPU
 #   width ladder  hidden 1280…5120 at 2 layers, one GPU
 #   seq ladder    2 layers at calibration.gpu_seq_ladder (same tokens per step): separates attn_eff
+#   LoRA pair     lora-L2: depth-L2 with LoRA adapters (training.lora_rank on training.lora_targets; the defaults
+#                 are the LoRA study's r16 on q, k, v, o): against depth-L2 it measures what the adapters cost and
+#                 what the frozen base saves (docs/timing-model.md §8.1)
 #   scale-out     2 layers, FSDP full shard on 1, 2, 4, 8 GPUs (capped at the GPUs present): comm_bw_eff
 # Runs are interleaved across families, so a budget cut leaves every family represented; a run that would
 # start after the budget is skipped (listed in environment.json). Each run's `timeout_s` is capped at the
@@ -42,7 +46,7 @@ while [[ $# -gt 0 ]]; do
     --dry-run) DRY=1; shift ;;
     --no-microbench) MICRO=0; shift ;;
     --microbench) BENCHES="$2"; shift 2 ;;
-    --config) CONFIGS=("config/config.yaml" "$2"); shift 2 ;;
+    --config) CONFIGS+=("$2"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "device_proxies.sh: unknown argument '$1' (valid: --out DIR, --budget-s N, --dry-run, --no-microbench, --microbench LIST, --config YAML)" >&2
        exit 2 ;;
@@ -165,6 +169,12 @@ if specs:
         model = replace(cfg.model, layers=2, max_seq_len=max(S, cfg.model.max_seq_len), name=f"{cfg.model.name}-L2-s{S}")
         seq_specs.append({**tmpl, "id": f"seq-s{S}", "family": "layout", "model": model.to_dict(), "seq_len": S,
                           "global_batch": max(1, base_tokens // S)})
+# LoRA pair: the 2-layer production-width slice again with adapters on the frozen base (docs/timing-model.md §8.1).
+lora_specs = []
+if specs:
+    tr = cfg.training
+    lora_specs.append({**tmpl, "id": f"lora-L2-r{tr.lora_rank}", "family": "layout", "finetune": "lora",
+                       "lora_rank": int(tr.lora_rank), "lora_targets": list(tr.lora_targets)})
 scale = []
 if "scaleout" in prox.get("families", []):
     sizes = [int(n) for n in prox.get("scaleout_world_sizes", [1]) if int(n) <= avail]
@@ -172,7 +182,7 @@ if "scaleout" in prox.get("families", []):
                                                             "scaleout_world_sizes": sizes, "max_proxies": None})
 # Interleave the families so a budget cut leaves each represented.
 queues = [q for q in ([s for s in specs if s["family"] == "depth"], [s for s in specs if s["family"] == "width"],
-                      seq_specs, scale) if q]
+                      seq_specs, lora_specs, scale) if q]
 plan = []
 while any(queues):
     for q in queues:
@@ -182,7 +192,8 @@ plan = [normalize_run_spec(s) for s in plan]  # a bad spec fails here, before an
 seen, unique = set(), []
 for s in plan:  # e.g. width-h5120 at 2 layers is depth-L2: run it once
     shape = {**s["model"], "name": None}
-    key = json.dumps([shape] + [s[k] for k in ("layout", "seq_len", "global_batch", "nproc_per_node")], sort_keys=True)
+    key = json.dumps([shape] + [s[k] for k in ("layout", "seq_len", "global_batch", "nproc_per_node", "finetune")]
+                     + ([s["lora_rank"], s["lora_targets"]] if s["finetune"] == "lora" else []), sort_keys=True)
     if key not in seen:
         seen.add(key)
         unique.append(s)
@@ -194,7 +205,8 @@ for s in plan:
     m, lay = s["model"], s["layout"]
     print(f"  {s['id']:<14} {s['family']:<8} layers={m['layers']:<2} hidden={m['hidden']:<5} heads={m['heads']:<3} "
           f"ffn={m['ffn_hidden']:<6} seq={s['seq_len']:<6} gb={s['global_batch']:<3} ranks={s['nproc_per_node']} "
-          f"dp={lay['dp']} sharding={lay['sharding']} {s['device']}/{s['dtype']} steps={s['steps']}")
+          f"dp={lay['dp']} sharding={lay['sharding']} {s['device']}/{s['dtype']} steps={s['steps']}"
+          + (f" lora r{s['lora_rank']} {','.join(s['lora_targets'])}" if s["finetune"] == "lora" else ""))
 if dry:
     sys.exit(0)
 

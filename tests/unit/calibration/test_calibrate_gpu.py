@@ -248,6 +248,11 @@ def test_device_script_dry_run_lists_the_runs_and_runs_nothing(tmp_path):
     assert len(ids) == len(set(ids)) and "width-h5120" not in ids  # duplicate of depth-L2, run once
     assert all("cuda/bf16" in ln for ln in lines) and all("hidden=5120" in ln for ln in lines if ln[0].startswith("depth"))
     assert not out.exists()  # nothing ran, nothing written
+    # the LoRA pair: depth-L2's shape again with the LoRA study's adapters (not deduplicated into depth-L2)
+    lora = [ln for ln in lines if "lora" in ln]
+    assert [ln[0] for ln in lora] == ["lora-L2-r16"]
+    assert {"layers=2", "hidden=5120", "seq=4096", "gb=8"} <= set(lora[0]) and lora[0][-2:] == ["r16", "q,k,v,o"]
+    assert all("lora" not in ln for ln in lines if ln[0] == "depth-L2")
     micro = [ln for ln in p.stdout.splitlines() if ln.startswith("microbench:")]
     # ring attention first: the measurement the held-out CP bias waits on (a budget cut leaves it measured)
     assert [ln.split()[2] for ln in micro] == ["benchmarks/bench_ring_attention.py", "benchmarks/bench_hbm_stream.py",
@@ -264,6 +269,15 @@ def test_device_script_dry_run_lists_the_runs_and_runs_nothing(tmp_path):
     quiet = subprocess.run(["bash", str(ROOT / "scripts" / "device_proxies.sh"), "--dry-run", "--no-microbench"],
                            capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert quiet.returncode == 0 and "microbench:" not in quiet.stdout
+    # --config overlays the GPU proxy settings (it does not replace them): the LoRA study's adapters, GPU shapes
+    over = tmp_path / "r8.yaml"
+    over.write_text("training:\n  lora_rank: 8\n  lora_targets: [q, v]\n")
+    ov = subprocess.run(["bash", str(ROOT / "scripts" / "device_proxies.sh"), "--dry-run", "--no-microbench",
+                         "--config", str(over)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert ov.returncode == 0, ov.stderr
+    ov_lines = [ln.split() for ln in ov.stdout.splitlines() if ln.startswith("  ")]
+    assert len(ov_lines) == len(lines) and all("cuda/bf16" in ln for ln in ov_lines)
+    assert [ln[-3:] for ln in ov_lines if "lora" in ln] == [["lora", "r8", "q,v"]]
     bad = subprocess.run(["bash", str(ROOT / "scripts" / "device_proxies.sh"), "--budget-s", "-5"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 2 and "--budget-s" in bad.stderr
