@@ -159,7 +159,7 @@ fams = [f for f in prox.get("families", []) if f in ("depth", "width")]
 specs = select_proxies(one, cfg.model, cfg.training, {**prox, "families": fams, "nproc_per_node": 1, "max_proxies": None})
 # Sequence ladder: 2 layers at several sequence lengths, tokens per step held at global_batch × seq_len.
 base_tokens = int(prox.get("global_batch", 8)) * int(prox.get("seq_len", 4096))
-seq_specs = []
+seq_specs, lora_specs = [], []
 if specs:
     tmpl = next((s for s in specs if s["family"] == "width" and s["model"]["hidden"] == cfg.model.hidden), specs[0])
     for S in (cfg.calibration or {}).get("gpu_seq_ladder", []):
@@ -169,9 +169,7 @@ if specs:
         model = replace(cfg.model, layers=2, max_seq_len=max(S, cfg.model.max_seq_len), name=f"{cfg.model.name}-L2-s{S}")
         seq_specs.append({**tmpl, "id": f"seq-s{S}", "family": "layout", "model": model.to_dict(), "seq_len": S,
                           "global_batch": max(1, base_tokens // S)})
-# LoRA pair: the 2-layer production-width slice again with adapters on the frozen base (docs/timing-model.md §8.1).
-lora_specs = []
-if specs:
+    # LoRA pair: the same 2-layer production-width slice with adapters on the frozen base (timing-model.md §8.1).
     tr = cfg.training
     lora_specs.append({**tmpl, "id": f"lora-L2-r{tr.lora_rank}", "family": "layout", "finetune": "lora",
                        "lora_rank": int(tr.lora_rank), "lora_targets": list(tr.lora_targets)})
@@ -192,8 +190,8 @@ plan = [normalize_run_spec(s) for s in plan]  # a bad spec fails here, before an
 seen, unique = set(), []
 for s in plan:  # e.g. width-h5120 at 2 layers is depth-L2: run it once
     shape = {**s["model"], "name": None}
-    key = json.dumps([shape] + [s[k] for k in ("layout", "seq_len", "global_batch", "nproc_per_node", "finetune")]
-                     + ([s["lora_rank"], s["lora_targets"]] if s["finetune"] == "lora" else []), sort_keys=True)
+    key = json.dumps([shape] + [s[k] for k in ("layout", "seq_len", "global_batch", "nproc_per_node", "finetune",
+                                                "lora_rank", "lora_targets")], sort_keys=True)
     if key not in seen:
         seen.add(key)
         unique.append(s)
