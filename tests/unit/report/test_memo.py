@@ -594,6 +594,9 @@ def test_own_gpu_check_prints_the_records_summary_and_says_only_what_the_errors_
         (root / "calibration/calibration.json").write_text(json.dumps(cal))
         return _html_text(_context(root))
 
+    def tight(t: str) -> str:  # the text layer puts spaces inside brackets and before punctuation after <code>
+        return re.sub(r"\s+([,;)])", r"\1", re.sub(r"\(\s+", "(", t))
+
     text = text_with(gc)
     allr = next(r for r in gc["summary"] if r["family"] == "all")
     assert "Own GPU measurements (predicted, never fitted)" in text and "allocated bias reserved bias" in text
@@ -601,9 +604,10 @@ def test_own_gpu_check_prints_the_records_summary_and_says_only_what_the_errors_
     assert memo.PROXY_FAMILY_LABELS["layout"] in text
     assert f"predicted to within {memo.fmt(allr['saved_layer_max_abs_err_bytes'], 'int')} bytes in every run" in text
     assert "Every step time is predicted longer than it ran" in text
+    # the fa2 assumption is the fit's rate, not a claim that every published run ran FA2 (TE's ran cuDNN: §7.7)
+    assert "FlashAttention-2's rate (attn_kernel: fa2), the rate the fit assigns every published run" in tight(text)
+    assert "as in every published run" not in text and "2024's cuDNN attention" in text
     # the allocator: the committed runs recorded none; a session that records one is named as such
-    def tight(t: str) -> str:  # the text layer puts spaces inside brackets and before punctuation after <code>
-        return re.sub(r"\s+([,;)])", r"\1", re.sub(r"\(\s+", "(", t))
 
     launch_sets = f"the launch scripts and the preflight set {ALLOC_CONF}, meant to cut that fragmentation"
     assert "Allocator settings: none recorded for these runs (scripts/device_proxies.sh sets none)" in tight(text)
