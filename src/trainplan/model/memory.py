@@ -438,10 +438,19 @@ def head_saved_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any =
 
 
 def logits_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any = 1, cp: Any = 1,
-                 dtype_bytes: int = 2) -> Any:
-    """Logits s·b·V/(tp·cp) in the compute dtype + fp32 log-probs for the loss + fp32 grad of logits (Megatron)."""
+                 dtype_bytes: int = 2, kernels: str = "fused", held: Any = True) -> Any:
+    """What the loss keeps alive at its backward peak, for the s·b·V/(tp·cp) logits of one micro-batch.
+
+    ``kernels`` eager/compiled (PyTorch's ``F.cross_entropy(logits.float(), …)``: log_softmax saves its fp32
+    output, and its backward holds nll_loss's fp32 gradient and its own fp32 result at once): 3 × 4 B per logit,
+    + the logits in the compute dtype when the caller still ``held`` them (Hugging Face's output, the proxy harness;
+    torchtitan deletes them first). Measured with torch's MemTracker on CPU (13.7 B per logit held, 11.7 freed, at
+    4,096 × 32,000) and on our H200 records (max allocated 4.1–4.6 B per logit above the former 2 + 8 B).
+    ``fused`` (Megatron's vocab-parallel cross entropy, in place): the logits, an fp32 copy, its fp32 gradient."""
     tp, cp = np.asarray(tp, dtype=float), np.asarray(cp, dtype=float)
-    return _out(seq_len * micro_batch / cp * model.vocab / tp * (dtype_bytes + FP32 + FP32))
+    per = np.where(kernels == "fused", dtype_bytes + 2 * FP32,
+                   3 * FP32 + np.where(np.asarray(held, dtype=bool), dtype_bytes, 0.0))
+    return _out(seq_len * micro_batch / cp * model.vocab / tp * per)
 
 
 def embedding_saved_bytes(model: ModelSpec, seq_len: int, micro_batch: Any, cp: Any = 1, dtype_bytes: int = 2,
@@ -525,7 +534,8 @@ def activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, stag
 
 # ----------------------------------------------------------------------------------- buffers
 def buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, dtype_bytes: int | None = None) -> Any:
-    """Transient collective buffers: FSDP 2 gathered units + fp32 reduce-scatter, DDP buckets, TP/PP staging.
+    """Transient collective buffers: FSDP 2 gathered units + fp32 reduce-scatter, DDP buckets, TP/PP staging
+    (``stage_breakdown`` puts the optimizer step's temporaries here when the step is the peak).
 
     FSDP2/ZeRO-3: the root unit (embedding, LM head: FSDP2 keeps it gathered from forward through backward) + the
     current and the prefetched block unit unsharded in the compute dtype (torchtitan wraps one block per unit) + the
@@ -592,6 +602,29 @@ def overhead_bytes(dynamic_bytes: Any, eff: Any = None) -> Any:
     return _out(base + frag * np.asarray(dynamic_bytes, dtype=float))
 
 
+def optimizer_step_temp_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, cluster: Any = None,
+                              stage: str = "first") -> Any:
+    """Working memory of the optimizer step above the model states, on one rank of ``stage``.
+
+    PyTorch's foreach AdamW (``torch.optim.adam._multi_tensor_adam``, the default on CUDA: the proxy harness) builds
+    ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)`` for every parameter it updates at once: one fp32 tensor
+    per local trainable parameter, 4 B each, beside the states (grads included: they stay in ``p.grad``). The
+    fused kernel (``fused=True``: production, torchtitan; Megatron's and DeepSpeed's fused Adam) and plain SGD
+    allocate none; an optimizer offloaded to the CPU steps in host memory."""
+    if training.optimizer != "adamw" or training.optimizer_impl != "foreach":
+        return _out(np.zeros(np.broadcast(np.asarray(layout.tp), np.asarray(layout.dp)).shape))
+    L = layout
+    z = _zero_stage(L.sharding)
+    if training.finetune == "full":
+        p = stage_params(model, L.tp, L.pp, stage, L.vpp)
+        n = p["matmul"] + p["other"]
+    else:
+        n = _layers_per_stage(model, L.pp, L.vpp) * lora_params_per_layer(model, training.lora_rank,
+                                                                          training.lora_targets, L.tp)
+    local = np.asarray(n, dtype=float) / np.where(z >= 1, np.asarray(shard_degree(L, cluster), dtype=float), 1.0)
+    return _out(np.where(np.asarray(L.offload) == "cpu", 0.0, local * FP32))
+
+
 # --------------------------------------------------------------------------------- breakdown
 def stage_breakdown(model: ModelSpec, cluster: Any, training: TrainingSpec, layout: Any, eff: Any = None,
                     stage: str = "first") -> dict[str, Any]:
@@ -601,7 +634,8 @@ def stage_breakdown(model: ModelSpec, cluster: Any, training: TrainingSpec, layo
     out["activations"] = activation_bytes(model, training, L, stage)
     d = 2 if training.half else FP32
     last = np.asarray(L.pp) == 1 if stage == "first" else True
-    lg = np.asarray(logits_bytes(model, training.seq_len, L.micro_batch, L.tp, L.cp, d)) + np.asarray(
+    lg = np.asarray(logits_bytes(model, training.seq_len, L.micro_batch, L.tp, L.cp, d, training.kernels,
+                                 training.logits_at_backward == "held")) + np.asarray(
         head_saved_bytes(model, training.seq_len, L.micro_batch, L.tp, L.sp, L.cp, d,
                          sp_impl=resolve_sp_impl(training), frozen=training.finetune != "full",
                          autocast=training.autocast))
@@ -610,6 +644,19 @@ def stage_breakdown(model: ModelSpec, cluster: Any, training: TrainingSpec, layo
     dynamic = np.asarray(out["activations"]) + np.asarray(out["logits"]) + np.asarray(out["buffers"])
     out["overhead"] = overhead_bytes(dynamic, eff)
     out["total"] = _out(sum(np.asarray(out[k]) for k in TERMS[:-1]))
+    # The optimizer step is a second peak: activations, logits and gathered units are freed by then, the states
+    # and the step's own working memory (foreach AdamW) are not. When it is the larger, the breakdown is that
+    # moment's: the states, the step's temporaries as the transient ``buffers``, and their overhead.
+    temp = np.asarray(optimizer_step_temp_bytes(model, training, L, cluster, stage))
+    states = sum(np.asarray(out[k]) for k in ("weights", "gradients", "optimizer"))
+    step_overhead = np.asarray(overhead_bytes(temp, eff))
+    at_step = states + temp + step_overhead > np.asarray(out["total"])
+    if np.any(at_step):
+        for k in ("activations", "logits"):
+            out[k] = _out(np.where(at_step, 0.0, out[k]))
+        out["buffers"] = _out(np.where(at_step, temp, out["buffers"]))
+        out["overhead"] = _out(np.where(at_step, step_overhead, out["overhead"]))
+        out["total"] = _out(sum(np.asarray(out[k]) for k in TERMS[:-1]))
     return out
 
 

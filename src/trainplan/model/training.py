@@ -56,6 +56,11 @@ BF16_VIA = ("bf16_params", "autocast")
 # SDPA with enable_gqa (no repeat_kv copy) (docs/timing-model.md §7.13). Internal: the GPU check and the preflight set
 # it for harness runs; no study setting.
 BLOCK_IMPLS = ("auto", "harness")
+# Whether the caller still holds the logits while the loss runs backward (memory.logits_bytes): "held" = Hugging
+# Face's CausalLMOutput (train_entry.micro_backward keeps ``out``) and the proxy harness's ``logits``; "freed" =
+# torchtitan, which deletes them first (train.py at 9dec370: ``del pred`` "to avoid peaking memory"). Internal: the
+# published torchtitan rows set it; no study setting.
+LOGITS_AT_BACKWARD = ("held", "freed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +82,7 @@ class TrainingSpec:
     sp_impl: str = "auto"  # SP_IMPLS: sharded (Megatron) or gathered (PyTorch DTensor) linear inputs under SP
     bf16_via: str = "bf16_params"  # BF16_VIA: bf16 parameters (production) or autocast over fp32 ones (harness)
     block_impl: str = "auto"  # BLOCK_IMPLS: the kernel class's block code, or the proxy harness's own
+    logits_at_backward: str = "held"  # LOGITS_AT_BACKWARD: logits kept (HF, harness) or deleted (torchtitan)
 
     def __post_init__(self) -> None:
         positive_int(self, "seq_len", "global_batch", "lora_rank")
@@ -88,6 +94,7 @@ class TrainingSpec:
         one_of(self, "sp_impl", SP_IMPLS)
         one_of(self, "bf16_via", BF16_VIA)
         one_of(self, "block_impl", BLOCK_IMPLS)
+        one_of(self, "logits_at_backward", LOGITS_AT_BACKWARD)
         if self.bf16_via == "autocast" and (self.fp8 or self.finetune == "qlora"):
             raise ConfigError("bf16_via", self.bf16_via, "autocast over fp32 weights is the proxy harness's bf16 regime "
                               f"(full or LoRA, bf16 GEMMs); not with precision={self.precision}, finetune={self.finetune}")

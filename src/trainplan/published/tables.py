@@ -74,8 +74,8 @@ GPT_SEQ = 2048
 # materialised attention (flash attention postdates both papers); torchtitan without compile runs PyTorch
 # eager ops with SDPA flash attention; torchtitan with compile is Inductor-fused.
 MEGATRON_KERNELS = {"kernels": "fused", "attn_impl": "math"}
-TORCHTITAN_EAGER = {"kernels": "eager", "attn_impl": "flash"}
-TORCHTITAN_COMPILED = {"kernels": "compiled", "attn_impl": "flash"}
+TORCHTITAN_EAGER = {"kernels": "eager", "attn_impl": "flash", "logits_at_backward": "freed"}  # train.py: del pred
+TORCHTITAN_COMPILED = {"kernels": "compiled", "attn_impl": "flash", "logits_at_backward": "freed"}
 # The fitted hardware parameter of torchtitan's 500 W parts: their sustained peak as a fraction of 989 TFLOP/s,
 # bounded by the bracket the TorchTitan paper states (H100 NVL 835 – SXM 989).
 TT500_PARAM = "h100_500w_peak_frac"

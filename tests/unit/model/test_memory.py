@@ -522,6 +522,108 @@ def test_only_the_last_pipeline_stage_holds_the_logits() -> None:
     assert M.stage_breakdown(LLAMA13, cluster(), TRAIN, Layout(dp=32), stage="first")["logits"] > 0.0
 
 
+def _peak_bytes(fn) -> int:
+    """Peak bytes of the storages that ``fn`` allocates and holds at once: every aten op's outputs are seen by a
+    TorchDispatchMode (autograd's backward ops included), each new storage counted until it is freed."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    live, peak, seen = [0], [0], set()
+
+    def freed(ptr: int, nbytes: int) -> None:
+        seen.discard(ptr)
+        live[0] -= nbytes
+
+    class Track(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (list, tuple)) else [out]:
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen and t.numel():
+                    st = t.untyped_storage()
+                    if any(a is not None and isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr()
+                           == st.data_ptr() for a in args):
+                        continue  # in place, or a view of an input
+                    seen.add(st.data_ptr())
+                    live[0] += st.nbytes()
+                    peak[0] = max(peak[0], live[0])
+                    weakref.finalize(st, freed, st.data_ptr(), st.nbytes())
+            return out
+
+    with Track():
+        fn()
+    return peak[0]
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_the_losss_backward_peak_is_what_logits_bytes_counts_measured(held: bool) -> None:
+    """PyTorch's F.cross_entropy over logits.float(): the fp32 log-probs it saves and, in its backward, nll_loss's fp32
+    gradient and log_softmax's fp32 result, all alive at once (12 B per logit), + the bf16 logits while the caller
+    holds them (Hugging Face, the harness; torchtitan deletes them first). The former 2 + 8 B missed 4 B per logit
+    (our H200 records: 4.1–4.6 B)."""
+    import torch
+    import torch.nn.functional as F
+
+    n, v, h = 512, 4000, 64
+    spec = ModelSpec(name="lm", layers=1, hidden=h, heads=1, vocab=v)
+    x = torch.randn(n, h, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(v, h, dtype=torch.bfloat16, requires_grad=True)
+    t = torch.randint(0, v, (n,))
+
+    def step() -> None:
+        logits = x @ w.t()
+        loss = F.cross_entropy(logits.float(), t)
+        if not held:
+            del logits
+        loss.backward()
+
+    measured = _peak_bytes(step)
+    model = M.logits_bytes(spec, n, 1, dtype_bytes=2, kernels="eager", held=held)
+    assert model == n * v * (14 if held else 12)
+    assert measured == pytest.approx(model, rel=0.03)
+    assert M.logits_bytes(spec, n, 1, dtype_bytes=2, kernels="fused") == n * v * 10  # Megatron's in-place loss
+
+
+def test_foreach_adamws_step_holds_one_fp32_tensor_per_parameter_measured() -> None:
+    """torch.optim.AdamW(foreach=True) (the default on CUDA: the proxy harness) builds _foreach_sqrt(exp_avg_sq)
+    for every parameter at once: 4 B per parameter above the states; fused=True builds none. A harness run whose
+    activations are small peaks there (our H200 sequence ladder at 1k and 2k tokens)."""
+    import torch
+
+    p = [torch.nn.Parameter(torch.randn(256, 256)) for _ in range(4)]
+    n = sum(q.numel() for q in p)
+    for q in p:
+        q.grad = torch.randn_like(q)
+    opt = torch.optim.AdamW(p, lr=1e-3, foreach=True)
+    opt.step()  # creates the states; the measured step allocates only its temporaries
+    assert _peak_bytes(opt.step) == pytest.approx(4 * n, rel=0.05)
+    one = Layout(dp=1, sharding="none")
+    harness = replace(TRAIN, optimizer_impl="foreach")
+    st = M.model_states(LLAMA13, harness, one, cluster(1))
+    trainable = st["optimizer"] / 12  # fp32 master + m + v per parameter
+    assert M.optimizer_step_temp_bytes(LLAMA13, harness, one, cluster(1)) == pytest.approx(4 * trainable)
+    assert M.optimizer_step_temp_bytes(LLAMA13, TRAIN, one, cluster(1)) == 0.0  # fused: production
+    z2 = Layout(dp=32, sharding="zero2")
+    assert M.optimizer_step_temp_bytes(LLAMA13, harness, z2, cluster()) == pytest.approx(4 * trainable / 32)
+
+
+def test_the_optimizer_step_is_the_peak_when_the_states_outweigh_the_activations() -> None:
+    """Few activations (short sequence, 2 layers), foreach AdamW: the breakdown is the step's (states + temporaries
+    as buffers), larger than the backward's; with fused AdamW or long sequences, the backward's."""
+    small = LLAMA13.with_layers(2)
+    one = Layout(dp=1, sharding="none")
+    harness = TrainingSpec(seq_len=1024, global_batch=8, optimizer_impl="foreach")
+    bd = M.stage_breakdown(small, cluster(1), harness, one)
+    fused = M.stage_breakdown(small, cluster(1), replace(harness, optimizer_impl="fused"), one)
+    temp = M.optimizer_step_temp_bytes(small, harness, one, cluster(1))
+    assert bd["activations"] == bd["logits"] == 0.0 and bd["buffers"] == temp
+    assert bd["total"] > fused["total"] and fused["activations"] > 0
+    assert bd["total"] == pytest.approx(sum(bd[k] for k in M.TERMS[:-1]))
+    long = M.stage_breakdown(small, cluster(1), replace(harness, seq_len=16384), one)
+    assert long["activations"] > 0 and long["buffers"] != temp
+
+
 def test_first_stage_holds_at_most_as_many_micro_batches_as_there_are() -> None:
     """1F1B: min(pp, m) in flight on the first stage (a step with fewer micro-batches than stages holds m)."""
     assert M.pipeline_in_flight(8, 2) == 2 and M.pipeline_in_flight(4, 16) == 4

@@ -509,11 +509,12 @@ def test_estimate_reproduces_the_qlora_studys_top_row(tmp_path, capsys):
                  "--csv", str(tmp_path / "c.csv")]) == 0
     c = pd.read_csv(tmp_path / "c.csv", low_memory=False)
     top = c[c["feasible"].astype(bool)].sort_values("rank").iloc[0]
-    # the argv below; the plan's fastest fit (zero3 mb2, 71.6 GiB as QLoRA) needs 73.1 GiB as the launch runs it
-    # (LoRA over a bf16 base): ruled out, with the reason; ZeRO-1 mb1 runs as ZeRO-2 mb1 under Accelerate's FSDP2
+    # the argv below; the fastest layout, zero3 mb2, needs 72.7 GiB even as QLoRA (over 90% of usable HBM; the
+    # window where it fits as planned and not as launched is tests/unit/launch/test_as_launched.py's); ZeRO-1 mb1
+    # runs as ZeRO-2 mb1 under Accelerate's FSDP2
     assert top["layout_text"] == "dp32·tp1·pp1·cp1 zero2 rc=none mb=1", top["layout_text"]
     z3 = c[c["layout_text"] == "dp32·tp1·pp1·cp1 zero3 rc=none mb=2"].iloc[0]
-    assert not z3["feasible"] and z3["reason"].startswith("OOM as launched (accelerate: LoRA over a bf16 base for QLoRA")
+    assert not z3["feasible"] and z3["reason"].startswith("OOM: needs 72.7 GiB > 90% of 79.6 GiB")
     z1 = c[c["layout_text"] == "dp32·tp1·pp1·cp1 zero1 rc=none mb=1"].iloc[0]
     assert not z1["feasible"] and z1["reason"].startswith("launched as dp32·tp1·pp1·cp1 zero2 rc=none mb=1 (accelerate")
     capsys.readouterr()
