@@ -61,7 +61,10 @@ def analytic_memory(spec: ModelSpec, layout: Layout, seq_len: int, global_batch:
     training = TrainingSpec(seq_len=seq_len, global_batch=global_batch, precision="bf16" if dtype == "bf16" else "fp32",
                             finetune=finetune, lora_rank=lora_rank,
                             lora_targets=tuple(lora_targets) or ("q", "k", "v", "o"),
-                            bf16_via="autocast" if uses_autocast(layout, dtype) else "bf16_params")
+                            bf16_via="autocast" if uses_autocast(layout, dtype) else "bf16_params",
+                            # the harness's torch.optim.AdamW defaults: foreach on CUDA (its step's temporaries are
+                            # sized, memory.optimizer_step_temp_bytes), the per-parameter loop on CPU (none to speak of)
+                            optimizer_impl="foreach" if device != "cpu" else "fused")
     try:
 
         out["breakdown_bytes"] = memory.memory_breakdown(spec, cluster, training, layout, Efficiency())
