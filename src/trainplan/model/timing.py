@@ -404,13 +404,15 @@ def ring_overhead_bytes(cp: Array, q_width: Array, kv_width: Array, e: float) ->
     in fp32, ``out − σ(lse_b − lse)·(out − out_b)`` as four kernels (upcast e + 4, difference 12, product 8,
     subtraction 12); the final cast back (4 + e). Backward: fp32 zero buffers for dQ, dK, dV (4); K, V contiguous
     and concatenated per step (2e); dK, dV accumulated in fp32 (first step 4 + e + 4, later steps a half-chunk add
-    plus the ``torch.cat`` of _partial_update: 13) and concatenated for the ring send (8) every step; dQ
-    accumulated (4 + e + 4) every step; the final casts of dQ, dK, dV (4 + e)."""
+    plus the ``torch.cat`` of _partial_update: 13) and concatenated for the ring send (8) every step, the first
+    step's flattened out of the ``zeros_like(key)`` buffers, strided like the transposed K, V, first (8); dQ
+    accumulated (4 + e + 4) every step; the final casts of dQ, dK, dV (4 + e). Checked op by op against torch's own
+    ring on CPU (tests/unit/model/test_ring_traffic.py: within 4%; the rest is the lse's own few bytes)."""
     cp = np.asarray(cp, dtype=float)
     kv = 2.0 * np.asarray(kv_width, dtype=float)  # K and V
     q = np.asarray(q_width, dtype=float)
     fwd = kv * 2.0 * e * cp + q * (2.0 * (e + 4.0) + (cp - 1.0) * (e + 36.0))
-    bwd = (kv * (4.0 + 2.0 * e * cp + (8.0 + e) + 13.0 * (cp - 1.0) + 8.0 * cp + (4.0 + e))
+    bwd = (kv * (4.0 + 2.0 * e * cp + (8.0 + e) + 13.0 * (cp - 1.0) + 8.0 * cp + 8.0 + (4.0 + e))
            + q * (4.0 + (8.0 + e) * cp + (4.0 + e)))
     ring = cp > 1
     return np.where(ring, fwd, 0.0), np.where(ring, bwd, 0.0)

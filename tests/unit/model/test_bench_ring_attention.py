@@ -43,9 +43,11 @@ def test_model_figures_time_the_same_flops():
         assert f["model_kernels_train_s"] == pytest.approx(r["train_flops"] / rate * (1 + timing.ATTN_BWD_FACTOR) / 3,
                                                            rel=1e-12)
     assert fig[0]["model_overhead_bytes_per_token_train"] == 0 and fig[0]["model_time_per_flop_rel"] == 1
-    # the model charges the ring's merges and copies in proportion to cp, like the attention: a constant share
+    # the model charges the ring's merges and copies in proportion to cp, like the attention: a near-constant share
+    # (the backward's first send copies its strided fp32 dK, dV once per pass, not per step: 0.3% less at cp 8)
     assert fig[1]["model_time_per_flop_rel"] > 1
-    assert fig[2]["model_time_per_flop_rel"] == pytest.approx(fig[1]["model_time_per_flop_rel"], rel=1e-3)
+    assert fig[2]["model_time_per_flop_rel"] == pytest.approx(fig[1]["model_time_per_flop_rel"], rel=5e-3)
+    assert fig[2]["model_time_per_flop_rel"] < fig[1]["model_time_per_flop_rel"]
 
 
 def test_dry_run_prints_every_cp(capsys):

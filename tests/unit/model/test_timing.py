@@ -178,8 +178,9 @@ def test_ring_overhead_bytes_zero_at_cp1_monotone_and_hand_counted():
     # (6 + 6); 3 merges of 38 B (upcast 6, difference 12, product 8, subtraction 12)
     want_f = 2 * (2 * 2.0 * 4) + 2 * 6.0 + 3 * 38.0
     # backward per K/V element: zeros 4, contiguous + 3 cats 16, first add 10, 3 half-adds with cat 39, 4 send cats 32,
-    # final cast 6; per q element: zeros 4, 4 adds of 10, final cast 6
-    want_b = 2 * (4 + 16 + 10 + 39 + 32 + 6) + (4 + 40 + 6)
+    # the first send's copy out of the strided fp32 buffer 8, final cast 6; per q element: zeros 4, 4 adds of 10,
+    # final cast 6
+    want_b = 2 * (4 + 16 + 10 + 39 + 32 + 8 + 6) + (4 + 40 + 6)
     fb = timing.ring_overhead_bytes(4, 1.0, 1.0, 2.0)
     assert fb[0] == pytest.approx(want_f) and fb[1] == pytest.approx(want_b)
 
