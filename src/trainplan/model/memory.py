@@ -444,8 +444,9 @@ def logits_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any = 1, 
     ``kernels`` eager/compiled (PyTorch's ``F.cross_entropy(logits.float(), …)``: log_softmax saves its fp32
     output, and its backward holds nll_loss's fp32 gradient and its own fp32 result at once): 3 × 4 B per logit,
     + the logits in the compute dtype when the caller still ``held`` them (Hugging Face's output, the proxy harness;
-    torchtitan deletes them first). Measured with torch's MemTracker on CPU (13.7 B per logit held, 11.7 freed, at
-    4,096 × 32,000) and on our H200 records (max allocated 4.1–4.6 B per logit above the former 2 + 8 B).
+    torchtitan deletes them first). Measured on CPU by tests/unit/model/test_memory.py's dispatch-level tracker
+    (14.0 B per logit held, 12.0 freed) and on our H200 records (max allocated 4.1–4.6 B per logit above the former
+    2 + 8 B).
     ``fused`` (Megatron's vocab-parallel cross entropy, in place): the logits, an fp32 copy, its fp32 gradient."""
     tp, cp = np.asarray(tp, dtype=float), np.asarray(cp, dtype=float)
     per = np.where(kernels == "fused", dtype_bytes + 2 * FP32,
@@ -612,7 +613,7 @@ def optimizer_step_temp_bytes(model: ModelSpec, training: TrainingSpec, layout: 
     fused kernel (``fused=True``: production, torchtitan; Megatron's and DeepSpeed's fused Adam) and plain SGD
     allocate none; an optimizer offloaded to the CPU steps in host memory."""
     if training.optimizer != "adamw" or training.optimizer_impl != "foreach":
-        return _out(np.zeros(np.broadcast(np.asarray(layout.tp), np.asarray(layout.dp)).shape))
+        return 0.0
     L = layout
     z = _zero_stage(L.sharding)
     if training.finetune == "full":

@@ -405,7 +405,7 @@ def ring_overhead_bytes(cp: Array, q_width: Array, kv_width: Array, e: float) ->
     subtraction 12); the final cast back (4 + e). Backward: fp32 zero buffers for dQ, dK, dV (4); K, V contiguous
     and concatenated per step (2e); dK, dV accumulated in fp32 (first step 4 + e + 4, later steps a half-chunk add
     plus the ``torch.cat`` of _partial_update: 13) and concatenated for the ring send (8) every step, the first
-    step's flattened out of the ``zeros_like(key)`` buffers, strided like the transposed K, V, first (8); dQ
+    send copying dK, dV out of ``zeros_like(key)`` buffers that keep the transposed K, V's strides (8); dQ
     accumulated (4 + e + 4) every step; the final casts of dQ, dK, dV (4 + e). Checked op by op against torch's own
     ring on CPU (tests/unit/model/test_ring_traffic.py: within 4%; the rest is the lse's own few bytes)."""
     cp = np.asarray(cp, dtype=float)

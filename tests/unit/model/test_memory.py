@@ -542,8 +542,8 @@ def _peak_bytes(fn) -> int:
             for t in out if isinstance(out, (list, tuple)) else [out]:
                 if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen and t.numel():
                     st = t.untyped_storage()
-                    if any(a is not None and isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr()
-                           == st.data_ptr() for a in args):
+                    if any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == st.data_ptr()
+                           for a in args):
                         continue  # in place, or a view of an input
                     seen.add(st.data_ptr())
                     live[0] += st.nbytes()
