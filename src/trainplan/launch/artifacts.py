@@ -456,6 +456,7 @@ def launched_speed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
         rows = members[g]
         if any(d.cannot_run for d in devs):  # (ruled out: cannot_run_mask)
             continue
+        devs = [d for d in devs if not d.memory_only]  # (no step-time term reads what they change)
         timed = [d for d in devs if "step time" not in d.unmodelled]
         lay_ch = {k: v for d in timed for k, v in d.layout.items() if getattr(lay, k) != v}
         tr_ch = {k: v for d in timed for k, v in d.training.items() if getattr(training, k) != v}

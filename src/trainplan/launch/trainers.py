@@ -29,6 +29,7 @@ from typing import Any
 from trainplan.model.arch import ModelSpec, llama_block_problems
 from trainplan.model.hardware import ClusterSpec
 from trainplan.model.layout import Layout, grad_accum, shard_degree
+from trainplan.model.memory import LOSS_CHUNKS, logits_bytes
 from trainplan.model.training import TrainingSpec
 from trainplan.train_entry import checkpoint_interval_s_from_cost
 
@@ -53,7 +54,9 @@ class Deviation(str):
     (:func:`trainplan.launch.artifacts.as_launched`): ``layout`` and ``training`` are field changes to the planned
     :class:`Layout` / :class:`TrainingSpec` (``{"sp": False}``: TP without SP), ``extra_bytes`` is memory per GPU
     the planner has no term for (torchtitan's gathered K/V), and ``unmodelled`` names what the model cannot say
-    about it (``"memory"``, ``"step time"``): there the plan's figures stay, and the memo says so. ``short`` is a
+    about it (``"memory"``, ``"step time"``): there the plan's figures stay, and the memo says so. ``memory_only``:
+    the change moves the peak and nothing the step-time model reads (torchtitan's chunked loss), so the speed as
+    launched does not name it. ``short`` is a
     few words for page 1 ("TP without SP"). ``cannot_run``: the trainer cannot run the layout at all (Accelerate
     has no pipeline parallelism): the study does not choose it (``launch.artifacts.plan_search``)."""
 
@@ -63,10 +66,11 @@ class Deviation(str):
     extra_bytes: float
     unmodelled: tuple[str, ...]
     cannot_run: bool
+    memory_only: bool
 
     def __new__(cls, text: str, *, short: str, layout: dict[str, Any] | None = None,
                 training: dict[str, Any] | None = None, extra_bytes: float = 0.0,
-                unmodelled: tuple[str, ...] = (), cannot_run: bool = False) -> Deviation:
+                unmodelled: tuple[str, ...] = (), cannot_run: bool = False, memory_only: bool = False) -> Deviation:
         bad = [u for u in unmodelled if u not in UNMODELLED_KINDS]
         if bad:
             raise ValueError(f"Deviation unmodelled={bad!r}: each one of {UNMODELLED_KINDS}")
@@ -74,7 +78,7 @@ class Deviation(str):
         obj.short = short
         obj.layout, obj.training = dict(layout or {}), dict(training or {})
         obj.extra_bytes, obj.unmodelled = float(extra_bytes), tuple(unmodelled)
-        obj.cannot_run = bool(cannot_run)
+        obj.cannot_run, obj.memory_only = bool(cannot_run), bool(memory_only)
         if obj.cannot_run and set(obj.unmodelled) != set(UNMODELLED_KINDS):
             raise ValueError("Deviation cannot_run: nothing about a run that cannot happen is modelled "
                              f"(unmodelled={UNMODELLED_KINDS})")
@@ -82,17 +86,17 @@ class Deviation(str):
 
     def __reduce__(self) -> tuple[Any, ...]:  # copy and pickle: the keywords, not only the text
         return (_deviation, (str(self), self.short, self.layout, self.training, self.extra_bytes, self.unmodelled,
-                             self.cannot_run))
+                             self.cannot_run, self.memory_only))
 
 
 UNMODELLED_KINDS = ("memory", "step time")
 
 
 def _deviation(text: str, short: str, layout: dict[str, Any], training: dict[str, Any], extra_bytes: float,
-               unmodelled: tuple[str, ...], cannot_run: bool = False) -> Deviation:
+               unmodelled: tuple[str, ...], cannot_run: bool = False, memory_only: bool = False) -> Deviation:
     """:class:`Deviation` from its fields, positionally (its ``__reduce__``)."""
     return Deviation(text, short=short, layout=layout, training=training, extra_bytes=extra_bytes,
-                     unmodelled=unmodelled, cannot_run=cannot_run)
+                     unmodelled=unmodelled, cannot_run=cannot_run, memory_only=memory_only)
 
 
 def deviations(notes: list[str]) -> list[str]:
@@ -247,6 +251,16 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
         notes.append(Deviation("precision=fp8-tensorwise: torchtitan 0.3's float8 converter has only rowwise recipes; "
                                "this job runs bf16 (use the Accelerate launch, fp8_config backend AO = torchao "
                                "tensorwise)", short="bf16 for FP8 tensorwise", training={"precision": "bf16"}))
+    # the job's loss is torchtitan's ChunkedLossWrapper (torchtitan_job_module), not the plan's Hugging Face loss
+    d = 2 if training.half else 4
+    saved = logits_bytes(model, training.seq_len, L.micro_batch, L.tp, L.cp, d, "eager", "held") - logits_bytes(
+        model, training.seq_len, L.micro_batch, L.tp, L.cp, d, "eager", "chunked")
+    notes.append(Deviation(f"loss: torchtitan's ChunkedLossWrapper runs the output head, loss and backward over "
+                           f"{LOSS_CHUNKS} chunks of the sequence in turn, holding one chunk's logits and an fp32 "
+                           "gradient buffer of the hidden states, not the whole micro-batch's logits that the plan "
+                           f"sizes (Hugging Face's loss): about {saved / 2**30:.1f} GiB less on the last pipeline "
+                           "stage", short="chunked loss", training={"logits_at_backward": "chunked"},
+                           memory_only=True))
     return {"parallelism": par, "training": train, "activation_checkpoint": ac, "compile": compile_,
             "checkpoint": ckpt, "float8": float8,
             "optimizer": {"implementation": training.optimizer_impl}}, notes

@@ -32,6 +32,7 @@ DDP_BUCKET_BYTES = 25 * MiB  # torch DDP bucket_cap_mb default
 # QLoRA NF4 (Dettmers 2023 §2): 4 bits + double-quantised absmax constants 8/64 + 32/(64·256) bits.
 NF4_BYTES_PER_PARAM = (4 + 8 / 64 + 32 / (64 * 256)) / 8
 FP32 = 4
+LOSS_CHUNKS = 8  # torchtitan ChunkedLossWrapper.Config.num_chunks (components/loss.py), which the launch keeps
 
 
 def _out(x: Any) -> Any:
@@ -438,20 +439,31 @@ def head_saved_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any =
 
 
 def logits_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any = 1, cp: Any = 1,
-                 dtype_bytes: int = 2, kernels: str = "fused", held: Any = True) -> Any:
+                 dtype_bytes: int = 2, kernels: str = "fused", at_backward: Any = "held") -> Any:
     """What the loss keeps alive at its backward peak, for the s·b·V/(tp·cp) logits of one micro-batch.
 
     ``kernels`` eager/compiled (PyTorch's ``F.cross_entropy(logits.float(), …)``: log_softmax saves its fp32
     output, and its backward holds nll_loss's fp32 gradient and its own fp32 result at once): 3 × 4 B per logit,
-    + the logits in the compute dtype when the caller still ``held`` them (Hugging Face's output, the proxy harness;
-    torchtitan deletes them first). Measured on CPU by tests/unit/model/test_memory.py's dispatch-level tracker
-    (14.0 B per logit held, 12.0 freed) and on our H200 records (max allocated 4.1–4.6 B per logit above the former
-    2 + 8 B).
+    + the logits in the compute dtype when the caller still holds them (``at_backward`` "held": Hugging Face's output,
+    the proxy harness; "freed": torchtitan deletes them first). Measured on CPU by tests/unit/model/test_memory.py's
+    dispatch-level tracker (14.0 B per logit held, 12.0 freed) and on our H200 records (max allocated 4.1–4.6 B per
+    logit above the former 2 + 8 B).
+    "chunked" (torchtitan's ``ChunkedLossWrapper``, :data:`LOSS_CHUNKS` chunks along the sequence, each chunk's head,
+    loss and backward in turn): one chunk's held logits (δ + 12 B per logit of the chunk), that chunk's hidden-state
+    gradient (δh per token of the chunk), the fp32 buffer those gradients accumulate into (4h per local token,
+    ``GradAccumulator``; the hidden states are whole on every TP rank) and, for b > 1, the chunks' contiguous copies
+    of the hidden states (δh per local token). Measured by the same tracker on torchtitan 0.3's own wrapper.
     ``fused`` (Megatron's vocab-parallel cross entropy, in place): the logits, an fp32 copy, its fp32 gradient."""
     tp, cp = np.asarray(tp, dtype=float), np.asarray(cp, dtype=float)
-    per = np.where(kernels == "fused", dtype_bytes + 2 * FP32,
-                   3 * FP32 + np.where(np.asarray(held, dtype=bool), dtype_bytes, 0.0))
-    return _out(seq_len * micro_batch / cp * model.vocab / tp * per)
+    mode = np.asarray(at_backward)
+    local = seq_len * micro_batch / cp
+    per_logit = 3 * FP32 + np.where(mode == "freed", 0.0, dtype_bytes)
+    whole = local * model.vocab / tp * per_logit
+    copies = np.asarray(micro_batch) > 1  # split along the sequence of [b, s, h]: contiguous copies unless b = 1
+    chunked = (local / LOSS_CHUNKS * (model.vocab / tp * per_logit + dtype_bytes * model.hidden)
+               + local * (FP32 + dtype_bytes * copies) * model.hidden)
+    eager = np.where(mode == "chunked", chunked, whole)
+    return _out(np.where(kernels == "fused", local * model.vocab / tp * (dtype_bytes + 2 * FP32), eager))
 
 
 def embedding_saved_bytes(model: ModelSpec, seq_len: int, micro_batch: Any, cp: Any = 1, dtype_bytes: int = 2,
@@ -636,7 +648,7 @@ def stage_breakdown(model: ModelSpec, cluster: Any, training: TrainingSpec, layo
     d = 2 if training.half else FP32
     last = np.asarray(L.pp) == 1 if stage == "first" else True
     lg = np.asarray(logits_bytes(model, training.seq_len, L.micro_batch, L.tp, L.cp, d, training.kernels,
-                                 training.logits_at_backward == "held")) + np.asarray(
+                                 training.logits_at_backward)) + np.asarray(
         head_saved_bytes(model, training.seq_len, L.micro_batch, L.tp, L.sp, L.cp, d,
                          sp_impl=resolve_sp_impl(training), frozen=training.finetune != "full",
                          autocast=training.autocast))

@@ -58,9 +58,11 @@ BF16_VIA = ("bf16_params", "autocast")
 BLOCK_IMPLS = ("auto", "harness")
 # Whether the caller still holds the logits while the loss runs backward (memory.logits_bytes): "held" = Hugging
 # Face's CausalLMOutput (train_entry.micro_backward keeps ``out``) and the proxy harness's ``logits``; "freed" =
-# torchtitan, which deletes them first (train.py at 9dec370: ``del pred`` "to avoid peaking memory"). Internal: the
-# published torchtitan rows set it; no study setting.
-LOGITS_AT_BACKWARD = ("held", "freed")
+# torchtitan, which deletes them first (train.py at 9dec370: ``del pred`` "to avoid peaking memory"); "chunked" =
+# torchtitan's ChunkedLossWrapper (the launch's torchtitan job): the head and loss run chunk by chunk along the
+# sequence, each chunk's backward at once. Internal: the published torchtitan rows set "freed", the launch's torchtitan
+# deviation "chunked"; no study setting.
+LOGITS_AT_BACKWARD = ("held", "freed", "chunked")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,7 +84,7 @@ class TrainingSpec:
     sp_impl: str = "auto"  # SP_IMPLS: sharded (Megatron) or gathered (PyTorch DTensor) linear inputs under SP
     bf16_via: str = "bf16_params"  # BF16_VIA: bf16 parameters (production) or autocast over fp32 ones (harness)
     block_impl: str = "auto"  # BLOCK_IMPLS: the kernel class's block code, or the proxy harness's own
-    logits_at_backward: str = "held"  # LOGITS_AT_BACKWARD: logits kept (HF, harness) or deleted (torchtitan)
+    logits_at_backward: str = "held"  # LOGITS_AT_BACKWARD: logits kept (HF, harness), deleted or chunked (torchtitan)
 
     def __post_init__(self) -> None:
         positive_int(self, "seq_len", "global_batch", "lora_rank")

@@ -96,7 +96,7 @@ def analytic_memory(spec: ModelSpec, layout: Layout, seq_len: int, global_batch:
                                                                 layout.sp, layout.cp, d, norm_impl,
                                                                 sp_impl="pytorch", frozen=lora, autocast=ac))
         out["logits_bytes"] = float(memory.logits_bytes(spec, seq_len, layout.micro_batch, layout.tp, layout.cp, d,
-                                                        "eager", held=True))  # the harness keeps its logits
+                                                        "eager", "held"))  # the harness keeps its logits
     except Exception as e:  # noqa: BLE001
         out["activation_error"] = f"{type(e).__name__}: {e}"
     return out

@@ -126,17 +126,18 @@ def test_manifest_names_the_trainer_the_sbatch_runs_and_the_day1_commands(tmp_pa
 
 
 @pytest.mark.parametrize("name,layout,expect", [
-    # what each trainer runs as planned: no deviation listed
+    # what Accelerate runs as planned: no deviation listed; torchtitan's job runs its chunked loss, not the
+    # Hugging Face loss the plan sizes, for every layout
     ("fsdp", LAYOUTS["fsdp"], []),
-    ("hsdp tp", LAYOUTS["hsdp_tp"], []),
+    ("hsdp tp", LAYOUTS["hsdp_tp"], ["loss: torchtitan's ChunkedLossWrapper"]),
     # torchtitan 0.3 runs CP for its FlexAttention as a K/V all-gather under per-document masks, ring or Ulysses
     # planned (distributed/context_parallel/api.py); FSDP2's CPUOffloadPolicy is what the plan sizes for ZeRO-3 offload
-    ("cp ring", LAYOUTS["cp"], ["cp=2 (ring planned)"]),
+    ("cp ring", LAYOUTS["cp"], ["cp=2 (ring planned)", "loss:"]),
     ("ulysses offload", Layout(dp=16, tp=2, sp=True, cp=2, cp_kind="ulysses", sharding="zero3", offload="cpu",
-                               micro_batch=1), ["cp=2 (ulysses planned)"]),
+                               micro_batch=1), ["cp=2 (ulysses planned)", "loss:"]),
     # ZeRO-2 offload was planned optimizer-only (ZeRO-Offload); torchtitan moves parameters and gradients too
     ("zero2 offload", Layout(dp=16, tp=2, sp=True, sharding="zero2", offload="cpu", micro_batch=1),
-     ["sharding=zero2", "offload=cpu"]),
+     ["sharding=zero2", "offload=cpu", "loss:"]),
     # Accelerate: the same for a pure data-parallel ZeRO-3 offload (as planned) and ZeRO-1 (not)
     ("fsdp offload", Layout(dp=32, sharding="zero3", offload="cpu", micro_batch=1), []),
     ("zero1 offload", Layout(dp=32, sharding="zero1", offload="cpu", micro_batch=1),
@@ -159,11 +160,13 @@ def test_manifest_and_sbatch_list_how_the_launch_differs_from_the_plan(tmp_path,
 
 
 def test_only_deviations_are_listed_not_notes_that_explain_a_setting():
-    # torchtitan's layers-per-stage rounding and TP without SP are notes, not deviations; ZeRO-2 on torchtitan is one
+    # torchtitan's layers-per-stage rounding and TP without SP are notes, not deviations; ZeRO-2 on torchtitan is one,
+    # and so is its chunked loss
     lay = Layout(dp=4, tp=2, pp=4, pp_schedule="interleaved", vpp=3, sharding="zero2", micro_batch=1)
     _, notes = trainers.torchtitan_settings(MODEL, CLUSTER, TRAINING, lay)
     assert any("not divisible" in n for n in notes)
-    assert trainers.deviations(notes) == [n for n in notes if n.startswith("sharding=zero2")]
+    assert trainers.deviations(notes) == [n for n in notes if n.startswith(("sharding=zero2", "loss:"))]
+    assert len(trainers.deviations(notes)) == 2
     assert all(type(d) is str for d in trainers.deviations(notes))  # plain strings, JSON-ready
     # Accelerate: TP alone needs a tp_plan (a note); TP with SP runs without SP (a deviation)
     no_sp = launch._accelerate_parts(CLUSTER, TRAINING, Layout(dp=16, tp=2, sharding="zero3", micro_batch=1))[2]

@@ -579,10 +579,40 @@ def test_the_losss_backward_peak_is_what_logits_bytes_counts_measured(held: bool
         loss.backward()
 
     measured = _peak_bytes(step)
-    model = M.logits_bytes(spec, n, 1, dtype_bytes=2, kernels="eager", held=held)
+    model = M.logits_bytes(spec, n, 1, dtype_bytes=2, kernels="eager", at_backward="held" if held else "freed")
     assert model == n * v * (14 if held else 12)
     assert measured == pytest.approx(model, rel=0.03)
     assert M.logits_bytes(spec, n, 1, dtype_bytes=2, kernels="fused") == n * v * 10  # Megatron's in-place loss
+
+
+@pytest.mark.parametrize("b", [1, 2])
+def test_torchtitans_chunked_loss_holds_what_logits_bytes_counts_measured(b: int) -> None:
+    """torchtitan 0.3's ChunkedLossWrapper (the launch's torchtitan job), run here with its CrossEntropyLoss over a
+    bf16 head: one chunk's logits and loss at a time (14 B per logit of the chunk), the chunk's hidden-state
+    gradient, the fp32 GradAccumulator buffer (4h per token) and, for b > 1, the chunks' contiguous copies. The head's
+    weight gradient, which the plan counts with the gradients, is taken out. A whole-sequence loss would hold
+    14 B per logit: 7.7× as much at these shapes."""
+    import torch
+
+    titan_loss = pytest.importorskip("torchtitan.components.loss")
+    n, v, h = 512, 4000, 64
+    spec = ModelSpec(name="lm", layers=1, hidden=h, heads=1, vocab=v)
+    head = torch.nn.Linear(h, v, bias=False, dtype=torch.bfloat16)
+    wrapper = titan_loss.ChunkedLossWrapper.Config(
+        loss_fn=titan_loss.CrossEntropyLoss.Config(global_vocab_size=v)).build()
+    wrapper.set_lm_head(head)
+    assert wrapper.num_chunks == M.LOSS_CHUNKS
+    x = torch.randn(b, n, h, dtype=torch.bfloat16, requires_grad=True)
+    hidden, t = x * 1.0, torch.randint(0, v, (b, n))
+
+    def step() -> None:
+        loss, _ = wrapper(hidden, t)
+        loss.backward()
+
+    measured = _peak_bytes(step) - head.weight.numel() * 2
+    model = M.logits_bytes(spec, n, b, dtype_bytes=2, kernels="eager", at_backward="chunked")
+    assert measured == pytest.approx(model, rel=0.02)
+    assert M.logits_bytes(spec, n, b, dtype_bytes=2, kernels="eager") > 3 * model
 
 
 def test_foreach_adamws_step_holds_one_fp32_tensor_per_parameter_measured() -> None:
