@@ -21,8 +21,9 @@ case "$TORCH" in
   *) echo "setup: TRAINPLAN_TORCH=$TORCH: valid: cpu (default), cuda" >&2; exit 2 ;;
 esac
 
+# g++ and python3-dev: torch.compile's CPU backend (Inductor), which tests/unit/model/test_memory.py runs
 pkgs=(libpango-1.0-0 libpangoft2-1.0-0 libharfbuzz0b libharfbuzz-subset0 fonts-dejavu-core shared-mime-info
-      poppler-utils slurm-wlm munge python3-venv)
+      poppler-utils slurm-wlm munge python3-venv g++ python3-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -293,7 +293,8 @@ def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch
                                      dtype_bytes: int = 2, attn_impl: str = "flash",
                                      norm_impl: str = "fused", sac_policy: str = "attention",
                                      sp_impl: str = "megatron", lora_rank: int = 0,
-                                     lora_targets: tuple[str, ...] = (), autocast: bool = False) -> Any:
+                                     lora_targets: tuple[str, ...] = (), autocast: bool = False,
+                                     compiled: bool = False) -> Any:
     """Bytes one Llama/GPT block saves for backward per micro-batch (derivation: docs/analytic-model.md §3).
 
     Counted per token (``s·b/cp`` tokens), in units of ``dtype_bytes`` unless marked fp32:
@@ -361,7 +362,7 @@ def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch
     none = norms + qkv_in + mlp_in + attn + mlp + adapters
     full = h * rd / rep
     selective = _sac_kept_per_token(model, d, tp, sp, attn_impl, sac_policy, h_loc, kv_loc, f_loc, a_loc,
-                                    norms, qkv_in, mlp_in, mlp, rep, rd)
+                                    norms, qkv_in, mlp_in, mlp, rep, rd, compiled)
     per_token = np.select([recompute == "full", recompute == "selective"], [full, selective], none)
     weights = autocast_weight_copy_bytes(model, tp, lora_rank, tuple(lora_targets)) if autocast else 0.0
     return _out(tokens * per_token + np.where(recompute == "none", weights, 0.0))
@@ -388,7 +389,7 @@ SAC_KEEPS = ("attention", "torchtitan_op", "matmul")
 
 def _sac_kept_per_token(model: ModelSpec, d: int, tp: Any, sp: Any, attn_impl: str, policy: str, h_loc: Any,
                         kv_loc: Any, f_loc: Any, a_loc: Any, norms: Any, qkv_in: Any, mlp_in: Any, mlp: Any,
-                        rep: Any, residual_bytes: int | None = None) -> Any:
+                        rep: Any, residual_bytes: int | None = None, compiled: bool = False) -> Any:
     """Bytes per token a block keeps under selective recompute ``policy`` (docs/analytic-model.md §3.2).
 
     attention (Korthikanti 2022 §5): everything but the attention core's internals (keeps q, k, v and
@@ -397,6 +398,11 @@ def _sac_kept_per_token(model: ModelSpec, d: int, tp: Any, sp: Any, attn_impl: s
     flash SDPA's output and logsumexp, and under SP the reduce-scatter outputs of wo and w2. matmul: the
     block input and every mm/addmm and SDPA output. Row-parallel mm outputs are partial sums of full
     width ``h`` on every TP rank.
+
+    ``compiled`` (torch.compile of the checkpointed block): AOTAutograd's partitioner keeps only what the backward
+    reads, so a MUST_SAVE output the backward never reads is not kept: the MLP's down projection (w2 / fc2), whose
+    output (and, under SP, its reduce-scatter) only feeds the residual add. Measured on CPU
+    (tests/unit/model/test_memory.py: under torchtitan's op SAC eager keeps h·δ per token more than compiled).
     """
     h = model.hidden
     swiglu = model.mlp == "swiglu"
@@ -405,10 +411,11 @@ def _sac_kept_per_token(model: ModelSpec, d: int, tp: Any, sp: Any, attn_impl: s
     if policy == "attention":
         return norms + qkv_in + mlp_in + (2 * h_loc + 2 * np.asarray(kv_loc)) * d + mlp
     if policy == "torchtitan_op":
-        mms = (h_loc + kv_loc + f_loc) * d + (h * d if swiglu else 0.0)  # wq, wv, w1 (+ w2's partial sum)
-        rs = np.where(np.asarray(sp, dtype=bool), 2 * h * d / tp, 0.0)  # _c10d_functional.reduce_scatter_tensor
+        w2 = 0.0 if compiled else (h * d if swiglu else 0.0)  # w2's partial sum (the 7th mm)
+        mms = (h_loc + kv_loc + f_loc) * d + w2  # wq, wv, w1 (+ w2)
+        rs = np.where(np.asarray(sp, dtype=bool), (1 if compiled else 2) * h * d / tp, 0.0)  # reduce_scatter_tensor
         return block_in + mms + sdpa + rs
-    mms = (h_loc + 2 * kv_loc + (2 if swiglu else 1) * f_loc) * d + 2 * h * d  # q, k, v, gate/up; wo, w2
+    mms = (h_loc + 2 * kv_loc + (2 if swiglu else 1) * f_loc) * d + (1 if compiled else 2) * h * d  # wo, w2
     return block_in + mms + sdpa
 
 
@@ -520,7 +527,8 @@ def activation_kwargs(training: TrainingSpec, layout: Any, dtype_bytes: int | No
                 dtype_bytes=dtype_bytes or (2 if training.half else FP32),
                 attn_impl=training.attn_impl, norm_impl=norm_impl, sac_policy=resolve_sac_policy(training),
                 sp_impl=resolve_sp_impl(training), lora_rank=training.lora_rank if lora else 0,
-                lora_targets=tuple(training.lora_targets) if lora else (), autocast=training.autocast)
+                lora_targets=tuple(training.lora_targets) if lora else (), autocast=training.autocast,
+                compiled=training.kernels == "compiled")
 
 
 def activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, stage: str = "first",

@@ -258,8 +258,9 @@ def torchtitan_h100(eff: Efficiency, h100_peak_flops: float | None = None, memor
         unmodelled: list[str] = []
         ok = not unmodelled
         extra = ("not modelled: " + ", ".join(unmodelled)) if unmodelled else ""
-        # memory.py has no compile variant (Inductor saves fewer activations): compile rows' memory is shown only
-        mem_ok = ok and not compiled and r.float8 != "yes"
+        # compile's saves are modelled (memory.saved_activation_bytes_per_layer(compiled=...)); float8's are not
+        # (torchao's casts and amax buffers): the float8 rows' memory is shown only
+        mem_ok = ok and r.float8 != "yes"
         label = f"T{r.table} {m.name} {lay.describe()}"
         rows.append(_predict("torchtitan_h100", label, "tokens_per_s_per_gpu", r.tps_per_gpu, m, c, t, lay, eff,
                              in_mape=ok, extra=extra))
@@ -267,7 +268,7 @@ def torchtitan_h100(eff: Efficiency, h100_peak_flops: float | None = None, memor
             continue
         # torchtitan logs torch.cuda max reserved: the caching allocator only (no CUDA context / NCCL).
         mem = memory.reserved_bytes(memory.memory_breakdown(m, c, t, lay, eff), eff)
-        mem_note = _note(m, c, t, lay, extra if not ok else ("memory under compile not modelled" if compiled else ""))
+        mem_note = _note(m, c, t, lay, extra if not ok else ("float8 memory not modelled" if r.float8 == "yes" else ""))
         rows.append(_row("torchtitan_h100", label, "memory_gib", r.memory_gib, mem / GiB, mem_ok, mem_note, lay,
                          t.kernels, m, c.n_gpus, seq))
     return rows

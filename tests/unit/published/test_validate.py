@@ -29,8 +29,9 @@ from trainplan.published.tables import TT500_PARAM, mape_table, validate_all
 MAPE_TOL_PCT = {"megatron2021_t1": 5.0, "korthikanti2022_t3_5": 5.0, "torchtitan_a100": 5.0,
                 "torchtitan_h100": 7.0, "torchtitan_asynctp_h100": 8.5, "megatron2024_h100": 6.5,
                 "llama3_405b_h100": 4.0, "nemo2407_h100": 8.0, "nemo_longseq_h100": 15.5}
-# Memory vs torchtitan's peak reserved GiB (the two eager seq-8192 FSDP rows in scope): reached 6.3%.
-TORCHTITAN_H100_MEM_MAPE_TOL_PCT = 10.0
+# Memory vs torchtitan's peak reserved GiB (the eager and compiled bf16 FSDP rows, 8 and 128 GPUs, seq 8192; float8
+# rows shown only): reached 1.6%. Before compile's saves were modelled the compiled rows ran +6.7 and +9.9%.
+TORCHTITAN_H100_MEM_MAPE_TOL_PCT = 2.5
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +50,10 @@ def test_each_published_table_within_its_tolerance(mape, table):
     assert len(got) == 1 and got[0] <= MAPE_TOL_PCT[table], (table, got)
 
 
-def test_torchtitan_h100_memory(mape):
+def test_torchtitan_h100_memory(rows, mape):
     assert mape[("torchtitan_h100", "memory_gib")] <= TORCHTITAN_H100_MEM_MAPE_TOL_PCT
+    scored = rows[(rows["table"] == "torchtitan_h100") & (rows["metric"] == "memory_gib") & rows["in_mape"]]
+    assert sorted(scored["kernels"]) == ["compiled", "compiled", "eager", "eager"]
 
 
 def test_every_h100_table_is_scored_with_the_h100_fit(rows):
