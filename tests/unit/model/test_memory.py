@@ -523,9 +523,10 @@ def test_only_the_last_pipeline_stage_holds_the_logits() -> None:
     assert M.stage_breakdown(LLAMA13, cluster(), TRAIN, Layout(dp=32), stage="first")["logits"] > 0.0
 
 
-def _peak_bytes(fn) -> int:
-    """Peak bytes of the storages that ``fn`` allocates and holds at once: every aten op's outputs are seen by a
-    TorchDispatchMode (autograd's backward ops included), each new storage counted until it is freed."""
+def _tracked_bytes(fn) -> tuple[int, int, object]:
+    """(peak, still alive at the end, the result of ``fn()``): bytes of the storages that ``fn`` allocates. Every aten
+    op's outputs are seen by a TorchDispatchMode (autograd's backward ops included), each new storage counted until
+    it is freed."""
     import weakref
 
     import torch
@@ -553,8 +554,13 @@ def _peak_bytes(fn) -> int:
             return out
 
     with Track():
-        fn()
-    return peak[0]
+        out = fn()
+    return peak[0], live[0], out
+
+
+def _peak_bytes(fn) -> int:
+    """Peak bytes of the storages that ``fn`` allocates and holds at once (:func:`_tracked_bytes`)."""
+    return _tracked_bytes(fn)[0]
 
 
 @pytest.mark.parametrize("held", [True, False])
@@ -597,11 +603,9 @@ def test_compile_under_torchtitans_op_sac_drops_the_down_projections_output_meas
     compiled autograd function saves (saved-tensor hooks); the two methods agree on the eager block without AC. The
     published compiled rows ran 5.4 GiB under the eager ones (torchtitan 8B, 8 GPUs); this term is 4 GiB of it."""
     import functools
-    import weakref
     from collections import defaultdict
 
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
     from trainplan.proxy.model import TransformerBlock, rope_cos_sin
@@ -632,29 +636,9 @@ def test_compile_under_torchtitans_op_sac_drops_the_down_projections_output_meas
         return torch.randn(b, s, spec.hidden, dtype=torch.bfloat16, requires_grad=True)
 
     def alive_after_forward(fn) -> int:  # noqa: ANN001
-        x, live, seen = new_input(), [0], set()
-
-        def freed(ptr: int, nbytes: int) -> None:
-            seen.discard(ptr)
-            live[0] -= nbytes
-
-        class Track(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-                out = func(*args, **(kwargs or {}))
-                for t in out if isinstance(out, (list, tuple)) else [out]:
-                    if isinstance(t, torch.Tensor) and t.numel() and t.untyped_storage().data_ptr() not in seen:
-                        st = t.untyped_storage()
-                        if any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == st.data_ptr()
-                               for a in args):
-                            continue
-                        seen.add(st.data_ptr())
-                        live[0] += st.nbytes()
-                        weakref.finalize(st, freed, st.data_ptr(), st.nbytes())
-                return out
-
-        with Track():
-            y = fn(x)
-        return live[0] - y.untyped_storage().nbytes()
+        x = new_input()
+        _, live, y = _tracked_bytes(lambda: fn(x))
+        return live - y.untyped_storage().nbytes()
 
     def saved_by_autograd(fn) -> int:  # noqa: ANN001
         x = new_input()
