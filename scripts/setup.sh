@@ -35,7 +35,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-want="$(sha256sum pyproject.toml | cut -c1-16) $EXTRAS torch-$TORCH"
+want="$(cat pyproject.toml envs/*.yaml | sha256sum | cut -c1-16) $EXTRAS torch-$TORCH"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip
@@ -56,6 +56,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
       echo "setup: pip installed a CUDA build of torch; install torch==2.13.0+cpu into .venv by hand" >&2; exit 1
     fi
   fi
-  .venv/bin/pip install -q -e ".[$EXTRAS]"
+  # the versions envs/*.yaml pin (tests/unit/package/test_envs.py holds them to what is installed): a fresh setup
+  # installs those, not whatever the index holds that day (a fresh CI setup on 2026-12-07 got pandas 3.1.2 against the 3.1.1 pin)
+  grep -hoE '^\s+- [A-Za-z0-9_.-]+==[^ #]+' envs/*.yaml | sed -E 's/^\s+- //' | grep -v '^torch==' | sort -u \
+    > .venv/pins.txt
+  .venv/bin/pip install -q -c .venv/pins.txt -e ".[$EXTRAS]"
   echo "$want" > "$stamp"
 fi
