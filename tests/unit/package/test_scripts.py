@@ -35,8 +35,11 @@ def test_setup_sh_keeps_the_venvs_torch_flavour_unless_told(tmp_path, flavour, e
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    shutil.copytree(ROOT / "envs", tmp_path / "envs")
     (tmp_path / ".venv").mkdir()
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    # the stamp hashes pyproject.toml and the env files' pins (setup.sh installs those versions)
+    pinned = b"".join(p.read_bytes() for p in [ROOT / "pyproject.toml", *sorted((ROOT / "envs").glob("*.yaml"))])
+    digest = hashlib.sha256(pinned).hexdigest()[:16]
     stamp = f"{digest} dev,workflow,launch torch-{flavour}\n"
     (tmp_path / ".venv" / ".trainplan-setup").write_text(stamp)
     stub = tmp_path / "bin"
