@@ -25,7 +25,7 @@ from trainplan.model.training import TrainingSpec
 MiB = 1024**2
 TERMS = ("weights", "gradients", "optimizer", "activations", "logits", "buffers", "overhead", "total")
 ATTN_IMPLS = ("flash", "math")
-NORM_IMPLS = ("fused", "composite")
+NORM_IMPLS = ("fused", "composite", "upcast")
 CONVENTIONS = ("zero", "fsdp2")
 
 DDP_BUCKET_BYTES = 25 * MiB  # torch DDP bucket_cap_mb default
@@ -262,6 +262,16 @@ def resolve_sac_policy(training: TrainingSpec) -> str:
     return "attention" if training.kernels == "fused" else "torchtitan_op"
 
 
+def resolve_norm_impl(training: TrainingSpec) -> str:
+    """What a norm keeps in force: ``auto`` → one fused kernel (input + rstd) for every kernel class, as the plan has
+    always sized it. Not yet Hugging Face's fp32-upcast RMSNorm for eager kernels, though that is what the Accelerate
+    launch runs (measured: ``upcast``, 4h B per token more per norm; docs/analytic-model.md §3): switching ``auto``
+    to it moves the default study off ZeRO-2 (67.2 → 74.1 GiB) and is the open next step."""
+    if training.norm_impl != "auto":
+        return training.norm_impl
+    return "fused"
+
+
 def resolve_sp_impl(training: TrainingSpec) -> str:
     """The SP implementation in force: ``auto`` → Megatron (shards kept) for fused kernels, else PyTorch DTensor."""
     if training.sp_impl != "auto":
@@ -270,9 +280,15 @@ def resolve_sp_impl(training: TrainingSpec) -> str:
 
 
 def _norm_bytes(model: ModelSpec, d: int, norm_impl: str, frozen: bool) -> float:
-    """One norm's saves per token: input (+ x·rstd when composite and the weight trains) + fp32 statistics."""
+    """One norm's saves per token: input (+ x·rstd when composite and the weight trains) + fp32 statistics.
+
+    ``upcast`` (Hugging Face's LlamaRMSNorm: ``x.to(float32)``, its statistics, ``weight * normed.to(dtype)``): the fp32
+    copy of the input (for the statistics' backward) + the normalized value in the compute dtype (for the weight's
+    gradient, unless frozen) + rstd; on an fp32 stream (``d`` = 4) the copy is the input itself, as composite."""
     if model.norm == "layernorm":
         return model.hidden * d + 2 * FP32  # input; mean, rstd
+    if norm_impl == "upcast":
+        return model.hidden * (FP32 + (0 if frozen else d)) + FP32
     return (1 if norm_impl == "fused" or frozen else 2) * model.hidden * d + FP32
 
 
@@ -284,8 +300,9 @@ def _qk_norm_bytes(model: ModelSpec, d: int, norm_impl: str, frozen: bool, q_loc
         return 0.0 * q_loc
     stats = (2 if model.norm == "layernorm" else 1) * FP32
     mult = 1 if model.norm == "layernorm" or norm_impl == "fused" or frozen else 2
+    per = FP32 + (0 if frozen else d) if norm_impl == "upcast" and model.norm != "layernorm" else mult * d
     groups = 2.0 if model.qk_norm_scope == "full" else (q_loc + kv_loc) / model.head_dim
-    return mult * (q_loc + kv_loc) * d + groups * stats
+    return per * (q_loc + kv_loc) + groups * stats
 
 
 def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: Any = 1,
@@ -520,22 +537,25 @@ def interleave_factor(pp: Any, vpp: Any, schedule: Any) -> Any:
 
 
 def activation_kwargs(training: TrainingSpec, layout: Any, dtype_bytes: int | None = None,
-                      norm_impl: str = "fused") -> dict[str, Any]:
+                      norm_impl: str | None = None) -> dict[str, Any]:
     """Keyword arguments of :func:`saved_activation_bytes_per_layer` that a training setup and layout imply."""
     lora = training.finetune != "full"
     return dict(tp=layout.tp, sp=layout.sp, cp=layout.cp,
                 dtype_bytes=dtype_bytes or (2 if training.half else FP32),
-                attn_impl=training.attn_impl, norm_impl=norm_impl, sac_policy=resolve_sac_policy(training),
+                attn_impl=training.attn_impl, norm_impl=norm_impl or resolve_norm_impl(training),
+                sac_policy=resolve_sac_policy(training),
                 sp_impl=resolve_sp_impl(training), lora_rank=training.lora_rank if lora else 0,
                 lora_targets=tuple(training.lora_targets) if lora else (), autocast=training.autocast,
                 compiled=training.kernels == "compiled")
 
 
 def activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, stage: str = "first",
-                     dtype_bytes: int | None = None, norm_impl: str = "fused") -> Any:
-    """Block activations on one rank: per-layer × L/pp × micro-batches in flight (× interleave), + recompute working set."""
+                     dtype_bytes: int | None = None, norm_impl: str | None = None) -> Any:
+    """Block activations on one rank: per-layer × L/pp × micro-batches in flight (× interleave), + recompute working set.
+    ``norm_impl``: the training's (:func:`resolve_norm_impl`) unless given."""
     L = layout
     kw = activation_kwargs(training, L, dtype_bytes, norm_impl)
+    norm_impl = kw["norm_impl"]
     d = kw["dtype_bytes"]
     per_layer = saved_activation_bytes_per_layer(model, training.seq_len, L.micro_batch, recompute=L.recompute, **kw)
     m = grad_accum(training, L)
@@ -658,7 +678,7 @@ def stage_breakdown(model: ModelSpec, cluster: Any, training: TrainingSpec, layo
     lg = np.asarray(logits_bytes(model, training.seq_len, L.micro_batch, L.tp, L.cp, d, training.kernels,
                                  training.logits_at_backward)) + np.asarray(
         head_saved_bytes(model, training.seq_len, L.micro_batch, L.tp, L.sp, L.cp, d,
-                         sp_impl=resolve_sp_impl(training), frozen=training.finetune != "full",
+                         norm_impl=resolve_norm_impl(training), sp_impl=resolve_sp_impl(training), frozen=training.finetune != "full",
                          autocast=training.autocast))
     out["logits"] = _out(np.where(last, lg, 0.0))
     out["buffers"] = buffer_bytes(model, training, L)

@@ -63,6 +63,13 @@ BLOCK_IMPLS = ("auto", "harness")
 # sequence, each chunk's backward at once. Internal: the published torchtitan rows set "freed", the launch's torchtitan
 # deviation "chunked"; no study setting.
 LOGITS_AT_BACKWARD = ("held", "freed", "chunked")
+# What an RMSNorm keeps for backward (memory.resolve_norm_impl): "fused" = one kernel (torch's CUDA F.rms_norm,
+# torchtitan, Megatron/TE, Inductor): input + rstd; "composite" = F.rms_norm decomposed (the harness on CPU): + x·rstd;
+# "upcast" = Hugging Face's LlamaRMSNorm on a bf16 stream: an fp32 copy of the input + the normalized value in the
+# compute dtype + rstd. "auto": eager kernels run Hugging Face's model (upcast), the harness's block and every other
+# class fused. Internal: the published torchtitan rows and the launch's torchtitan deviation set "fused"; no study
+# setting.
+NORM_IMPL_KINDS = ("auto", "fused", "composite", "upcast")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +92,7 @@ class TrainingSpec:
     bf16_via: str = "bf16_params"  # BF16_VIA: bf16 parameters (production) or autocast over fp32 ones (harness)
     block_impl: str = "auto"  # BLOCK_IMPLS: the kernel class's block code, or the proxy harness's own
     logits_at_backward: str = "held"  # LOGITS_AT_BACKWARD: logits kept (HF, harness), deleted or chunked (torchtitan)
+    norm_impl: str = "auto"  # NORM_IMPL_KINDS: what a norm keeps for backward (HF's fp32 upcast under eager)
 
     def __post_init__(self) -> None:
         positive_int(self, "seq_len", "global_batch", "lora_rank")
@@ -97,6 +105,7 @@ class TrainingSpec:
         one_of(self, "bf16_via", BF16_VIA)
         one_of(self, "block_impl", BLOCK_IMPLS)
         one_of(self, "logits_at_backward", LOGITS_AT_BACKWARD)
+        one_of(self, "norm_impl", NORM_IMPL_KINDS)
         if self.bf16_via == "autocast" and (self.fp8 or self.finetune == "qlora"):
             raise ConfigError("bf16_via", self.bf16_via, "autocast over fp32 weights is the proxy harness's bf16 regime "
                               f"(full or LoRA, bf16 GEMMs); not with precision={self.precision}, finetune={self.finetune}")

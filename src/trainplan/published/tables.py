@@ -74,7 +74,9 @@ GPT_SEQ = 2048
 # materialised attention (flash attention postdates both papers); torchtitan without compile runs PyTorch
 # eager ops with SDPA flash attention; torchtitan with compile is Inductor-fused.
 MEGATRON_KERNELS = {"kernels": "fused", "attn_impl": "math"}
-TORCHTITAN_EAGER = {"kernels": "eager", "attn_impl": "flash", "logits_at_backward": "freed"}  # train.py: del pred
+# torchtitan's own blocks: nn.RMSNorm (one fused kernel on CUDA), not Hugging Face's fp32-upcast RMSNorm
+TORCHTITAN_EAGER = {"kernels": "eager", "attn_impl": "flash", "logits_at_backward": "freed",  # train.py: del pred
+                    "norm_impl": "fused"}
 TORCHTITAN_COMPILED = {"kernels": "compiled", "attn_impl": "flash", "logits_at_backward": "freed"}
 # The fitted hardware parameter of torchtitan's 500 W parts: their sustained peak as a fraction of 989 TFLOP/s,
 # bounded by the bracket the TorchTitan paper states (H100 NVL 835 – SXM 989).

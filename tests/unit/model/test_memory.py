@@ -667,6 +667,47 @@ def test_compile_under_torchtitans_op_sac_drops_the_down_projections_output_meas
     assert compiled + block_input == pytest.approx(model_compiled, rel=0.01)
 
 
+def test_hugging_faces_rmsnorm_on_a_bf16_stream_keeps_an_fp32_copy_measured() -> None:
+    """transformers' LlamaRMSNorm upcasts (``x.to(float32)``, statistics, ``weight * normed.to(bf16)``): on the bf16
+    stream of the Accelerate launch (FSDP2 bf16 parameters) it keeps an fp32 copy of its input, the normalized bf16
+    value and rstd, 4h B per token more than a fused kernel's input + rstd, twice per layer. Measured on a real
+    LlamaDecoderLayer stack in bf16 (what autograd saves, per layer: two layers less one): the model's ``upcast``
+    to the byte; ``fused`` (what ``auto`` still sizes for eager kernels: the open next step) 8h B per token under."""
+    import torch
+
+    pytest.importorskip("transformers")
+    from trainplan.proxy.model import build_hf_llama
+
+    b, s = 2, 256
+    saved = {}
+    for layers in (1, 2):
+        spec = ModelSpec(name="hf", layers=layers, hidden=256, heads=2, vocab=512, ffn_hidden=688)
+        hf = build_hf_llama(spec).to(torch.bfloat16)
+        skip = {p.untyped_storage().data_ptr() for p in hf.parameters()}
+        kept: dict[int, int] = {}
+
+        def pack(t, skip=skip, kept=kept):  # noqa: ANN001, ANN202
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in skip:
+                kept[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            hf(input_ids=torch.randint(0, spec.vocab, (b, s)), use_cache=False)
+        saved[layers] = sum(kept.values())
+    per_layer = saved[2] - saved[1]
+    model = {impl: M.saved_activation_bytes_per_layer(spec, s, b, dtype_bytes=2, norm_impl=impl)
+             for impl in ("upcast", "fused")}
+    assert per_layer == model["upcast"]
+    assert per_layer - model["fused"] == 2 * 4 * spec.hidden * b * s
+    upcast = TrainingSpec(seq_len=s, global_batch=8, norm_impl="upcast")
+    assert M.resolve_norm_impl(upcast) == "upcast"
+    lay = Layout(dp=1, sharding="none")
+    one = M.stage_breakdown(spec, cluster(1), upcast, lay)["activations"] - M.stage_breakdown(
+        spec, cluster(1), replace(upcast, norm_impl="fused"), lay)["activations"]
+    assert one == 2 * 4 * spec.hidden * b * s  # the planner's activations carry it, one layer here
+
+
 @pytest.mark.parametrize("b", [1, 2])
 def test_torchtitans_chunked_loss_holds_what_logits_bytes_counts_measured(b: int) -> None:
     """torchtitan 0.3's ChunkedLossWrapper (the launch's torchtitan job), run here with its CrossEntropyLoss over a
