@@ -26,10 +26,10 @@ import math
 import pprint
 from typing import Any
 
-from trainplan.model.arch import ModelSpec, llama_block_problems
+from trainplan.model.arch import ModelSpec, torchtitan_problems
 from trainplan.model.hardware import ClusterSpec
 from trainplan.model.layout import Layout, grad_accum, shard_degree
-from trainplan.model.memory import LOSS_CHUNKS, logits_bytes, resolve_norm_impl
+from trainplan.model.memory import LOSS_CHUNKS, logits_bytes
 from trainplan.model.training import TrainingSpec
 from trainplan.train_entry import checkpoint_interval_s_from_cost
 
@@ -131,18 +131,7 @@ def checkpoint_interval_steps(interval_s: float | None, step_time_s: float | Non
 
 def torchtitan_model_problems(model: ModelSpec, training: TrainingSpec) -> list[str]:
     """Why torchtitan's Llama 3 decoder cannot be this model / fine-tune exactly (empty: it can)."""
-    why = llama_block_problems(model, "torchtitan llama3")
-    if model.bias != "none":
-        why.append(f"bias={model.bias}: llama3 linears have no bias")
-    if model.head_bias:
-        why.append("head_bias: llama3's output projection has no bias")
-    if model.embed_norm:
-        why.append("embed_norm: llama3 has no norm after the token embedding")
-    if getattr(model, "head_dim_override", None) not in (None, model.hidden // model.heads):
-        why.append("head_dim != hidden/heads: llama3 derives head_dim from dim/n_heads")
-    if training.finetune != "full":
-        why.append(f"finetune={training.finetune}: the job module is written for full fine-tuning only")
-    return why
+    return torchtitan_problems(model, training.finetune)
 
 
 def choose_trainer(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tuple[str, str]:
@@ -251,22 +240,16 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
         notes.append(Deviation("precision=fp8-tensorwise: torchtitan 0.3's float8 converter has only rowwise recipes; "
                                "this job runs bf16 (use the Accelerate launch, fp8_config backend AO = torchao "
                                "tensorwise)", short="bf16 for FP8 tensorwise", training={"precision": "bf16"}))
-    # the job runs torchtitan's own model code, not the Hugging Face model the plan sizes for eager kernels: its loss
-    # is ChunkedLossWrapper (torchtitan_job_module) and its RMSNorm nn.RMSNorm, one fused kernel on CUDA
+    # the job's loss is torchtitan's ChunkedLossWrapper (torchtitan_job_module), not the plan's Hugging Face loss (its
+    # fused nn.RMSNorm the plan sizes already: memory.hf_norms)
     d = 2 if training.half else 4
     saved = logits_bytes(model, training.seq_len, L.micro_batch, L.tp, L.cp, d, "eager", "held") - logits_bytes(
         model, training.seq_len, L.micro_batch, L.tp, L.cp, d, "eager", "chunked")
-    upcast = resolve_norm_impl(training) == "upcast"
     notes.append(Deviation(f"loss: torchtitan's ChunkedLossWrapper runs the output head, loss and backward over "
                            f"{LOSS_CHUNKS} chunks of the sequence in turn, holding one chunk's logits and an fp32 "
                            "gradient buffer of the hidden states, not the whole micro-batch's logits that the plan "
-                           f"sizes (Hugging Face's loss): about {saved / 2**30:.1f} GiB less on the last pipeline stage"
-                           + ("; and its RMSNorm is one fused kernel (input and rstd kept for backward), not Hugging "
-                              "Face's fp32-upcast RMSNorm (an fp32 copy of the input and the normalized bf16 value "
-                              "kept: 4h B per token more per norm)" if upcast else ""),
-                           short="chunked loss" + (", fused norms" if upcast else ""),
-                           training={"logits_at_backward": "chunked", **({"norm_impl": "fused"} if upcast else {})},
-                           memory_only=True))
+                           f"sizes (Hugging Face's loss): about {saved / 2**30:.1f} GiB less on the last pipeline stage",
+                           short="chunked loss", training={"logits_at_backward": "chunked"}, memory_only=True))
     return {"parallelism": par, "training": train, "activation_checkpoint": ac, "compile": compile_,
             "checkpoint": ckpt, "float8": float8,
             "optimizer": {"implementation": training.optimizer_impl}}, notes

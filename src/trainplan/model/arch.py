@@ -668,6 +668,23 @@ def llama_block_problems(model: ModelSpec, impl: str) -> list[str]:
     return why
 
 
+def torchtitan_problems(model: ModelSpec, finetune: str = "full") -> list[str]:
+    """Why the launch's torchtitan job (torchtitan's Llama 3 decoder, full fine-tuning) cannot be this model /
+    fine-tune exactly (empty: it can). Where it cannot, the Accelerate launch runs Hugging Face's model instead."""
+    why = llama_block_problems(model, "torchtitan llama3")
+    if model.bias != "none":
+        why.append(f"bias={model.bias}: llama3 linears have no bias")
+    if model.head_bias:
+        why.append("head_bias: llama3's output projection has no bias")
+    if model.embed_norm:
+        why.append("embed_norm: llama3 has no norm after the token embedding")
+    if getattr(model, "head_dim_override", None) not in (None, model.hidden // model.heads):
+        why.append("head_dim != hidden/heads: llama3 derives head_dim from dim/n_heads")
+    if finetune != "full":
+        why.append(f"finetune={finetune}: the job module is written for full fine-tuning only")
+    return why
+
+
 def hf_unsupported_reason(spec: ModelSpec) -> str | None:
     """Why transformers' ``LlamaForCausalLM`` cannot be this ModelSpec exactly (None: it can)."""
     why = llama_block_problems(spec, "LlamaForCausalLM")

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from trainplan.model.arch import ModelSpec
+from trainplan.model.arch import ModelSpec, torchtitan_problems
 from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.flops import lora_dims
@@ -263,13 +263,44 @@ def resolve_sac_policy(training: TrainingSpec) -> str:
 
 
 def resolve_norm_impl(training: TrainingSpec) -> str:
-    """What a norm keeps in force: ``auto`` → one fused kernel (input + rstd) for every kernel class, as the plan has
-    always sized it. Not yet Hugging Face's fp32-upcast RMSNorm for eager kernels, though that is what the Accelerate
-    launch runs (measured: ``upcast``, 4h B per token more per norm; docs/analytic-model.md §3): switching ``auto``
-    to it moves the default study off ZeRO-2 (67.2 → 74.1 GiB) and is the open next step."""
-    if training.norm_impl != "auto":
-        return training.norm_impl
-    return "fused"
+    """What a norm keeps, without a layout: the setting, or for ``auto`` one fused kernel (the harness's block on
+    CUDA, torchtitan, Megatron/TE, Inductor). Where ``auto`` means Hugging Face's fp32-upcast RMSNorm instead is
+    per layout: :func:`hf_norms`."""
+    return training.norm_impl if training.norm_impl != "auto" else "fused"
+
+
+def hf_norms(model: ModelSpec, training: TrainingSpec, layout: Any) -> Any:
+    """Where ``norm_impl: auto`` sizes Hugging Face's fp32-upcast RMSNorm (docs/analytic-model.md §3): eager kernels,
+    the kernel class's own block, on the layouts the Accelerate launch runs with Hugging Face's model (pure data
+    parallelism, or a model / fine-tune torchtitan's job cannot build; FP8 rowwise goes to torchtitan). The rest run
+    torchtitan's own fused ``nn.RMSNorm``. ``launch.trainers.choose_trainer`` makes that choice; a test holds the two
+    equal."""
+    L = layout
+    structural = ((np.asarray(L.tp) > 1) | (np.asarray(L.pp) > 1) | (np.asarray(L.cp) > 1)
+                  | np.asarray(L.tp_overlap, dtype=bool) | (training.fp8 == "rowwise"))
+    if training.norm_impl != "auto" or training.kernels != "eager" or training.block_impl != "auto":
+        return np.zeros_like(structural, dtype=bool)
+    if torchtitan_problems(model, training.finetune):
+        return np.ones_like(structural, dtype=bool)
+    return ~structural
+
+
+# Whether the plan sizes Hugging Face's norms where :func:`hf_norms` says the Accelerate launch runs them. Off: every
+# norm is sized fused, as before. On (measured 2026-12-07, not committed): the default study's ZeRO-2 dp32 mb1 grows
+# 67.2 → 74.1 GiB, over its limit, and the study moves to dp16·cp2(ulysses) ZeRO-2 mb2 (4,885 tokens/s/GPU, run by
+# torchtitan's all-gather CP, whose step time is not modelled), FSDP dp32 (4,707, 53.1 GiB) the runner-up: a
+# recommendation to weigh before switching (docs/analytic-model.md §3, "Open").
+SIZE_HF_NORMS = False
+
+
+def _by_norm(fn: Any, model: ModelSpec, training: TrainingSpec, layout: Any) -> Any:
+    """``fn(norm_impl)`` with the norm each layout's trainer runs (:func:`hf_norms`, where :data:`SIZE_HF_NORMS`)."""
+    hf = hf_norms(model, training, layout) if SIZE_HF_NORMS else False
+    if not np.any(hf):
+        return fn(resolve_norm_impl(training))
+    if np.all(hf):
+        return fn("upcast")
+    return _out(np.where(hf, fn("upcast"), fn(resolve_norm_impl(training))))
 
 
 def resolve_sp_impl(training: TrainingSpec) -> str:
@@ -552,7 +583,10 @@ def activation_kwargs(training: TrainingSpec, layout: Any, dtype_bytes: int | No
 def activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Any, stage: str = "first",
                      dtype_bytes: int | None = None, norm_impl: str | None = None) -> Any:
     """Block activations on one rank: per-layer × L/pp × micro-batches in flight (× interleave), + recompute working set.
-    ``norm_impl``: the training's (:func:`resolve_norm_impl`) unless given."""
+    ``norm_impl``: the one each layout's trainer runs (:func:`hf_norms`) unless given."""
+    if norm_impl is None:
+        return _by_norm(lambda n: activation_bytes(model, training, layout, stage, dtype_bytes, n), model, training,
+                        layout)
     L = layout
     kw = activation_kwargs(training, L, dtype_bytes, norm_impl)
     norm_impl = kw["norm_impl"]
@@ -675,11 +709,12 @@ def stage_breakdown(model: ModelSpec, cluster: Any, training: TrainingSpec, layo
     out["activations"] = activation_bytes(model, training, L, stage)
     d = 2 if training.half else FP32
     last = np.asarray(L.pp) == 1 if stage == "first" else True
+    head = _by_norm(lambda n: head_saved_bytes(model, training.seq_len, L.micro_batch, L.tp, L.sp, L.cp, d,
+                                               norm_impl=n, sp_impl=resolve_sp_impl(training),
+                                               frozen=training.finetune != "full", autocast=training.autocast),
+                    model, training, L)
     lg = np.asarray(logits_bytes(model, training.seq_len, L.micro_batch, L.tp, L.cp, d, training.kernels,
-                                 training.logits_at_backward)) + np.asarray(
-        head_saved_bytes(model, training.seq_len, L.micro_batch, L.tp, L.sp, L.cp, d,
-                         norm_impl=resolve_norm_impl(training), sp_impl=resolve_sp_impl(training), frozen=training.finetune != "full",
-                         autocast=training.autocast))
+                                 training.logits_at_backward)) + np.asarray(head)
     out["logits"] = _out(np.where(last, lg, 0.0))
     out["buffers"] = buffer_bytes(model, training, L)
     dynamic = np.asarray(out["activations"]) + np.asarray(out["logits"]) + np.asarray(out["buffers"])

@@ -229,3 +229,29 @@ def test_day1_ingest_runs_from_the_project_root_and_reads_what_the_trainer_write
     assert back.startswith("trainplan ingest results/seq8k/launch/<job name>-<job>.out --format torchtitan --model ")
     assert f"--seq-len {TRAINING.seq_len} --global-batch {TRAINING.global_batch} --world-size 32" in back
     assert '"cp": 2' in back and "steps.jsonl" not in json.dumps(man["day1"])
+
+
+def test_the_plan_sizes_the_norms_of_the_trainer_that_runs_each_layout():
+    """memory.hf_norms (Hugging Face's fp32-upcast RMSNorm, eager kernels) is true exactly where choose_trainer picks
+    Accelerate: pure data parallelism, a fine-tune or model torchtitan's job cannot build (LoRA; biased linears), and
+    not FP8 rowwise (torchtitan). Elsewhere torchtitan runs its own fused nn.RMSNorm and the plan sizes that."""
+    from dataclasses import replace
+
+    from trainplan.model import memory
+
+    biased = replace(resolve_model("llama2-13b"), name="biased", bias="all")
+    layouts = [Layout(dp=32, sharding=s, micro_batch=1) for s in ("none", "zero2", "zero3")] + [
+        Layout(dp=16, tp=2, sp=True, sharding="zero2", micro_batch=1),
+        Layout(dp=16, tp=2, sp=True, tp_overlap=True, sharding="zero3", micro_batch=1),
+        Layout(dp=8, pp=4, sharding="zero1", micro_batch=1), Layout(dp=16, cp=2, sharding="zero3", micro_batch=1)]
+    seen = set()
+    for model in (MODEL, biased):
+        for extra in ({}, {"finetune": "lora"}, {"precision": "fp8-rowwise"}, {"precision": "fp8-tensorwise"},
+                      {"kernels": "compiled"}, {"kernels": "fused"}):
+            t = replace(TRAINING, **extra)
+            for lay in layouts:
+                hf = bool(memory.hf_norms(model, t, lay))
+                accelerate = trainers.choose_trainer(model, t, lay)[0] == "accelerate"
+                assert hf == (accelerate and t.kernels == "eager"), (model.name, extra, lay.describe())
+                seen.add(hf)
+    assert seen == {True, False}
