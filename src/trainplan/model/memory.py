@@ -356,7 +356,9 @@ def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch
       q ``h``, k, v ``kv_dim`` each, output ``h`` (the o-proj input is a view of it), logsumexp
       ``heads`` in fp32. ``'math'`` (the CPU fallback): scaled q, expanded k and v ``h`` each, the
       softmax probabilities ``heads·s``, and the o-proj input ``h`` (a copy);
-    * SwiGLU: gate out, up out, SiLU out, down input ``4f``; GELU MLP: fc1 out, GELU out ``2f``.
+    * SwiGLU: gate out, up out, SiLU out, down input ``4f``; GELU MLP: fc1 out, GELU out ``2f``. ``compiled``
+      (Inductor): the SiLU output is recomputed from the gate output in backward, not kept (``3f``; measured on
+      Hugging Face's block, whose norms compile to a fused norm's saves).
 
     RoPE saves only its cos/sin tables, shared by all layers (see :func:`rope_table_bytes`).
     TP divides heads, ``kv_dim`` (over ``min(tp, kv_heads)``) and ``f``; SP also divides the norm and
@@ -402,8 +404,8 @@ def saved_activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch
         attn = (2 * h_loc + 2 * kv_loc) * d + a_loc * FP32
     else:
         attn = (4 * h_loc + a_loc * s) * d
-    if swiglu:  # gate out, up out, SiLU out; down input unless down is frozen
-        mlp = (3 + (0 if lora and "down" not in tg else 1)) * f_loc * d
+    if swiglu:  # gate out, up out, SiLU out (compiled: recomputed from gate out); down input unless down is frozen
+        mlp = (3 - (1 if compiled else 0) + (0 if lora and "down" not in tg else 1)) * f_loc * d
     else:  # fc1 out (GELU backward); GELU out (fc2 input) unless fc2 is frozen
         mlp = (1 + (0 if lora and "down" not in tg else 1)) * f_loc * d
     adapters = sum(1 for t in tg if swiglu or t != "gate") * lora_rank * d  # x·Aᵀ of each adapter

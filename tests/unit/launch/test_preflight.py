@@ -463,15 +463,18 @@ def test_the_fallback_says_how_to_switch_with_an_overlay_the_study_accepts():
                                             "tokens_per_s_per_gpu", "mem_total_gib", "headroom_frac")}), ok.iloc[0])
 
 
-@pytest.mark.parametrize("overlay", ["config.yaml", "fp8.yaml"])
-def test_a_switch_that_is_check_2s_runner_up_names_what_check_2_measures_instead(tmp_path, overlay, study):
+@pytest.mark.parametrize(("overlay", "err", "switch"), [("config.yaml", 1.19, "zero3"), ("fp8.yaml", 1.12, "zero2")])
+def test_a_switch_that_is_check_2s_runner_up_names_what_check_2_measures_instead(tmp_path, overlay, err, switch,
+                                                                                study):
     """In the default study the switch at a measured ×1.19 is FSDP mb1, also the runner-up that page 1's check 2
     measures when the first 50 steps run slow: after the switch there is nothing left for check 2 to measure. The
     memo names the next strategy at its p90 error (memo.switch_runner_up); the preflight, which measured the error,
     names it at that error, from the same rule (search.layouts.runner_up_row, the runner-up page 1 and the
     comparable-runs table name), and says so in its FALLBACK line. At an error where the switch is another layout
     than the runner-up, it says nothing of the kind. In the FP8 study the TP layouts run in bf16 under torchtitan:
-    the runner-up from candidates.csv is the one page 1 names from families.csv (both on the launched speeds)."""
+    the runner-up from candidates.csv is the one page 1 names from families.csv (both on the launched speeds). It
+    chooses FSDP mb2 (compile keeps no SiLU output), whose runner-up ZeRO-2 mb1 is the switch at ×1.12; at ×1.19
+    the switch is FSDP mb1, not the runner-up."""
     from trainplan.launch.artifacts import launch_judge
     from trainplan.report import memo
     from trainplan.search.layouts import family_verdicts, runner_up_row
@@ -482,8 +485,8 @@ def test_a_switch_that_is_check_2s_runner_up_names_what_check_2_measures_instead
     path = tmp_path / "candidates.csv"
     ok.to_csv(path, index=False)
     judge = launch_judge(m, c, t, eff)
-    fb = pf.preflight_fallback(path, mem_ratio=1.19, judge=judge)
-    assert fb["layout"] == "dp32·tp1·pp1·cp1 zero3 rc=none mb=1" == runner_up_row(ok)["layout_text"]
+    fb = pf.preflight_fallback(path, mem_ratio=err, judge=judge)
+    assert fb["layout"] == f"dp32·tp1·pp1·cp1 {switch} rc=none mb=1" == runner_up_row(ok)["layout_text"]
     page1 = memo.runner_up(family_verdicts(df), {"tokens_per_s_per_gpu_p50": 1.0, "tokens_per_s_per_gpu_p10": 1.0})
     assert page1["layout"] == fb["layout"]
     assert fb["switch_is_runner_up"]
@@ -492,7 +495,7 @@ def test_a_switch_that_is_check_2s_runner_up_names_what_check_2_measures_instead
     line = pf.fallback_line(fb)
     assert (f"This switch is the runner-up that day-1 check 2 would measure: after it, if the first 50 steps run below "
             f"its p10, measure {two['layout']} instead ({abs(two['slower_frac']):.1%} ") in line
-    assert "the next strategy that fits at ×1.19) and keep the faster." in line
+    assert f"the next strategy that fits at ×{err:.2f}) and keep the faster." in line
     others = [pf.preflight_fallback(path, mem_ratio=r, judge=judge) for r in (1.0001, 1.6, 2.0)]
     others = [o for o in others if o and o["layout"] != fb["layout"]]  # another switch: no word of check 2
     assert others and all("switch_is_runner_up" not in o and "check 2" not in pf.fallback_line(o) for o in others)

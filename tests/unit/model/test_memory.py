@@ -667,6 +667,46 @@ def test_compile_under_torchtitans_op_sac_drops_the_down_projections_output_meas
     assert compiled + block_input == pytest.approx(model_compiled, rel=0.01)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="Inductor's CPU backend needs a C++ "
+                    "compiler (scripts/setup.sh's machines have g++)")
+def test_compile_without_ac_recomputes_swiglus_silu_measured() -> None:
+    """Without activation checkpointing, torch.compile of Hugging Face's Llama block keeps a fused norm's saves (input
+    + rstd: Inductor recomputes the normalization) and recomputes SwiGLU's SiLU output from the gate output instead
+    of keeping it: f·δ per token less than the fused-norm eager count. Measured by what the compiled autograd
+    functions save (saved-tensor hooks), per layer (two layers less one), against the model's compiled figure."""
+    import torch
+
+    pytest.importorskip("transformers")
+    from trainplan.proxy.model import build_hf_llama
+
+    b, s = 2, 256
+    saved = {}
+    for layers in (1, 2):
+        spec = ModelSpec(name="hf", layers=layers, hidden=256, heads=2, vocab=512, ffn_hidden=688)
+        hf = build_hf_llama(spec).to(torch.bfloat16)
+        tokens = torch.randint(0, spec.vocab, (b, s))
+        run = torch.compile(lambda t, hf=hf: hf(input_ids=t, use_cache=False).logits)
+        for _ in range(2):  # compile (and recompile for the grad mode) before measuring
+            run(tokens).float().sum().backward()
+        skip = {p.untyped_storage().data_ptr() for p in hf.parameters()}
+        kept: dict[int, int] = {}
+
+        def pack(t, skip=skip, kept=kept):  # noqa: ANN001, ANN202
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in skip:
+                kept[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            run(tokens)
+        saved[layers] = sum(kept.values())
+    per_layer = saved[2] - saved[1]
+    kw = dict(dtype_bytes=2, norm_impl="fused")
+    assert per_layer == M.saved_activation_bytes_per_layer(spec, s, b, compiled=True, **kw)
+    assert M.saved_activation_bytes_per_layer(spec, s, b, **kw) - per_layer == spec.ffn_hidden * 2 * b * s
+
+
 def test_hugging_faces_rmsnorm_on_a_bf16_stream_keeps_an_fp32_copy_measured() -> None:
     """transformers' LlamaRMSNorm upcasts (``x.to(float32)``, statistics, ``weight * normed.to(bf16)``): on the bf16
     stream of the Accelerate launch (FSDP2 bf16 parameters) it keeps an fp32 copy of its input, the normalized bf16
