@@ -66,9 +66,9 @@ LOGITS_AT_BACKWARD = ("held", "freed", "chunked")
 # What an RMSNorm keeps for backward (memory.resolve_norm_impl): "fused" = one kernel (torch's CUDA F.rms_norm,
 # torchtitan, Megatron/TE, Inductor): input + rstd; "composite" = F.rms_norm decomposed (the harness on CPU): + x·rstd;
 # "upcast" = Hugging Face's LlamaRMSNorm on a bf16 stream: an fp32 copy of the input + the normalized value in the
-# compute dtype + rstd. "auto": eager kernels run Hugging Face's model (upcast), the harness's block and every other
-# class fused. Internal: the published torchtitan rows and the launch's torchtitan deviation set "fused"; no study
-# setting.
+# compute dtype + rstd. "auto": fused, except where memory.hf_norms says the Accelerate launch runs Hugging Face's
+# model (upcast), and only while memory.SIZE_HF_NORMS is on (off today). Internal: the published torchtitan rows set
+# "fused"; no study setting.
 NORM_IMPL_KINDS = ("auto", "fused", "composite", "upcast")
 
 

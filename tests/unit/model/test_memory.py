@@ -563,6 +563,49 @@ def _peak_bytes(fn) -> int:
     return _tracked_bytes(fn)[0]
 
 
+def _saved_by_autograd(fn, skip) -> int:  # noqa: ANN001
+    """Bytes of the unique storages autograd saves for backward while ``fn()`` runs (saved-tensor hooks; they also
+    see what torch.compile's autograd functions save), less the tensors in ``skip`` (inputs, parameters)."""
+    import torch
+
+    skipped = {t.untyped_storage().data_ptr() for t in skip}
+    kept: dict[int, int] = {}
+
+    def pack(t):  # noqa: ANN001, ANN202
+        if t.untyped_storage().data_ptr() not in skipped:
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(kept.values())
+
+
+def _hf_block_saves_per_layer(b: int, s: int, compiled: bool) -> tuple[ModelSpec, int]:
+    """(the spec, what autograd saves per layer) of transformers' Llama stack in bf16, eager or compiled (warmed up
+    first): two layers less one, so the embedding, final norm and head drop out."""
+    import torch
+
+    pytest.importorskip("transformers")
+    from trainplan.proxy.model import build_hf_llama
+
+    saved = {}
+    for layers in (1, 2):
+        spec = ModelSpec(name="hf", layers=layers, hidden=256, heads=2, vocab=512, ffn_hidden=688)
+        hf = build_hf_llama(spec).to(torch.bfloat16)
+        tokens = torch.randint(0, spec.vocab, (b, s))
+
+        def forward(t, hf=hf):  # noqa: ANN001, ANN202
+            return hf(input_ids=t, use_cache=False).logits
+
+        run = torch.compile(forward) if compiled else forward
+        if compiled:
+            for _ in range(2):  # compile (and recompile for the grad mode) before measuring
+                run(tokens).float().sum().backward()
+        saved[layers] = _saved_by_autograd(lambda run=run, tokens=tokens: run(tokens), hf.parameters())
+    return spec, saved[2] - saved[1]
+
+
 @pytest.mark.parametrize("held", [True, False])
 def test_the_losss_backward_peak_is_what_logits_bytes_counts_measured(held: bool) -> None:
     """PyTorch's F.cross_entropy over logits.float(): the fp32 log-probs it saves and, in its backward, nll_loss's fp32
@@ -644,17 +687,7 @@ def test_compile_under_torchtitans_op_sac_drops_the_down_projections_output_meas
         x = new_input()
         for _ in range(2):  # compile (and recompile for the grad mode) before measuring
             fn(x).sum().backward()
-        skip = {t.untyped_storage().data_ptr() for t in (x, cos, sin, *block.parameters())}
-        kept: dict[int, int] = {}
-
-        def pack(t):  # noqa: ANN001, ANN202
-            if t.untyped_storage().data_ptr() not in skip:
-                kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            fn(x)
-        return sum(kept.values())
+        return _saved_by_autograd(lambda: fn(x), (x, cos, sin, *block.parameters()))
 
     assert alive_after_forward(plain) == saved_by_autograd(plain)  # the two methods agree (eager, no AC)
     eager, compiled = alive_after_forward(sac), saved_by_autograd(torch.compile(sac))
@@ -675,33 +708,8 @@ def test_compile_without_ac_recomputes_swiglus_silu_measured() -> None:
     + rstd: Inductor recomputes the normalization) and recomputes SwiGLU's SiLU output from the gate output instead
     of keeping it: f·δ per token less than the fused-norm eager count. Measured by what the compiled autograd
     functions save (saved-tensor hooks), per layer (two layers less one), against the model's compiled figure."""
-    import torch
-
-    pytest.importorskip("transformers")
-    from trainplan.proxy.model import build_hf_llama
-
     b, s = 2, 256
-    saved = {}
-    for layers in (1, 2):
-        spec = ModelSpec(name="hf", layers=layers, hidden=256, heads=2, vocab=512, ffn_hidden=688)
-        hf = build_hf_llama(spec).to(torch.bfloat16)
-        tokens = torch.randint(0, spec.vocab, (b, s))
-        run = torch.compile(lambda t, hf=hf: hf(input_ids=t, use_cache=False).logits)
-        for _ in range(2):  # compile (and recompile for the grad mode) before measuring
-            run(tokens).float().sum().backward()
-        skip = {p.untyped_storage().data_ptr() for p in hf.parameters()}
-        kept: dict[int, int] = {}
-
-        def pack(t, skip=skip, kept=kept):  # noqa: ANN001, ANN202
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in skip:
-                kept[ptr] = t.untyped_storage().nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            run(tokens)
-        saved[layers] = sum(kept.values())
-    per_layer = saved[2] - saved[1]
+    spec, per_layer = _hf_block_saves_per_layer(b, s, compiled=True)
     kw = dict(dtype_bytes=2, norm_impl="fused")
     assert per_layer == M.saved_activation_bytes_per_layer(spec, s, b, compiled=True, **kw)
     assert M.saved_activation_bytes_per_layer(spec, s, b, **kw) - per_layer == spec.ffn_hidden * 2 * b * s
@@ -713,29 +721,8 @@ def test_hugging_faces_rmsnorm_on_a_bf16_stream_keeps_an_fp32_copy_measured() ->
     value and rstd, 4h B per token more than a fused kernel's input + rstd, twice per layer. Measured on a real
     LlamaDecoderLayer stack in bf16 (what autograd saves, per layer: two layers less one): the model's ``upcast``
     to the byte; ``fused`` (what ``auto`` still sizes for eager kernels: the open next step) 8h B per token under."""
-    import torch
-
-    pytest.importorskip("transformers")
-    from trainplan.proxy.model import build_hf_llama
-
     b, s = 2, 256
-    saved = {}
-    for layers in (1, 2):
-        spec = ModelSpec(name="hf", layers=layers, hidden=256, heads=2, vocab=512, ffn_hidden=688)
-        hf = build_hf_llama(spec).to(torch.bfloat16)
-        skip = {p.untyped_storage().data_ptr() for p in hf.parameters()}
-        kept: dict[int, int] = {}
-
-        def pack(t, skip=skip, kept=kept):  # noqa: ANN001, ANN202
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in skip:
-                kept[ptr] = t.untyped_storage().nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            hf(input_ids=torch.randint(0, spec.vocab, (b, s)), use_cache=False)
-        saved[layers] = sum(kept.values())
-    per_layer = saved[2] - saved[1]
+    spec, per_layer = _hf_block_saves_per_layer(b, s, compiled=False)
     model = {impl: M.saved_activation_bytes_per_layer(spec, s, b, dtype_bytes=2, norm_impl=impl)
              for impl in ("upcast", "fused")}
     assert per_layer == model["upcast"]
