@@ -76,6 +76,7 @@ from trainplan.search.layouts import (
     LAUNCH_NO_RUN,
     LAUNCH_TPS_RATIO,
     LAUNCH_TPS_WHY,
+    LAUNCH_UNTIMED,
     describe_rows,
     refit_as_launched,
     search,
@@ -423,8 +424,9 @@ _SPEED_FIELDS = [*_RENAME_FIELDS, "offload", "shard_group"]
 
 
 def launched_speed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, df: Any,
-                   eff: Any = None) -> tuple[Any, Any]:
-    """(each row's modelled step time as planned over as launched, the trainer's words for what changes it): the
+                   eff: Any = None) -> tuple[Any, Any, Any]:
+    """(each row's modelled step time as planned over as launched, the trainer's words for what changes it, the
+    short words of the launch's changes whose step time is not modelled, "" where none): the
     :func:`as_launched` ``throughput_ratio`` of every feasible row of ``df`` at once. 1.0 where the launch runs the
     plan (or changes nothing that moves the step time); NaN on rows that are not feasible or that run as a layout
     the planner refuses. Where a change has no step-time model (FSDP2's whole-model offload, torchtitan's all-gather
@@ -443,9 +445,10 @@ def launched_speed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     n = len(df)
     ratio = np.full(n, np.nan)
     why = np.full(n, "", dtype=object)
+    untimed_words = np.full(n, "", dtype=object)
     feas = np.flatnonzero(df["feasible"].to_numpy(dtype=bool)) if "feasible" in df else np.arange(n)
     if not len(feas):
-        return ratio, why
+        return ratio, why, untimed_words
     sub = df.iloc[feas]
     groups, reps, members = _group_reps(sub, _SPEED_FIELDS)
     runs: dict[tuple[tuple[str, Any], ...], list[tuple[int, dict[str, Any]]]] = {}
@@ -458,6 +461,7 @@ def launched_speed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
             continue
         devs = [d for d in devs if not d.memory_only]  # (no step-time term reads what they change)
         timed = [d for d in devs if "step time" not in d.unmodelled]
+        untimed_words[feas[rows]] = "; ".join(d.short for d in devs if d not in timed)
         lay_ch = {k: v for d in timed for k, v in d.layout.items() if getattr(lay, k) != v}
         tr_ch = {k: v for d in timed for k, v in d.training.items() if getattr(training, k) != v}
         ratio[feas[rows]] = 1.0
@@ -467,6 +471,7 @@ def launched_speed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
             check_layout(model, cluster, replace(training, **tr_ch), replace(lay, **lay_ch))
         except ConfigError:  # what runs is not a layout the planner accepts (as_launched: nothing modelled)
             ratio[feas[rows]] = np.nan
+            untimed_words[feas[rows]] = "; ".join(d.short for d in devs)
             continue
         untimed = [d.short for d in devs if d not in timed]
         moving = [d for d in timed if any(getattr(lay, k) != v for k, v in d.layout.items())
@@ -485,7 +490,7 @@ def launched_speed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
         ran_s = np.asarray(step_time(model, cluster, replace(training, **dict(tr_ch)), table, eff)["step_time_s"],
                            dtype=float)
         ratio[feas[rows]] = sub["step_time_s"].to_numpy(dtype=float)[rows] / ran_s
-    return ratio, why
+    return ratio, why, untimed_words
 
 
 def plan_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, eff: Any = None,
@@ -497,7 +502,7 @@ def plan_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     every layout is ranked on the speed of what runs (:func:`launched_speed`). ``mem_scale``: the memory model's error on every peak, planned and
     launched (the sensitivity's ``memory_x``)."""
     df = search(model, cluster, training, eff, options, mem_scale=mem_scale)
-    df[LAUNCH_TPS_RATIO], df[LAUNCH_TPS_WHY] = launched_speed(model, cluster, training, df, eff)
+    df[LAUNCH_TPS_RATIO], df[LAUNCH_TPS_WHY], df[LAUNCH_UNTIMED] = launched_speed(model, cluster, training, df, eff)
     no_run, why = cannot_run_mask(model, training, df)
     ruled = [(no_run, f"{LAUNCH_NO_RUN}{why})"), runs_as_mask(model, cluster, training, df)]
     return refit_as_launched(df, launched_peak(launch_judge(model, cluster, training, eff)), cluster, options, top,

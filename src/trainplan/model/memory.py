@@ -285,12 +285,10 @@ def hf_norms(model: ModelSpec, training: TrainingSpec, layout: Any) -> Any:
     return ~structural
 
 
-# Whether the plan sizes Hugging Face's norms where :func:`hf_norms` says the Accelerate launch runs them. Off: every
-# norm is sized fused, as before. On (measured 2026-12-07, not committed): the default study's ZeRO-2 dp32 mb1 grows
-# 67.2 → 74.1 GiB, over its limit, and the study moves to dp16·cp2(ulysses) ZeRO-2 mb2 (4,885 tokens/s/GPU, run by
-# torchtitan's all-gather CP, whose step time is not modelled), FSDP dp32 (4,707, 53.1 GiB) the runner-up: a
-# recommendation to weigh before switching (docs/analytic-model.md §3, "Open").
-SIZE_HF_NORMS = False
+# Whether the plan sizes Hugging Face's norms where :func:`hf_norms` says the Accelerate launch runs them (on since
+# 2026-12-07; off: every norm sized fused, as before). On, the default study's ZeRO-2 dp32 mb1 grows 67.2 → 74.1 GiB,
+# over its limit, and the study chooses FSDP dp32 mb1 (docs/analytic-model.md §3). Kept as a switch for comparisons.
+SIZE_HF_NORMS = True
 
 
 def _by_norm(fn: Any, model: ModelSpec, training: TrainingSpec, layout: Any) -> Any:

@@ -67,7 +67,7 @@ LOGITS_AT_BACKWARD = ("held", "freed", "chunked")
 # torchtitan, Megatron/TE, Inductor): input + rstd; "composite" = F.rms_norm decomposed (the harness on CPU): + x·rstd;
 # "upcast" = Hugging Face's LlamaRMSNorm on a bf16 stream: an fp32 copy of the input + the normalized value in the
 # compute dtype + rstd. "auto": fused, except where memory.hf_norms says the Accelerate launch runs Hugging Face's
-# model (upcast), and only while memory.SIZE_HF_NORMS is on (off today). Internal: the published torchtitan rows set
+# model (upcast), while memory.SIZE_HF_NORMS is on (it is). Internal: the published torchtitan rows set
 # "fused"; no study setting.
 NORM_IMPL_KINDS = ("auto", "fused", "composite", "upcast")
 

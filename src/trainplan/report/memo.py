@@ -43,11 +43,13 @@ from trainplan.report.labels import memo_labels as report_labels  # noqa: F401 (
 from trainplan.search.layouts import (
     LAUNCH_OOM,
     LAUNCH_TPS_RATIO,
+    LAUNCH_UNTIMED,
     TIE_FRAC,
     best_row,
     family_layout,
     group_infeasible,
     launched_tps,
+    rank_tps,
     ranked,
     runner_up_index,
     shards_alike_mask,
@@ -797,7 +799,7 @@ def _launched_choice(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: 
     # a study's candidates carry the speed of what the launch runs (LAUNCH_TPS_RATIO, what the search ranks on):
     # walk and rank on it; a table without it (hand-built) on the planned speed × the judge's ratio
     rowwise = judge is not None and LAUNCH_TPS_RATIO in other
-    order = other.assign(_speed=launched_tps(other) if rowwise else other["tokens_per_s"].astype(float))
+    order = other.assign(_speed=rank_tps(other) if rowwise else other["tokens_per_s"].astype(float))
     order = order.sort_values("_speed", ascending=False, kind="stable")
     tps = order["_speed"].to_numpy(dtype=float)
     hbm = _usable_hbm_gib(chosen)
@@ -825,7 +827,8 @@ def _launched_choice(feasible: pd.DataFrame, chosen: dict[str, Any], mem_ratio: 
     if not keep:
         return None
     fits = order.loc[keep].assign(headroom_frac=[1.0 - p * mem_ratio / hbm for p in peaks], tokens_per_s=fast)
-    fits = fits.drop(columns=[LAUNCH_TPS_RATIO, "_speed"], errors="ignore")  # tokens_per_s is as launched already
+    # tokens_per_s is as launched already, and as ranked (less UNTIMED_MARGIN where not timed)
+    fits = fits.drop(columns=[LAUNCH_TPS_RATIO, LAUNCH_UNTIMED, "_speed"], errors="ignore")
     best = ranked(fits).iloc[0] if "complexity" in fits else best_row(fits.drop(columns="rank", errors="ignore"))
     return fallback_entry(other.loc[best.name], chosen, judge)
 

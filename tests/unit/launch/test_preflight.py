@@ -463,11 +463,13 @@ def test_the_fallback_says_how_to_switch_with_an_overlay_the_study_accepts():
                                             "tokens_per_s_per_gpu", "mem_total_gib", "headroom_frac")}), ok.iloc[0])
 
 
-@pytest.mark.parametrize(("overlay", "err", "switch"), [("config.yaml", 1.19, "zero3"), ("fp8.yaml", 1.12, "zero2")])
+@pytest.mark.parametrize(("overlay", "err", "switch"), [("config.yaml", 1.19, "dp16·tp2(sp)·pp1·cp1 zero2 rc=none mb=2"),
+                                                         ("fp8.yaml", 1.12, "dp32·tp1·pp1·cp1 zero2 rc=none mb=1")])
 def test_a_switch_that_is_check_2s_runner_up_names_what_check_2_measures_instead(tmp_path, overlay, err, switch,
                                                                                 study):
-    """In the default study the switch at a measured ×1.19 is FSDP mb1, also the runner-up that page 1's check 2
-    measures when the first 50 steps run slow: after the switch there is nothing left for check 2 to measure. The
+    """In the default study (FSDP dp32 mb1) the switch at a measured ×1.19 is ZeRO-2×TP dp16·tp2 mb2, also the
+    runner-up that page 1's check 2 measures when the first 50 steps run slow: after the switch there is nothing left
+    for check 2 to measure. The
     memo names the next strategy at its p90 error (memo.switch_runner_up); the preflight, which measured the error,
     names it at that error, from the same rule (search.layouts.runner_up_row, the runner-up page 1 and the
     comparable-runs table name), and says so in its FALLBACK line. At an error where the switch is another layout
@@ -486,7 +488,7 @@ def test_a_switch_that_is_check_2s_runner_up_names_what_check_2_measures_instead
     ok.to_csv(path, index=False)
     judge = launch_judge(m, c, t, eff)
     fb = pf.preflight_fallback(path, mem_ratio=err, judge=judge)
-    assert fb["layout"] == f"dp32·tp1·pp1·cp1 {switch} rc=none mb=1" == runner_up_row(ok)["layout_text"]
+    assert fb["layout"] == switch == runner_up_row(ok)["layout_text"]
     page1 = memo.runner_up(family_verdicts(df), {"tokens_per_s_per_gpu_p50": 1.0, "tokens_per_s_per_gpu_p10": 1.0})
     assert page1["layout"] == fb["layout"]
     assert fb["switch_is_runner_up"]

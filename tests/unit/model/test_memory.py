@@ -281,7 +281,8 @@ def test_torchtitan_llama2_13b_mb2_fits_a100_80gb() -> None:
     df = pd.read_csv(resources.files("trainplan") / "data" / "torchtitan_a100_and_405b_docs_performance.csv")
     r = df[df.model == "Llama2-13B"].iloc[0]
     c = cluster(nodes=int(r.gpus) // 8, gpu="a100-80gb")
-    t = TrainingSpec(seq_len=int(r.seq_len_default_cfg), global_batch=int(r.gpus) * int(r.local_batch))
+    t = TrainingSpec(seq_len=int(r.seq_len_default_cfg), global_batch=int(r.gpus) * int(r.local_batch),
+                     norm_impl="fused")  # (torchtitan's own nn.RMSNorm, not Hugging Face's)
     b = M.memory_breakdown(LLAMA13, c, t, Layout(dp=int(r.gpus), sharding="zero3", micro_batch=int(r.local_batch)))
     assert M.fits(b["total"], c.gpu, threshold=1.0)
 
@@ -812,7 +813,8 @@ def test_first_stage_holds_at_most_as_many_micro_batches_as_there_are() -> None:
 
 def test_recompute_adds_one_layers_rebuilt_activations_on_top_of_what_it_stores() -> None:
     lay = Layout(dp=32, sharding="zero3", recompute="full")
-    kw = M.activation_kwargs(TRAIN, lay)
+    assert M.hf_norms(LLAMA13, TRAIN, lay)  # (pure DP, eager: the Accelerate launch, Hugging Face's norms)
+    kw = M.activation_kwargs(TRAIN, lay, norm_impl="upcast")
     full = M.saved_activation_bytes_per_layer(LLAMA13, 4096, 1, recompute="full", **kw)
     none = M.saved_activation_bytes_per_layer(LLAMA13, 4096, 1, **kw)
     extra = M.embedding_saved_bytes(LLAMA13, 4096, 1) + M.rope_table_bytes(LLAMA13, 4096)

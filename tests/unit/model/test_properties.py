@@ -110,7 +110,8 @@ def test_op_sac_can_store_more_than_no_recompute_under_lora() -> None:
     rerun. Megatron-style selective (fused kernels: keep all but the attention core) stays below none."""
     m = MODEL_PRESETS["debug"]
     lay = Layout(dp=1, tp=8, sp=True, sharding="none")
-    t = TrainingSpec(seq_len=128, global_batch=256, finetune="lora", lora_rank=4, lora_targets=("o",))
+    t = TrainingSpec(seq_len=128, global_batch=256, finetune="lora", lora_rank=4, lora_targets=("o",),
+                     norm_impl="fused")  # (op-level SAC is torchtitan's policy, with its fused norms)
     act = {r: M.activation_bytes(m, t, replace(lay, recompute=r)) for r in ("none", "selective")}
     assert act["selective"] > act["none"]
     tf = replace(t, kernels="fused")
