@@ -45,6 +45,7 @@ from trainplan.search.layouts import (
     LAUNCH_TPS_RATIO,
     LAUNCH_UNTIMED,
     TIE_FRAC,
+    UNTIMED_MARGIN,
     best_row,
     family_layout,
     group_infeasible,
@@ -53,6 +54,7 @@ from trainplan.search.layouts import (
     ranked,
     runner_up_index,
     shards_alike_mask,
+    untimed,
 )
 
 # The template and stylesheet (package data; in a checkout symlinks to report/templates/, which the memo rule
@@ -88,7 +90,7 @@ PROXY_FAMILY_LABELS = {"all": "all runs", "depth": "depth slice (1–4 layers, s
 
 # ------------------------------------------------------------------------------------- formatting
 def fmt(value: Any, kind: str = "num") -> str:
-    """The one number formatter of the memo. kinds: int, num, gib, pct, pct0, spct (signed), ratio2, usd, rate (a price: cents
+    """The one number formatter of the memo. kinds: int, num, gib, pct, slower (x% slower or faster), pct0, spct (signed), ratio2, usd, rate (a price: cents
     unless whole dollars), h, dur (hours with the unit: minutes below one hour), frac3, sci, s, short (k/M/B/T)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
@@ -105,6 +107,8 @@ def fmt(value: Any, kind: str = "num") -> str:
         return f"{v:,.1f}"
     if kind == "pct":
         return f"{100 * v:.1f}%"
+    if kind == "slower":  # a layout against the chosen one: faster within a tie reads as faster, not "-0.5% slower"
+        return f"{100 * v:.1f}% slower" if v >= 0 else f"{-100 * v:.1f}% faster"
     if kind == "pct0":  # a configured fraction: 90%
         return f"{100 * v:.0f}%"
     if kind == "ratio2":  # a factor: ×1.16
@@ -584,7 +588,7 @@ def build_context(inputs: Mapping[str, Any], *, config: dict, study_hash: str, g
         # the step's terms for the chosen layout's row (CPU offload only when it offloads): they add up to its step
         "step_parts": [(k, v) for k, v in STEP_PARTS.items()
                        if k != "offload_s" or float((chosen_row or {}).get("offload_s") or 0.0) > 0],
-        "fallback": fallback, "tie_won": tie_won, "ruled_as_launched": ruled,
+        "fallback": fallback, "tie_won": tie_won, "tie_frac": TIE_FRAC, "ruled_as_launched": ruled,
         **_families(families), "runner_up": ru,
         "techniques": _techniques(res.csv("techniques"), cost),
         "calibration": calib, "source": source, "source_label": ((calib or {}).get("source_detail") if source == "gpu-proxies" else None)
@@ -636,16 +640,27 @@ def ruled_out_as_launched(cand: pd.DataFrame, chosen: dict[str, Any]) -> dict[st
 
 def tie_winner(feasible: pd.DataFrame, chosen: dict[str, Any]) -> dict[str, Any] | None:
     """When the chosen layout (rank 1) is not the fastest that fits: the fastest, how much faster (under TIE_FRAC,
-    a tie the search broke on memory headroom, then simplicity) and how much more memory it needs; else None."""
+    a tie the search broke on memory headroom, then simplicity) and how much more memory it needs; else None.
+    ``untimed``: where the fastest one's launch changes something with no step-time model, its words (the search
+    ranks it UNTIMED_MARGIN slower: that, not a tie, is why it lost), else ""; then ``timed``: the same figures for
+    the fastest layout whose launch is timed, where it too is faster than the chosen one (a tie), else None."""
     if not len(feasible) or "tokens_per_s" not in feasible:
         return None
     speed = launched_tps(feasible)  # as the search ranked them: the speed of what the launch runs
     fast = feasible.loc[speed.idxmax()]
     if float(speed.max()) <= launched_tps(chosen):
         return None
-    return {"layout": str(fast.get("layout_text", "")),
-            "faster_frac": float(speed.max()) / launched_tps(chosen) - 1.0,
-            "more_gib": float(fast["mem_total_gib"]) - float(chosen["mem_total_gib"])}
+    def beat(row: Any, tps: float) -> dict[str, Any]:
+        return {"layout": str(row.get("layout_text", "")), "faster_frac": tps / launched_tps(chosen) - 1.0,
+                "more_gib": float(row["mem_total_gib"]) - float(chosen["mem_total_gib"])}
+
+    out = beat(fast, float(speed.max())) | {"untimed": "", "untimed_margin": UNTIMED_MARGIN, "timed": None}
+    if untimed(fast):
+        out["untimed"] = str(fast[LAUNCH_UNTIMED])
+        timed = speed[~untimed(feasible)]
+        if len(timed) and float(timed.max()) > launched_tps(chosen):
+            out["timed"] = beat(feasible.loc[timed.idxmax()], float(timed.max()))
+    return out
 
 
 # launch.artifacts.launch_judge's ``judge(layout, step=True)``: :func:`~trainplan.launch.artifacts.as_launched` of a

@@ -159,7 +159,7 @@ def test_runner_up_and_tie_winner_compare_the_speeds_of_what_the_launch_runs():
     import pandas as pd
 
     from trainplan.model.layout import Layout
-    from trainplan.search.layouts import LAUNCH_TPS_RATIO
+    from trainplan.search.layouts import LAUNCH_TPS_RATIO, LAUNCH_UNTIMED
 
     a, c, d = (Layout(dp=32, sharding="zero2"), Layout(dp=16, tp=2, sp=True, sharding="zero2", micro_batch=2),
                Layout(dp=16, pp=2, sharding="zero2"))
@@ -178,6 +178,17 @@ def test_runner_up_and_tie_winner_compare_the_speeds_of_what_the_launch_runs():
                          LAUNCH_TPS_RATIO: [1.0, 0.7]})
     assert memo.tie_winner(feas, feas.iloc[0].to_dict()) is None
     assert memo.tie_winner(feas.assign(**{LAUNCH_TPS_RATIO: 1.0}), feas.iloc[0].to_dict())["layout"] == "c"
+    assert memo.tie_winner(feas.assign(**{LAUNCH_TPS_RATIO: 1.0}), feas.iloc[0].to_dict())["untimed"] == ""
+    # c's launch cannot be timed (the search ranked it UNTIMED_MARGIN slower): page 1 says that, not a tie
+    won = memo.tie_winner(feas.assign(**{LAUNCH_TPS_RATIO: 1.0, LAUNCH_UNTIMED: ["", "all-gather CP"]}),
+                          feas.iloc[0].to_dict())
+    assert (won["layout"], won["untimed"], won["untimed_margin"], won["timed"]) == ("c", "all-gather CP", 0.05, None)
+    # ... and where a timed layout is faster too (a tie the chosen one won on memory), page 1 names it as well
+    three = pd.concat([feas, pd.DataFrame({"layout_text": ["b"], "tokens_per_s": [100.3], "mem_total_gib": [70.0]})],
+                      ignore_index=True).assign(**{LAUNCH_TPS_RATIO: 1.0, LAUNCH_UNTIMED: ["", "all-gather CP", ""]})
+    won = memo.tie_winner(three, three.iloc[0].to_dict())
+    assert won["layout"] == "c" and won["timed"]["layout"] == "b"
+    assert won["timed"]["faster_frac"] == pytest.approx(0.003) and won["timed"]["more_gib"] == pytest.approx(10.0)
 
 
 def test_the_day1_switch_walks_and_ranks_on_the_speed_the_search_ranks():
@@ -941,6 +952,20 @@ def test_a_chosen_layout_that_won_a_tie_says_so_on_page_one(tmp_path):
     text = _html_text(ctx)
     assert _squash(f"({won['layout']}, 0.2% faster) and is simpler (fewer techniques at about the same memory)") in \
         _squash(text) and "GiB less memory" not in text
+    # a faster layout whose launch the model cannot time (ranked UNTIMED_MARGIN slower): page 1 says so, not "ties";
+    # with a timed layout faster too, it names that tie as well
+    third = ok.index[2]
+    cand["launch_untimed"] = ""
+    cand.loc[second, ["tokens_per_s", "launch_untimed"]] = [cand.loc[first, "tokens_per_s"] * 1.03, "all-gather CP"]
+    cand.loc[third, ["tokens_per_s", "mem_total_gib"]] = [cand.loc[first, "tokens_per_s"] * 1.002,
+                                                          cand.loc[first, "mem_total_gib"] + 9.0]
+    cand.to_csv(root / "analytic/candidates.csv", index=False)
+    text = _squash(_html_text(_context(root)))
+    assert _squash(f"it is the fastest layout that fits whose launch the model can time; {cand.loc[second, 'layout_text']}"
+                   " is 3.0% faster as modelled, but its launch runs all-gather CP, whose step time is not modelled, and "
+                   f"the search ranks such a launch 5% slower; of the layouts it can time, {cand.loc[third, 'layout_text']}"
+                   " is 0.2% faster, a tie (under 0.5%) that this layout wins on memory (9.0 GiB less)") in text
+    assert "it ties with" not in text
 
 
 def test_launch_deviations_are_on_page_one_and_listed_in_appendix_a(tmp_path):
