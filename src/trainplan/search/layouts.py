@@ -642,7 +642,8 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
             slower = 1.0 - launched_tps(r) / launched_tps(best)
             extra = step_time_growth(r, best, comm="comm-bound")
             cause = max(extra, key=lambda k: extra[k])
-            slow_untimed = slower < UNTIMED_MARGIN and untimed(r) and not untimed(best)
+            # faster, or a tie: only the margin on its untimed launch put it below (slower beyond a tie: the cause)
+            slow_untimed = slower < TIE_FRAC and untimed(r) and not untimed(best)
             if slow_untimed:
                 cause = (f"its launch's step time is not modelled ({r[LAUNCH_UNTIMED]}); the search ranks it "
                          f"{UNTIMED_MARGIN:.0%} slower than modelled")
