@@ -489,6 +489,12 @@ def test_the_search_ranks_the_speed_of_what_the_launch_runs(overlay, study):
         assert row["cp"] > 1 and row[LAUNCH_UNTIMED].startswith("all-gather CP") and not chosen[LAUNCH_UNTIMED]
         assert row["tokens_per_s"] > chosen["tokens_per_s"] > rank_tps(row)
         assert z2["verdict"] == "not timed as launched" and "step time is not modelled (all-gather CP" in z2["line"]
+        # the margin is the cause only where it decided: a family slower beyond a tie keeps its own cause
+        slower = fam.index[fam["verdict"].str.startswith("slower by")][0]
+        moved = df.copy()
+        moved.loc[moved["layout_text"] == fam.loc[slower, "best_layout"], LAUNCH_UNTIMED] = "x"
+        again = family_verdicts(moved).set_index("family").loc[slower]
+        assert (again["verdict"], again["line"]) == (fam.loc[slower, "verdict"], fam.loc[slower, "line"])
         return
     assert (ok[LAUNCH_TPS_RATIO] != 1.0).any()
     if overlay == "fp8.yaml":
