@@ -655,7 +655,7 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
                        else "ties" if slower < TIE_FRAC else f"slower by {slower:.0%}")
             head = (f"slower by {slower:.1%}" if slower >= 0 else f"faster by {-slower:.1%}")
             line = (f"{head} ({tps:,.0f} vs {launched_tps(best, 'tokens_per_s_per_gpu'):,.0f} "
-                    f"tokens/s/GPU{_as_launched(r, best)}), mostly {cause}"
+                    f"tokens/s/GPU{_as_launched(r, best)}), {'but' if slow_untimed else 'mostly'} {cause}"
                     + (f": +{extra[cause]:.2f} s/step" if slower >= TIE_FRAC and not slow_untimed else ""))
         rows.append({"family": fam, "best_layout": r["layout_text"], "tokens_per_s_per_gpu": r["tokens_per_s_per_gpu"],
                      "tokens_per_s_per_gpu_launched": tps,

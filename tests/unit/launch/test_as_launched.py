@@ -488,7 +488,7 @@ def test_the_search_ranks_the_speed_of_what_the_launch_runs(overlay, study):
         row = ok[ok["layout_text"] == z2["best_layout"]].iloc[0]
         assert row["cp"] > 1 and row[LAUNCH_UNTIMED].startswith("all-gather CP") and not chosen[LAUNCH_UNTIMED]
         assert row["tokens_per_s"] > chosen["tokens_per_s"] > rank_tps(row)
-        assert z2["verdict"] == "not timed as launched" and "step time is not modelled (all-gather CP" in z2["line"]
+        assert z2["verdict"] == "not timed as launched" and "), but its launch's step time is not modelled (all-gather CP" in z2["line"]
         # the margin is the cause only where it decided: a family slower beyond a tie keeps its own cause
         slower = fam.index[fam["verdict"].str.startswith("slower by")][0]
         moved = df.copy()
