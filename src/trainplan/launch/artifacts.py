@@ -461,7 +461,8 @@ def launched_speed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
             continue
         devs = [d for d in devs if not d.memory_only]  # (no step-time term reads what they change)
         timed = [d for d in devs if "step time" not in d.unmodelled]
-        untimed_words[feas[rows]] = "; ".join(d.short for d in devs if d not in timed)
+        untimed = [d.short for d in devs if d not in timed]
+        untimed_words[feas[rows]] = "; ".join(untimed)
         lay_ch = {k: v for d in timed for k, v in d.layout.items() if getattr(lay, k) != v}
         tr_ch = {k: v for d in timed for k, v in d.training.items() if getattr(training, k) != v}
         ratio[feas[rows]] = 1.0
@@ -473,7 +474,6 @@ def launched_speed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
             ratio[feas[rows]] = np.nan
             untimed_words[feas[rows]] = "; ".join(d.short for d in devs)
             continue
-        untimed = [d.short for d in devs if d not in timed]
         moving = [d for d in timed if any(getattr(lay, k) != v for k, v in d.layout.items())
                   or any(getattr(training, k) != v for k, v in d.training.items())]
         why[feas[rows]] = (f"{trainer}: " + "; ".join(d.short for d in moving)

@@ -20,12 +20,12 @@ from trainplan.model.efficiency import Efficiency
 from trainplan.model.flops import lora_dims
 from trainplan.model.hardware import GPUSpec
 from trainplan.model.layout import grad_accum, shard_degree
-from trainplan.model.training import TrainingSpec
+from trainplan.model.training import NORM_IMPL_KINDS, TrainingSpec
 
 MiB = 1024**2
 TERMS = ("weights", "gradients", "optimizer", "activations", "logits", "buffers", "overhead", "total")
 ATTN_IMPLS = ("flash", "math")
-NORM_IMPLS = ("fused", "composite", "upcast")
+NORM_IMPLS = tuple(k for k in NORM_IMPL_KINDS if k != "auto")  # what a norm keeps, once resolved
 CONVENTIONS = ("zero", "fsdp2")
 
 DDP_BUCKET_BYTES = 25 * MiB  # torch DDP bucket_cap_mb default
