@@ -90,7 +90,7 @@ PROXY_FAMILY_LABELS = {"all": "all runs", "depth": "depth slice (1–4 layers, s
 
 # ------------------------------------------------------------------------------------- formatting
 def fmt(value: Any, kind: str = "num") -> str:
-    """The one number formatter of the memo. kinds: int, num, gib, pct, slower (x% slower or faster), pct0, spct (signed), ratio2, usd, rate (a price: cents
+    """The one number formatter of the memo. kinds: int, num, gib, pct, tie (pct to two decimals: a gap under the tie threshold), slower (x% slower or faster), pct0, spct (signed), ratio2, usd, rate (a price: cents
     unless whole dollars), h, dur (hours with the unit: minutes below one hour), frac3, sci, s, short (k/M/B/T)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
@@ -107,6 +107,8 @@ def fmt(value: Any, kind: str = "num") -> str:
         return f"{v:,.1f}"
     if kind == "pct":
         return f"{100 * v:.1f}%"
+    if kind == "tie":  # a gap under TIE_FRAC (0.5%): one decimal would round 0.49% up to the threshold it is under
+        return f"{100 * v:.2f}%"
     if kind == "slower":  # a layout against the chosen one: faster within a tie reads as faster, not "-0.5% slower"
         return f"{100 * v:.1f}% slower" if v >= 0 else f"{-100 * v:.1f}% faster"
     if kind == "pct0":  # a configured fraction: 90%

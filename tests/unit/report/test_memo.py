@@ -453,6 +453,7 @@ def test_missing_optional_inputs_render_as_not_available(tmp_path):
 def test_fmt_is_the_one_formatter():
     assert memo.fmt(5637.06, "int") == "5,637"
     assert memo.fmt(0.3591, "pct") == "35.9%"
+    assert memo.fmt(0.0049, "tie") == "0.49%"  # "pct" would print 0.5%: a tie "under 0.5%" that reads as equal to it
     assert memo.fmt(-0.0692, "spct") == "-6.9%" and memo.fmt(0.1, "spct") == "+10.0%"
     assert memo.fmt(9738.0, "usd") == "$9,738"
     assert memo.fmt(6.88, "rate") == "$6.88" and memo.fmt(3.0, "rate") == "$3"  # a price keeps its cents
@@ -942,7 +943,7 @@ def test_a_chosen_layout_that_won_a_tie_says_so_on_page_one(tmp_path):
     assert won["faster_frac"] == pytest.approx(0.002) and won["more_gib"] == pytest.approx(9.0)
     ctx = _context(root)
     text = _html_text(ctx)
-    assert _squash(f"it ties with the fastest layout that fits ({won['layout']}, 0.2% faster) and needs 9.0 GiB less "
+    assert _squash(f"it ties with the fastest layout that fits ({won['layout']}, 0.20% faster) and needs 9.0 GiB less "
                    "memory") in _squash(text)
     assert "it is the fastest layout whose modelled peak fits" not in text
     # a tie won on simplicity (headroom within HEADROOM_TIE): no "needs -0.4 GiB less memory"
@@ -950,7 +951,7 @@ def test_a_chosen_layout_that_won_a_tie_says_so_on_page_one(tmp_path):
     cand.to_csv(root / "analytic/candidates.csv", index=False)
     ctx = _context(root)
     text = _html_text(ctx)
-    assert _squash(f"({won['layout']}, 0.2% faster) and is simpler (fewer techniques at about the same memory)") in \
+    assert _squash(f"({won['layout']}, 0.20% faster) and is simpler (fewer techniques at about the same memory)") in \
         _squash(text) and "GiB less memory" not in text
     # a faster layout whose launch the model cannot time (ranked UNTIMED_MARGIN slower): page 1 says so, not "ties";
     # with a timed layout faster too, it names that tie as well
@@ -964,7 +965,7 @@ def test_a_chosen_layout_that_won_a_tie_says_so_on_page_one(tmp_path):
     assert _squash(f"it is the fastest layout that fits whose launch the model can time; {cand.loc[second, 'layout_text']}"
                    " is 3.0% faster as modelled, but its launch runs all-gather CP, whose step time is not modelled, and "
                    f"the search ranks such a launch 5% slower; of the layouts it can time, {cand.loc[third, 'layout_text']}"
-                   " is 0.2% faster, a tie (under 0.5%) that this layout wins on memory (9.0 GiB less)") in text
+                   " is 0.20% faster, a tie (under 0.5%) that this layout wins on memory (9.0 GiB less)") in text
     assert "it ties with" not in text
 
 
