@@ -28,7 +28,7 @@ from typing import Any
 
 from trainplan.model.arch import ModelSpec, torchtitan_problems
 from trainplan.model.hardware import ClusterSpec
-from trainplan.model.layout import Layout, grad_accum, shard_degree
+from trainplan.model.layout import Layout, grad_accum, shard_degree, torchtitan_launch
 from trainplan.model.memory import LOSS_CHUNKS, logits_bytes
 from trainplan.model.training import TrainingSpec
 from trainplan.train_entry import checkpoint_interval_s_from_cost
@@ -135,22 +135,22 @@ def torchtitan_model_problems(model: ModelSpec, training: TrainingSpec) -> list[
 
 
 def choose_trainer(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tuple[str, str]:
-    """('torchtitan' | 'accelerate', why): which trainer the sbatch script runs for this layout."""
+    """('torchtitan' | 'accelerate', why): which trainer the sbatch script runs for this layout. The choice is
+    ``layout.torchtitan_launch`` (which the memory model reads too); this adds the reasons."""
     L = layout
     needs = [n for n, on in (("pp", L.pp > 1), ("tp", L.tp > 1), ("cp", L.cp > 1), ("async TP", L.tp_overlap),
                              ("compiled kernels", training.kernels == "compiled"),
                              ("FP8 rowwise", training.fp8 == "rowwise")) if on]
+    if bool(torchtitan_launch(model, training, L)):
+        named = [("cp (as torchtitan's all-gather CP; see deviations)" if n == "cp" else n) for n in needs]
+        return "torchtitan", (f"the layout uses {', '.join(named)}, which torchtitan {TORCHTITAN_VERSION} runs "
+                              "natively (Accelerate 1.x has no PP; its TP needs a transformers tp_plan)")
     titan_no = torchtitan_model_problems(model, training)
-    structural = [n for n in needs if n not in ("compiled kernels", "FP8 rowwise")]
-    if training.fp8 == "tensorwise" and not structural:
+    if training.fp8 == "tensorwise" and not set(needs) - {"compiled kernels", "FP8 rowwise"}:
         return "accelerate", ("FP8 tensorwise: torchtitan 0.3's float8 converter has rowwise recipes only, so "
                               "Accelerate runs it (mixed_precision fp8, backend AO = torchao Float8 tensorwise)"
                               + ("; torch.compile through Accelerate's dynamo settings"
                                  if training.kernels == "compiled" else ""))
-    if needs and not titan_no:
-        named = [("cp (as torchtitan's all-gather CP; see deviations)" if n == "cp" else n) for n in needs]
-        return "torchtitan", (f"the layout uses {', '.join(named)}, which torchtitan {TORCHTITAN_VERSION} runs "
-                              "natively (Accelerate 1.x has no PP; its TP needs a transformers tp_plan)")
     if needs:
         return "accelerate", (f"the layout uses {', '.join(needs)} but torchtitan cannot build this model "
                               f"({'; '.join(titan_no)}); Accelerate + Transformers runs what it can express "

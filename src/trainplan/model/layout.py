@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from trainplan.model.arch import ModelSpec
+from trainplan.model.arch import ModelSpec, torchtitan_problems
 from trainplan.model.base import ConfigError, one_of, positive_int
 from trainplan.model.hardware import GPUS, ClusterSpec
 from trainplan.model.training import TrainingSpec
@@ -213,6 +213,22 @@ def grad_accum(training: TrainingSpec, layout: Layout | LayoutTable) -> Any:
 
     out = np.maximum(1, (training.global_batch // layout.dp) // layout.micro_batch)
     return out.item() if np.ndim(out) == 0 else out
+
+
+def torchtitan_launch(model: ModelSpec, training: TrainingSpec, layout: Layout | LayoutTable) -> Any:
+    """Whether the generated launch runs this layout on torchtitan (else Accelerate + Transformers), per layout:
+    torchtitan where it needs what Accelerate 1.x cannot run (TP, PP, CP, async TP) or what the launch gets from
+    torchtitan (compiled kernels, FP8 rowwise), and torchtitan can build the model and fine-tune; FP8 tensorwise with
+    none of TP/PP/CP goes to Accelerate (torchtitan 0.3's float8 converter is rowwise only). The one statement of the
+    choice: ``launch.trainers.choose_trainer`` gives its reasons, ``memory.hf_norms`` sizes the norms it implies."""
+    L = layout
+    structural = ((np.asarray(L.tp) > 1) | (np.asarray(L.pp) > 1) | (np.asarray(L.cp) > 1)
+                  | np.asarray(L.tp_overlap, dtype=bool))
+    if torchtitan_problems(model, training.finetune):
+        return np.zeros_like(structural, dtype=bool)
+    if training.fp8 == "tensorwise":
+        return structural
+    return structural | (training.kernels == "compiled") | (training.fp8 == "rowwise")
 
 
 def layout_problems(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout) -> list[str]:

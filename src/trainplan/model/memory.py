@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from trainplan.model.arch import ModelSpec, torchtitan_problems
+from trainplan.model.arch import ModelSpec
 from trainplan.model.base import ConfigError
 from trainplan.model.efficiency import Efficiency
 from trainplan.model.flops import lora_dims
 from trainplan.model.hardware import GPUSpec
-from trainplan.model.layout import grad_accum, shard_degree
+from trainplan.model.layout import grad_accum, shard_degree, torchtitan_launch
 from trainplan.model.training import NORM_IMPL_KINDS, TrainingSpec
 
 MiB = 1024**2
@@ -271,18 +271,13 @@ def resolve_norm_impl(training: TrainingSpec) -> str:
 
 def hf_norms(model: ModelSpec, training: TrainingSpec, layout: Any) -> Any:
     """Where ``norm_impl: auto`` sizes Hugging Face's fp32-upcast RMSNorm (docs/analytic-model.md §3): eager kernels,
-    the kernel class's own block, on the layouts the Accelerate launch runs with Hugging Face's model (pure data
-    parallelism, or a model / fine-tune torchtitan's job cannot build; FP8 rowwise goes to torchtitan). The rest run
-    torchtitan's own fused ``nn.RMSNorm``. ``launch.trainers.choose_trainer`` makes that choice; a test holds the two
-    equal."""
-    L = layout
-    structural = ((np.asarray(L.tp) > 1) | (np.asarray(L.pp) > 1) | (np.asarray(L.cp) > 1)
-                  | np.asarray(L.tp_overlap, dtype=bool) | (training.fp8 == "rowwise"))
+    the kernel class's own block, on the layouts the launch runs with Hugging Face's model under Accelerate
+    (:func:`layout.torchtitan_launch` false: pure data parallelism, or a model / fine-tune torchtitan's job cannot
+    build). The rest run torchtitan's own fused ``nn.RMSNorm``."""
+    on_titan = np.asarray(torchtitan_launch(model, training, layout), dtype=bool)
     if training.norm_impl != "auto" or training.kernels != "eager" or training.block_impl != "auto":
-        return np.zeros_like(structural, dtype=bool)
-    if torchtitan_problems(model, training.finetune):
-        return np.ones_like(structural, dtype=bool)
-    return ~structural
+        return np.zeros_like(on_titan)
+    return ~on_titan
 
 
 # Whether the plan sizes Hugging Face's norms where :func:`hf_norms` says the Accelerate launch runs them (on since

@@ -14,7 +14,7 @@ from trainplan.launch import artifacts as launch
 from trainplan.launch import trainers
 from trainplan.model.arch import resolve_model
 from trainplan.model.hardware import ClusterSpec
-from trainplan.model.layout import Layout
+from trainplan.model.layout import Layout, LayoutTable
 from trainplan.model.training import TrainingSpec
 
 MODEL = resolve_model("llama2-13b")
@@ -234,7 +234,8 @@ def test_day1_ingest_runs_from_the_project_root_and_reads_what_the_trainer_write
 def test_the_plan_sizes_the_norms_of_the_trainer_that_runs_each_layout():
     """memory.hf_norms (Hugging Face's fp32-upcast RMSNorm, eager kernels) is true exactly where choose_trainer picks
     Accelerate: pure data parallelism, a fine-tune or model torchtitan's job cannot build (LoRA; biased linears), and
-    not FP8 rowwise (torchtitan). Elsewhere torchtitan runs its own fused nn.RMSNorm and the plan sizes that."""
+    not FP8 rowwise (torchtitan). Elsewhere torchtitan runs its own fused nn.RMSNorm and the plan sizes that. Both
+    read layout.torchtitan_launch; the trainer each case should get is written out here, from the launch's rules."""
     from dataclasses import replace
 
     from trainplan.model import memory
@@ -244,14 +245,22 @@ def test_the_plan_sizes_the_norms_of_the_trainer_that_runs_each_layout():
         Layout(dp=16, tp=2, sp=True, sharding="zero2", micro_batch=1),
         Layout(dp=16, tp=2, sp=True, tp_overlap=True, sharding="zero3", micro_batch=1),
         Layout(dp=8, pp=4, sharding="zero1", micro_batch=1), Layout(dp=16, cp=2, sharding="zero3", micro_batch=1)]
+    table = LayoutTable.from_layouts(layouts)
     seen = set()
     for model in (MODEL, biased):
         for extra in ({}, {"finetune": "lora"}, {"precision": "fp8-rowwise"}, {"precision": "fp8-tensorwise"},
-                      {"kernels": "compiled"}, {"kernels": "fused"}):
+                      {"kernels": "compiled"}, {"precision": "fp8-tensorwise", "kernels": "compiled"},
+                      {"kernels": "fused"}):
             t = replace(TRAINING, **extra)
-            for lay in layouts:
+            buildable = model is MODEL and t.finetune == "full"
+            for i, lay in enumerate(layouts):
+                parallel = lay.tp > 1 or lay.pp > 1 or lay.cp > 1
+                titan = buildable and (parallel or (t.fp8 != "tensorwise" and t.kernels == "compiled")
+                                       or t.fp8 == "rowwise")
+                assert trainers.choose_trainer(model, t, lay)[0] == ("torchtitan" if titan else "accelerate"), \
+                    (model.name, extra, lay.describe())
                 hf = bool(memory.hf_norms(model, t, lay))
-                accelerate = trainers.choose_trainer(model, t, lay)[0] == "accelerate"
-                assert hf == (accelerate and t.kernels == "eager"), (model.name, extra, lay.describe())
+                assert hf == (not titan and t.kernels == "eager"), (model.name, extra, lay.describe())
+                assert bool(memory.hf_norms(model, t, table)[i]) == hf  # vectorised over the search's table alike
                 seen.add(hf)
     assert seen == {True, False}
