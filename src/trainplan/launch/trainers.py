@@ -207,7 +207,8 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
                                "masks attention per document (block-causal), not the plan's full causal; the "
                                f"gathered K, V that backward keeps add about {extra:.1f} GiB per GPU to the plan's "
                                "memory (bf16, every layer of the stage)",
-                               short=f"all-gather CP, block-causal masks, for {'Ulysses' if L.cp_kind == 'ulysses' else 'ring'} CP",
+                               short=("all-gather CP with block-causal masks, not "
+                                      f"{'Ulysses' if L.cp_kind == 'ulysses' else 'ring'} CP"),
                                extra_bytes=extra * 2**30, unmodelled=("step time",)))
     # batch: without PP a rank processes micro_batch per forward, accumulating ga; with PP the local batch
     # is split into pipeline micro-batches of micro_batch

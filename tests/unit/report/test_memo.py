@@ -963,7 +963,7 @@ def test_a_chosen_layout_that_won_a_tie_says_so_on_page_one(tmp_path):
     cand.to_csv(root / "analytic/candidates.csv", index=False)
     text = _squash(_html_text(_context(root)))
     assert _squash(f"it is the fastest layout that fits whose launch the model can time; {cand.loc[second, 'layout_text']}"
-                   " is 3.0% faster as modelled, but its launch runs all-gather CP, whose step time is not modelled, and "
+                   " is 3.0% faster as modelled, but its launch runs all-gather CP, a change whose step time is not modelled, and "
                    f"the search ranks such a launch 5% slower; of the layouts it can time, {cand.loc[third, 'layout_text']}"
                    " is 0.20% faster, a tie (under 0.5%) that this layout wins on memory (9.0 GiB less)") in text
     assert "it ties with" not in text
