@@ -649,13 +649,16 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
                          f"{UNTIMED_MARGIN:.0%} slower than modelled")
                 extra[cause] = 0.0
             elif slower < TIE_FRAC:
-                cause = "a tie on time; ranked lower on headroom or simplicity"
+                cause = f"a tie on time (under {TIE_FRAC:.1%}): ranked lower on headroom or simplicity"
                 extra[cause] = 0.0
+            tie = slower < TIE_FRAC and not slow_untimed
             verdict = ("not timed as launched" if slow_untimed else "bubble" if cause == "bubble"
-                       else "ties" if slower < TIE_FRAC else f"slower by {slower:.0%}")
-            head = (f"slower by {slower:.1%}" if slower >= 0 else f"faster by {-slower:.1%}")
+                       else "ties" if tie else f"slower by {slower:.0%}")
+            digits = 2 if tie else 1  # a gap under 0.5% to one decimal can read "0.5%", the threshold itself
+            head = (f"slower by {slower:.{digits}%}" if slower >= 0 else f"faster by {-slower:.{digits}%}")
+            connector = "but " if slow_untimed else "" if tie else "mostly "
             line = (f"{head} ({tps:,.0f} vs {launched_tps(best, 'tokens_per_s_per_gpu'):,.0f} "
-                    f"tokens/s/GPU{_as_launched(r, best)}), {'but' if slow_untimed else 'mostly'} {cause}"
+                    f"tokens/s/GPU{_as_launched(r, best)}), {connector}{cause}"
                     + (f": +{extra[cause]:.2f} s/step" if slower >= TIE_FRAC and not slow_untimed else ""))
         rows.append({"family": fam, "best_layout": r["layout_text"], "tokens_per_s_per_gpu": r["tokens_per_s_per_gpu"],
                      "tokens_per_s_per_gpu_launched": tps,
