@@ -54,6 +54,7 @@ from trainplan.search.layouts import (
     ranked,
     runner_up_index,
     shards_alike_mask,
+    tie_pct,
     untimed,
 )
 
@@ -108,7 +109,7 @@ def fmt(value: Any, kind: str = "num") -> str:
     if kind == "pct":
         return f"{100 * v:.1f}%"
     if kind == "tie":  # a gap under TIE_FRAC (0.5%): one decimal would round 0.49% up to the threshold it is under
-        return f"{100 * v:.2f}%"
+        return tie_pct(v)
     if kind == "slower":  # a layout against the chosen one: faster within a tie reads as faster, not "-0.5% slower"
         return f"{100 * v:.1f}% slower" if v >= 0 else f"{-100 * v:.1f}% faster"
     if kind == "pct0":  # a configured fraction: 90%
@@ -652,16 +653,21 @@ def tie_winner(feasible: pd.DataFrame, chosen: dict[str, Any]) -> dict[str, Any]
     fast = feasible.loc[speed.idxmax()]
     if float(speed.max()) <= launched_tps(chosen):
         return None
-    def beat(row: Any, tps: float) -> dict[str, Any]:
-        return {"layout": str(row.get("layout_text", "")), "faster_frac": tps / launched_tps(chosen) - 1.0,
+    def beat(row: Any, tps: float, tie: bool) -> dict[str, Any]:
+        # a tie in the search's own measure (the chosen one's shortfall as a fraction of the faster one's speed, under
+        # TIE_FRAC); a layout that lost on its untimed launch by the usual one (tps / chosen − 1)
+        mine = launched_tps(chosen)
+        return {"layout": str(row.get("layout_text", "")),
+                "faster_frac": 1.0 - mine / tps if tie else tps / mine - 1.0,
                 "more_gib": float(row["mem_total_gib"]) - float(chosen["mem_total_gib"])}
 
-    out = beat(fast, float(speed.max())) | {"untimed": "", "untimed_margin": UNTIMED_MARGIN, "timed": None}
+    out = beat(fast, float(speed.max()), not untimed(fast)) | {"untimed": "", "untimed_margin": UNTIMED_MARGIN,
+                                                               "timed": None}
     if untimed(fast):
         out["untimed"] = str(fast[LAUNCH_UNTIMED])
         timed = speed[~untimed(feasible)]
         if len(timed) and float(timed.max()) > launched_tps(chosen):
-            out["timed"] = beat(feasible.loc[timed.idxmax()], float(timed.max()))
+            out["timed"] = beat(feasible.loc[timed.idxmax()], float(timed.max()), True)
     return out
 
 

@@ -312,6 +312,16 @@ def pinned_options(options: dict[str, Any] | None, layout: Layout | None) -> dic
     return out
 
 
+def tie_pct(gap: float) -> str:
+    """A gap under TIE_FRAC as a percentage, to two decimals, or more where two would round up to the threshold
+    itself: 0.4959% is "0.496%", never "0.50%" next to "a tie (under 0.5%)"."""
+    v = 100 * abs(float(gap))
+    for d in (2, 3, 4):
+        if round(v, d) < 100 * TIE_FRAC:
+            return f"{v:.{d}f}%"
+    return f"{v:.4f}%"
+
+
 def tie_order(tput: np.ndarray, headroom: np.ndarray, complexity: np.ndarray, tie: float | None = None) -> np.ndarray:
     """Rank order with ties: positions into arrays already sorted by throughput (descending), then headroom.
 
@@ -654,8 +664,11 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
             tie = slower < TIE_FRAC and not slow_untimed
             verdict = ("not timed as launched" if slow_untimed else "bubble" if cause == "bubble"
                        else "ties" if tie else f"slower by {slower:.0%}")
-            digits = 2 if tie else 1  # a gap under 0.5% to one decimal can read "0.5%", the threshold itself
-            head = (f"slower by {slower:.{digits}%}" if slower >= 0 else f"faster by {-slower:.{digits}%}")
+            if tie:  # the tie's own measure: the slower one's shortfall as a fraction of the faster one's speed
+                gap = slower if slower >= 0 else 1.0 - launched_tps(best) / launched_tps(r)
+                head = f"{'slower' if slower >= 0 else 'faster'} by {tie_pct(gap)}"
+            else:
+                head = f"slower by {slower:.1%}" if slower >= 0 else f"faster by {-slower:.1%}"
             connector = "but " if slow_untimed else "" if tie else "mostly "
             line = (f"{head} ({tps:,.0f} vs {launched_tps(best, 'tokens_per_s_per_gpu'):,.0f} "
                     f"tokens/s/GPU{_as_launched(r, best)}), {connector}{cause}"

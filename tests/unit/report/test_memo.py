@@ -188,7 +188,8 @@ def test_runner_up_and_tie_winner_compare_the_speeds_of_what_the_launch_runs():
                       ignore_index=True).assign(**{LAUNCH_TPS_RATIO: 1.0, LAUNCH_UNTIMED: ["", "all-gather CP", ""]})
     won = memo.tie_winner(three, three.iloc[0].to_dict())
     assert won["layout"] == "c" and won["timed"]["layout"] == "b"
-    assert won["timed"]["faster_frac"] == pytest.approx(0.003) and won["timed"]["more_gib"] == pytest.approx(10.0)
+    # a tie in the search's measure: the chosen one's shortfall as a fraction of the faster one's speed
+    assert won["timed"]["faster_frac"] == pytest.approx(1 - 100 / 100.3) and won["timed"]["more_gib"] == pytest.approx(10.0)
 
 
 def test_the_day1_switch_walks_and_ranks_on_the_speed_the_search_ranks():
@@ -454,6 +455,7 @@ def test_fmt_is_the_one_formatter():
     assert memo.fmt(5637.06, "int") == "5,637"
     assert memo.fmt(0.3591, "pct") == "35.9%"
     assert memo.fmt(0.0049, "tie") == "0.49%"  # "pct" would print 0.5%: a tie "under 0.5%" that reads as equal to it
+    assert memo.fmt(0.004959, "tie") == "0.496%"  # two decimals would too (the default study's ZeRO-2×TP tie)
     assert memo.fmt(-0.0692, "spct") == "-6.9%" and memo.fmt(0.1, "spct") == "+10.0%"
     assert memo.fmt(9738.0, "usd") == "$9,738"
     assert memo.fmt(6.88, "rate") == "$6.88" and memo.fmt(3.0, "rate") == "$3"  # a price keeps its cents
@@ -940,7 +942,7 @@ def test_a_chosen_layout_that_won_a_tie_says_so_on_page_one(tmp_path):
     cand.to_csv(root / "analytic/candidates.csv", index=False)
     won = memo.tie_winner(cand[cand["feasible"].astype(bool)], cand.loc[first].to_dict())
     assert won["layout"] == cand.loc[second, "layout_text"]
-    assert won["faster_frac"] == pytest.approx(0.002) and won["more_gib"] == pytest.approx(9.0)
+    assert won["faster_frac"] == pytest.approx(1 - 1 / 1.002) and won["more_gib"] == pytest.approx(9.0)
     ctx = _context(root)
     text = _html_text(ctx)
     assert _squash(f"it ties with the fastest layout that fits ({won['layout']}, 0.20% faster) and needs 9.0 GiB less "
