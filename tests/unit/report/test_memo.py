@@ -969,6 +969,20 @@ def test_a_chosen_layout_that_won_a_tie_says_so_on_page_one(tmp_path):
                    f"the search ranks such a launch 5% slower; of the layouts it can time, {cand.loc[third, 'layout_text']}"
                    " is 0.20% faster, a tie (under 0.5%) that this layout wins on memory (9.0 GiB less)") in text
     assert "it ties with" not in text
+    # a faster layout the launch would not fit: after a tie, its own clause (no "(...) (...)" back to back) ...
+    out = cand.index[~cand["feasible"].astype(bool)][0]
+    cand.loc[out, ["tokens_per_s", "reason", "launch_untimed"]] = [
+        cand.loc[first, "tokens_per_s"] * 1.05, "OOM as launched (torchtitan: FSDP2 for ZeRO-2): needs 75.0 GiB > 71.7 GiB", ""]
+    cand.to_csv(root / "analytic/candidates.csv", index=False)
+    text = _squash(_html_text(_context(root)))
+    assert _squash(f"wins on memory (9.0 GiB less); 1 faster layout fits only as planned (the fastest, "
+                   f"{cand.loc[out, 'layout_text']}, needs 75.0 GiB as launched).") in text
+    # ... and without a tie, what the fastest-that-fits claim is measured against
+    cand.loc[[second, third], "tokens_per_s"] = cand.loc[first, "tokens_per_s"] * 0.9
+    cand.to_csv(root / "analytic/candidates.csv", index=False)
+    text = _squash(_html_text(_context(root)))
+    assert _squash("it is the fastest layout whose modelled peak fits as the launch runs it (1 faster layout fits only "
+                   f"as planned; the fastest, {cand.loc[out, 'layout_text']}, needs 75.0 GiB as launched).") in text
 
 
 def test_launch_deviations_are_on_page_one_and_listed_in_appendix_a(tmp_path):
