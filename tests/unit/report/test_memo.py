@@ -347,10 +347,14 @@ def test_technique_table_shows_each_technique_with_and_without_from_the_results(
     assert len(tech) >= 5
     alt = _alternatives_text(rendered)
     assert "Whateachtechniquebuys" in alt
-    for _, r in tech.iterrows():
+    from trainplan.search.layouts import tie_pct
+
+    for _, r in tech.iterrows():  # a tie's ratio to the digits that keep it under the threshold (tie_pct)
+        d = r["delta_frac"]
+        ratio = f"{'+' if d >= 0 else '-'}{tie_pct(d)}" if r["verdict"] == "ties" else f"{100 * d:+.1f}%"
         row = re.escape(_squash(r["technique"])) + ".*?" + re.escape(_squash(r["best_with"])) + ".*?" + \
             re.escape(f"{r['tokens_per_s_per_gpu_with']:,.0f}") + ".*?" + re.escape(_squash(r["best_without"])) + \
-            ".*?" + re.escape(f"{r['tokens_per_s_per_gpu_without']:,.0f}") + re.escape(f"{100 * r['delta_frac']:+.1f}%") + \
+            ".*?" + re.escape(f"{r['tokens_per_s_per_gpu_without']:,.0f}") + re.escape(ratio) + \
             re.escape(_squash(f"{r['verdict']}: {r['note']}"))
         assert re.search(row, alt), r["technique"]
     used = tech.loc[tech["used_by_best"], "technique"]
