@@ -91,7 +91,7 @@ PROXY_FAMILY_LABELS = {"all": "all runs", "depth": "depth slice (1–4 layers, s
 
 # ------------------------------------------------------------------------------------- formatting
 def fmt(value: Any, kind: str = "num") -> str:
-    """The one number formatter of the memo. kinds: int, num, gib, pct, tie (pct to two decimals: a gap under the tie threshold), slower (x% slower or faster), pct0, spct (signed), ratio2, usd, rate (a price: cents
+    """The one number formatter of the memo. kinds: int, num, gib, pct, tie (a gap under the tie threshold: search.layouts.tie_pct), slower (x% slower or faster), pct0, spct (signed), ratio2, usd, rate (a price: cents
     unless whole dollars), h, dur (hours with the unit: minutes below one hour), frac3, sci, s, short (k/M/B/T)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
