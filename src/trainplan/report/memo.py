@@ -91,7 +91,7 @@ PROXY_FAMILY_LABELS = {"all": "all runs", "depth": "depth slice (1–4 layers, s
 
 # ------------------------------------------------------------------------------------- formatting
 def fmt(value: Any, kind: str = "num") -> str:
-    """The one number formatter of the memo. kinds: int, num, gib, pct, tie (a gap under the tie threshold: search.layouts.tie_pct), slower (x% slower or faster), pct0, spct (signed), ratio2, usd, rate (a price: cents
+    """The one number formatter of the memo. kinds: int, num, gib, pct, tie (a gap under the tie threshold: search.layouts.tie_pct), slower (x% slower or faster), rival (slower, a tie as tie_pct prints it), pct0, spct (signed), ratio2, usd, rate (a price: cents
     unless whole dollars), h, dur (hours with the unit: minutes below one hour), frac3, sci, s, short (k/M/B/T)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
@@ -112,6 +112,11 @@ def fmt(value: Any, kind: str = "num") -> str:
         return tie_pct(v)
     if kind == "slower":  # a layout against the chosen one: faster within a tie reads as faster, not "-0.5% slower"
         return f"{100 * v:.1f}% slower" if v >= 0 else f"{-100 * v:.1f}% faster"
+    if kind == "rival":  # "slower" for the runner-up, which page 1's tie clause may have named: a tie as it prints it
+        gap = v if v >= 0 else -v / (1.0 - v)  # the tie rule's measure: the shortfall as a share of the faster one
+        if gap >= TIE_FRAC:
+            return fmt(v, "slower")
+        return f"{tie_pct(gap)} slower" if v >= 0 else f"{tie_pct(gap)} faster"
     if kind == "pct0":  # a configured fraction: 90%
         return f"{100 * v:.0f}%"
     if kind == "ratio2":  # a factor: ×1.16

@@ -105,7 +105,8 @@ def test_page_one_names_the_runner_up_with_its_numbers_from_families_csv(rendere
     r = ok.sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
     p1 = _squash(rendered["pages"][0])
     slower = 1 - r["tokens_per_s_per_gpu"] / ch["tokens_per_s_per_gpu_p50"]
-    for w in (f"Runner-upstrategy:{r['family']}", r["layout"], f"{100 * slower:.1f}%slower", f"{r['mem_total_gib']:.1f}GiB/GPU"):
+    for w in (f"Runner-upstrategy:{r['family']}", r["layout"], _squash(memo.fmt(slower, "rival")),
+              f"{r['mem_total_gib']:.1f}GiB/GPU"):
         assert _squash(w) in p1, w
     inside = r["tokens_per_s_per_gpu"] >= ch["tokens_per_s_per_gpu_p10"]
     assert ("cannotrankthetwo" in p1) == inside
@@ -460,6 +461,11 @@ def test_fmt_is_the_one_formatter():
     assert memo.fmt(0.3591, "pct") == "35.9%"
     assert memo.fmt(0.0049, "tie") == "0.49%"  # "pct" would print 0.5%: a tie "under 0.5%" that reads as equal to it
     assert memo.fmt(0.004959, "tie") == "0.496%"  # two decimals would too (the default study's ZeRO-2×TP tie)
+    # the runner-up against the chosen one: a tie prints as page 1's tie clause does (the rule's measure, tie_pct)
+    assert memo.fmt(-0.004983, "rival") == "0.496% faster"  # 4,730 vs 4,707: the default study's runner-up
+    assert memo.fmt(-0.004983, "slower") == "0.5% faster"  # (the kind of every other "x% slower")
+    assert (memo.fmt(0.003, "rival"), memo.fmt(0.046, "rival"), memo.fmt(-0.038, "rival")) == \
+        ("0.30% slower", "4.6% slower", "3.8% faster")
     assert memo.fmt(-0.0692, "spct") == "-6.9%" and memo.fmt(0.1, "spct") == "+10.0%"
     assert memo.fmt(9738.0, "usd") == "$9,738"
     assert memo.fmt(6.88, "rate") == "$6.88" and memo.fmt(3.0, "rate") == "$3"  # a price keeps its cents
