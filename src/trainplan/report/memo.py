@@ -54,6 +54,7 @@ from trainplan.search.layouts import (
     ranked,
     runner_up_index,
     shards_alike_mask,
+    tie_gap,
     tie_pct,
     untimed,
 )
@@ -113,7 +114,7 @@ def fmt(value: Any, kind: str = "num") -> str:
     if kind == "slower":  # a layout against the chosen one: faster within a tie reads as faster, not "-0.5% slower"
         return f"{100 * v:.1f}% slower" if v >= 0 else f"{-100 * v:.1f}% faster"
     if kind == "rival":  # "slower" for the runner-up, which page 1's tie clause may have named: a tie as it prints it
-        gap = v if v >= 0 else -v / (1.0 - v)  # the tie rule's measure: the shortfall as a share of the faster one
+        gap = tie_gap(1.0, 1.0 - v)  # v = 1 − its speed / the chosen one's
         if gap >= TIE_FRAC:
             return fmt(v, "slower")
         return f"{tie_pct(gap)} slower" if v >= 0 else f"{tie_pct(gap)} faster"
@@ -659,11 +660,10 @@ def tie_winner(feasible: pd.DataFrame, chosen: dict[str, Any]) -> dict[str, Any]
     if float(speed.max()) <= launched_tps(chosen):
         return None
     def beat(row: Any, tps: float, tie: bool) -> dict[str, Any]:
-        # a tie in the search's own measure (the chosen one's shortfall as a fraction of the faster one's speed, under
-        # TIE_FRAC); a layout that lost on its untimed launch by the usual one (tps / chosen − 1)
+        # a tie in the search's own measure (tie_gap); a layout that lost on its untimed launch by the usual one
         mine = launched_tps(chosen)
         return {"layout": str(row.get("layout_text", "")),
-                "faster_frac": 1.0 - mine / tps if tie else tps / mine - 1.0,
+                "faster_frac": tie_gap(tps, mine) if tie else tps / mine - 1.0,
                 "more_gib": float(row["mem_total_gib"]) - float(chosen["mem_total_gib"])}
 
     out = beat(fast, float(speed.max()), not untimed(fast)) | {"untimed": "", "untimed_margin": UNTIMED_MARGIN,

@@ -312,6 +312,12 @@ def pinned_options(options: dict[str, Any] | None, layout: Layout | None) -> dic
     return out
 
 
+def tie_gap(a: float, b: float) -> float:
+    """The gap between two speeds in the tie rule's own measure (:func:`tie_order`): the slower one's shortfall as a
+    fraction of the faster one's. A tie is a gap under TIE_FRAC."""
+    return 1.0 - min(a, b) / max(a, b)
+
+
 def tie_pct(gap: float) -> str:
     """A gap under TIE_FRAC as a percentage, to two decimals, or more where two would round up to the threshold
     itself: 0.4959% is "0.496%", never "0.50%" next to "a tie (under 0.5%)"."""
@@ -664,8 +670,8 @@ def family_verdicts(df: pd.DataFrame) -> pd.DataFrame:
             tie = slower < TIE_FRAC and not slow_untimed
             verdict = ("not timed as launched" if slow_untimed else "bubble" if cause == "bubble"
                        else "ties" if tie else f"slower by {slower:.0%}")
-            if tie:  # the tie's own measure: the slower one's shortfall as a fraction of the faster one's speed
-                gap = slower if slower >= 0 else 1.0 - launched_tps(best) / launched_tps(r)
+            if tie:  # in the tie rule's own measure
+                gap = tie_gap(launched_tps(r), launched_tps(best))
                 head = f"{'slower' if slower >= 0 else 'faster'} by {tie_pct(gap)}"
             else:
                 head = f"slower by {slower:.1%}" if slower >= 0 else f"faster by {-slower:.1%}"
