@@ -25,7 +25,8 @@
 # <out>/microbench/ with their logs, each capped at a third of the budget, which their time then leaves, in this
 # order: benchmarks/bench_ring_attention.py (one rank of torch's ring attention on a fake CP group vs its flash
 # kernels, §7.4: the one measurement the held-out CP bias still waits on, so it runs first),
-# benchmarks/bench_hbm_stream.py (HBM stream rates) and benchmarks/bench_bf16_step.py (the production precision
+# benchmarks/bench_flex_attention.py (FlexAttention, which every torchtitan launch attends with, against FA2 per
+# score pair: causal, per-document, one rank of the all-gather CP; §7.17), benchmarks/bench_hbm_stream.py (HBM stream rates) and benchmarks/bench_bf16_step.py (the production precision
 # regime), which the GPU check reads, and benchmarks/bench_optimizer_step.py (AdamW for-loop / foreach / fused on
 # FSDP2 shards, one rank). `--microbench ring_attention` runs only the named ones (comma list), in that order.
 set -euo pipefail
@@ -37,7 +38,7 @@ OUT="data/calibration/gpu"
 BUDGET_S=480
 DRY=0
 MICRO=1
-BENCHES="ring_attention,hbm_stream,bf16_step,optimizer_step"
+BENCHES="ring_attention,flex_attention,hbm_stream,bf16_step,optimizer_step"
 CONFIGS=("config/config.yaml" "config/gpu_proxies.yaml")
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -59,8 +60,8 @@ fi
 IFS=',' read -r -a BENCH_LIST <<< "$BENCHES"
 for bench in "${BENCH_LIST[@]}"; do
   case "$bench" in
-    ring_attention|hbm_stream|bf16_step|optimizer_step) ;;
-    *) echo "device_proxies.sh: --microbench=$BENCHES: unknown benchmark '$bench' (valid: comma list of ring_attention, hbm_stream, bf16_step, optimizer_step)" >&2
+    ring_attention|flex_attention|hbm_stream|bf16_step|optimizer_step) ;;
+    *) echo "device_proxies.sh: --microbench=$BENCHES: unknown benchmark '$bench' (valid: comma list of ring_attention, flex_attention, hbm_stream, bf16_step, optimizer_step)" >&2
        exit 2 ;;
   esac
 done

@@ -38,6 +38,7 @@ __all__ = ["TORCHTITAN_VERSION", "TORCHTITAN_MODULE", "TORCHTITAN_CONFIG_FN", "U
            "torchtitan_settings", "torchtitan_job_module", "total_steps"]
 
 TORCHTITAN_VERSION = "0.3.0"
+ATTN_KERNEL_NAMES = {"fa2": "FlashAttention-2", "cudnn": "cuDNN"}  # training.attn_kernel
 TORCHTITAN_MODULE = "trainplan_torchtitan"  # the file written next to the sbatch script (on PYTHONPATH there)
 TORCHTITAN_CONFIG_FN = "trainplan_job"
 ROPE_THETA_LLAMA2 = 10000.0
@@ -196,19 +197,28 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
     if L.tp > 1 and not L.sp:
         notes.append("tp without sp: torchtitan's llama3 TP plan always shards the norms' sequence dim when "
                      "enable_sequence_parallel is true; set false here as planned")
+    # torchtitan 0.3's language models attend only through masked backends, FlexAttention by default: its SDPA
+    # backend is refused for them (models/common/config_utils.py, get_attention_config), since its dataloaders emit
+    # per-document positions and every mask is block-causal
+    planned = ("materialised (math) attention" if training.attn_impl == "math"
+               else f"SDPA flash attention ({ATTN_KERNEL_NAMES[training.attn_kernel]})")
+    notes.append(Deviation(f"attention: torchtitan {TORCHTITAN_VERSION} runs a language model's attention as "
+                           "FlexAttention (Triton kernels it generates) under block-causal masks, causal within each "
+                           "document of the packed sequence (it refuses SDPA for language models), not the plan's "
+                           f"{planned} over one causal mask. The step time keeps the plan's attention: per-document "
+                           "masks only remove work, and FlexAttention's rate against the planned kernel is not "
+                           "measured here (benchmarks/bench_flex_attention.py measures it on a GPU)",
+                           short="FlexAttention with per-document masks"))
     if L.cp > 1:
-        # torchtitan 0.3's language models attend with FlexAttention under block-causal (per-document) masks, and its
-        # CP for FlexAttention all-gathers K and V over the CP group (distributed/context_parallel/api.py) instead of
-        # rotating them in a ring: autograd keeps the gathered K, V of every layer, cp× the ring's local ones
+        # its CP for FlexAttention all-gathers K and V over the CP group (distributed/context_parallel/api.py) instead
+        # of rotating them in a ring: autograd keeps the gathered K, V of every layer, cp× the ring's local ones
         kv = 2 * layout.micro_batch * training.seq_len * (1 - 1 / L.cp) * model.kv_dim / L.tp * 2
         extra = kv * -(-model.layers // L.pp) / 2**30
         notes.append(Deviation(f"cp={L.cp} ({L.cp_kind} planned): torchtitan {TORCHTITAN_VERSION} runs CP for its "
-                               "FlexAttention by all-gathering K and V over the CP group (no ring, no Ulysses) and "
-                               "masks attention per document (block-causal), not the plan's full causal; the "
+                               "FlexAttention by all-gathering K and V over the CP group (no ring, no Ulysses); the "
                                f"gathered K, V that backward keeps add about {extra:.1f} GiB per GPU to the plan's "
                                "memory (bf16, every layer of the stage)",
-                               short=("all-gather CP with block-causal masks, not "
-                                      f"{'Ulysses' if L.cp_kind == 'ulysses' else 'ring'} CP"),
+                               short=f"all-gather CP, not {'Ulysses' if L.cp_kind == 'ulysses' else 'ring'} CP",
                                extra_bytes=extra * 2**30, unmodelled=("step time",)))
     # batch: without PP a rank processes micro_batch per forward, accumulating ga; with PP the local batch
     # is split into pipeline micro-batches of micro_batch

@@ -126,18 +126,19 @@ def test_manifest_names_the_trainer_the_sbatch_runs_and_the_day1_commands(tmp_pa
 
 
 @pytest.mark.parametrize("name,layout,expect", [
-    # what Accelerate runs as planned: no deviation listed; torchtitan's job runs its chunked loss, not the
-    # Hugging Face loss the plan sizes, for every layout
+    # what Accelerate runs as planned: no deviation listed; torchtitan's job attends with FlexAttention under
+    # per-document masks (it refuses SDPA for language models) and runs its chunked loss, not the Hugging Face loss
+    # the plan sizes, for every layout
     ("fsdp", LAYOUTS["fsdp"], []),
-    ("hsdp tp", LAYOUTS["hsdp_tp"], ["loss: torchtitan's ChunkedLossWrapper"]),
-    # torchtitan 0.3 runs CP for its FlexAttention as a K/V all-gather under per-document masks, ring or Ulysses
-    # planned (distributed/context_parallel/api.py); FSDP2's CPUOffloadPolicy is what the plan sizes for ZeRO-3 offload
-    ("cp ring", LAYOUTS["cp"], ["cp=2 (ring planned)", "loss:"]),
+    ("hsdp tp", LAYOUTS["hsdp_tp"], ["attention: torchtitan 0.3.0 runs", "loss: torchtitan's ChunkedLossWrapper"]),
+    # torchtitan 0.3 runs CP for its FlexAttention as a K/V all-gather, ring or Ulysses planned
+    # (distributed/context_parallel/api.py); FSDP2's CPUOffloadPolicy is what the plan sizes for ZeRO-3 offload
+    ("cp ring", LAYOUTS["cp"], ["attention:", "cp=2 (ring planned)", "loss:"]),
     ("ulysses offload", Layout(dp=16, tp=2, sp=True, cp=2, cp_kind="ulysses", sharding="zero3", offload="cpu",
-                               micro_batch=1), ["cp=2 (ulysses planned)", "loss:"]),
+                               micro_batch=1), ["attention:", "cp=2 (ulysses planned)", "loss:"]),
     # ZeRO-2 offload was planned optimizer-only (ZeRO-Offload); torchtitan moves parameters and gradients too
     ("zero2 offload", Layout(dp=16, tp=2, sp=True, sharding="zero2", offload="cpu", micro_batch=1),
-     ["sharding=zero2", "offload=cpu", "loss:"]),
+     ["sharding=zero2", "attention:", "offload=cpu", "loss:"]),
     # Accelerate: the same for a pure data-parallel ZeRO-3 offload (as planned) and ZeRO-1 (not)
     ("fsdp offload", Layout(dp=32, sharding="zero3", offload="cpu", micro_batch=1), []),
     ("zero1 offload", Layout(dp=32, sharding="zero1", offload="cpu", micro_batch=1),
@@ -161,12 +162,12 @@ def test_manifest_and_sbatch_list_how_the_launch_differs_from_the_plan(tmp_path,
 
 def test_only_deviations_are_listed_not_notes_that_explain_a_setting():
     # torchtitan's layers-per-stage rounding and TP without SP are notes, not deviations; ZeRO-2 on torchtitan is one,
-    # and so is its chunked loss
+    # and so are its FlexAttention and its chunked loss
     lay = Layout(dp=4, tp=2, pp=4, pp_schedule="interleaved", vpp=3, sharding="zero2", micro_batch=1)
     _, notes = trainers.torchtitan_settings(MODEL, CLUSTER, TRAINING, lay)
     assert any("not divisible" in n for n in notes)
-    assert trainers.deviations(notes) == [n for n in notes if n.startswith(("sharding=zero2", "loss:"))]
-    assert len(trainers.deviations(notes)) == 2
+    assert trainers.deviations(notes) == [n for n in notes if n.startswith(("sharding=zero2", "attention:", "loss:"))]
+    assert len(trainers.deviations(notes)) == 3
     assert all(type(d) is str for d in trainers.deviations(notes))  # plain strings, JSON-ready
     # Accelerate: TP alone needs a tp_plan (a note); TP with SP runs without SP (a deviation)
     no_sp = launch._accelerate_parts(CLUSTER, TRAINING, Layout(dp=16, tp=2, sharding="zero3", micro_batch=1))[2]
@@ -264,3 +265,27 @@ def test_the_plan_sizes_the_norms_of_the_trainer_that_runs_each_layout():
                 assert bool(memory.hf_norms(model, t, table)[i]) == hf  # vectorised over the search's table alike
                 seen.add(hf)
     assert seen == {True, False}
+
+
+@pytest.mark.parametrize("attn,named", [({"attn_kernel": "fa2"}, "SDPA flash attention (FlashAttention-2)"),
+                                        ({"attn_kernel": "cudnn"}, "SDPA flash attention (cuDNN)"),
+                                        ({"attn_impl": "math"}, "materialised (math) attention")])
+def test_torchtitan_launches_say_they_attend_with_flex_attention(attn, named):
+    """torchtitan 0.3 refuses SDPA for language models (get_attention_config), so every torchtitan launch runs
+    FlexAttention under per-document masks: a deviation naming the plan's own attention, timed as the plan (no field
+    changes, nothing unmodelled: masks only remove work, and FlexAttention's rate is the GPU benchmark's to measure).
+    An Accelerate launch (Transformers' SDPA, one causal mask) lists none."""
+    from dataclasses import replace
+
+    tr = replace(TRAINING, **attn)
+    titan = trainers.torchtitan_settings(MODEL, CLUSTER, tr, LAYOUTS["hsdp_tp"])[1]
+    att = [d for d in titan if isinstance(d, trainers.Deviation) and d.startswith("attention:")]
+    assert len(att) == 1 and att[0].short == "FlexAttention with per-document masks"
+    assert f"not the plan's {named} over one causal mask" in att[0]
+    assert (att[0].layout, att[0].training, att[0].unmodelled, att[0].extra_bytes) == ({}, {}, (), 0.0)
+    assert not att[0].memory_only and not att[0].cannot_run
+    ran = launch.as_launched(MODEL, CLUSTER, tr, LAYOUTS["hsdp_tp"], "torchtitan")
+    assert "FlexAttention with per-document masks" in ran["changes"] and "step time" not in ran["unmodelled"]
+    assert ran["throughput_ratio"] == pytest.approx(1.0)
+    assert trainers.choose_trainer(MODEL, tr, LAYOUTS["fsdp"])[0] == "accelerate"
+    assert not any("FlexAttention" in d for d in launch.plan_deviations(MODEL, CLUSTER, tr, LAYOUTS["fsdp"], "accelerate"))
