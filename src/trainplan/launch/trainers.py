@@ -46,10 +46,10 @@ PP_SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}  # torch.distr
 
 
 class Deviation(str):
-    """A launch note saying the trainer runs something other than the planned layout (ring CP for Ulysses, FSDP2's
-    whole-model CPU offload for an optimizer-only one, ...): the plan's prediction is not for what it runs. The
-    manifest lists these for the trainer the sbatch runs and the memo prints them; other notes only explain a
-    setting.
+    """A launch note saying the trainer runs something other than the planned layout (all-gather CP for Ulysses,
+    FSDP2's whole-model CPU offload for an optimizer-only one, FlexAttention for SDPA, ...): the plan's prediction is
+    not for what it runs. The manifest lists these for the trainer the sbatch runs and the memo prints them; other
+    notes only explain a setting.
 
     It also says what runs instead, in the planner's own terms, so that the launch can be judged on it
     (:func:`trainplan.launch.artifacts.as_launched`): ``layout`` and ``training`` are field changes to the planned
@@ -203,7 +203,7 @@ def torchtitan_settings(model: ModelSpec, cluster: ClusterSpec, training: Traini
     planned = ("materialised (math) attention" if training.attn_impl == "math"
                else f"SDPA flash attention ({ATTN_KERNEL_NAMES[training.attn_kernel]})")
     notes.append(Deviation(f"attention: torchtitan {TORCHTITAN_VERSION} runs a language model's attention as "
-                           "FlexAttention (Triton kernels it generates) under block-causal masks, causal within each "
+                           "FlexAttention (Triton kernels Inductor generates) under block-causal masks, causal within each "
                            "document of the packed sequence (it refuses SDPA for language models), not the plan's "
                            f"{planned} over one causal mask. The step time keeps the plan's attention: per-document "
                            "masks only remove work, and FlexAttention's rate against the planned kernel is not "
