@@ -126,6 +126,14 @@ def _measure(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     from torch.nn.attention.flex_attention import flex_attention
 
     timer = event_timer(a.device)
+    # each case's shape and mask_mod is a recompile of the one compiled function: past dynamo's recompile limit (8) it
+    # would fall back, silently, to flex_attention's eager path (the full score matrix), and the later cases would time
+    # that. Room for every case, forward and backward, and an error instead of the fallback.
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 4 * len(rows)))
+    if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
     flex = torch.compile(flex_attention, dynamic=False)
     for r in rows:
         try:

@@ -70,3 +70,24 @@ def test_timed_path_runs_on_cpu(tmp_path):
     # 128-token blocks: the documents keep the 2 diagonal blocks of 4, causal 3 of 4, the CP rank's queries (64-191)
     # reach both key blocks
     assert rows[2]["mask_density"] < rows[1]["mask_density"] < rows[3]["mask_density"] <= 1.0
+
+
+@pytest.mark.slow
+def test_many_cases_stay_compiled(tmp_path, recwarn):
+    """Each case recompiles the one compiled flex_attention (its shape, its mask_mod). Past dynamo's recompile limit
+    (8) the compiled call falls back to FlexAttention's eager path, which materialises the score matrix: the later
+    cases would time that, silently. 14 FlexAttention cases here (a GPU run has 9): every one compiled."""
+    import torch
+
+    limit = torch._dynamo.config.recompile_limit
+    out = tmp_path / "flex.json"
+    try:
+        assert bench.main(["--device", "cpu", "--seqs", "256,384,512,640,768", "--tokens", "7680", "--cps", "2,3,4,6",
+                           "--doc-tokens", "64", "--heads", "2", "--head-dim", "16", "--iters", "1", "--warmup", "0",
+                           "--out", str(out)]) == 0
+    finally:
+        torch._dynamo.config.recompile_limit = limit
+        torch._dynamo.config.fail_on_recompile_limit_hit = False
+    rows = json.loads(out.read_text())["results"]
+    assert sum(r["case"] != "fa2" for r in rows) == 14 and not [r for r in rows if "error" in r]
+    assert not [w for w in recwarn if "without torch.compile" in str(w.message)]
