@@ -76,7 +76,8 @@ def test_timed_path_runs_on_cpu(tmp_path):
 def test_many_cases_stay_compiled(tmp_path, recwarn):
     """Each case recompiles the one compiled flex_attention (its shape, its mask_mod). Past dynamo's recompile limit
     (8) the compiled call falls back to FlexAttention's eager path, which materialises the score matrix: the later
-    cases would time that, silently. 14 FlexAttention cases here (a GPU run has 9): every one compiled."""
+    cases would time that, silently. 14 FlexAttention cases here, every one compiled (a GPU run's default has 7,
+    each compiled twice: the forward under no_grad, and forward with backward)."""
     import torch
 
     limit = torch._dynamo.config.recompile_limit
