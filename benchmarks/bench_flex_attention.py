@@ -20,7 +20,9 @@ Work is counted as score pairs (the causal half of a square counts s²/2, the co
 ``benchmarks/bench_attention_backends.py`` and ``trainplan.model.flops``), 4 FLOPs per pair and head feature
 forward, 3× that for forward + backward. Each row's ``time_per_pair_rel_fa2`` is its time per pair over fa2's at
 the same sequence (at the longest one for the CP rows): 1.0 = FA2's rate. A case that cannot run is recorded with its
-error, and the rest still run; the JSON is rewritten after each case, so a budget kill keeps what ran.
+error, and the rest still run; the JSON is rewritten after each case, so a budget kill keeps what ran. They run in
+the order of their worth (each FlexAttention case compiles its own kernels): every fa2, every flex causal, the CP
+rows, the per-document rows.
 
     python benchmarks/bench_flex_attention.py --out flex_attention.json     # CUDA (FlexAttention trains on GPUs only)
     python benchmarks/bench_flex_attention.py --dry-run                     # the cases and their work
@@ -49,24 +51,20 @@ def plan(seqs: list[int], tokens: int, cps: list[int], doc_tokens: int, heads: i
          head_dim: int) -> list[dict[str, Any]]:
     """The cases, each with its shape and work: batch, queries and keys per sequence, score pairs per sequence
     and head, forward and training FLOPs of the call."""
-    rows = []
-    for s in seqs:
-        b = tokens // s
-        docs = max(1, s // doc_tokens)
-        cases = [("fa2", s, s * s / 2), ("flex causal", s, s * s / 2),
-                 ("flex documents", s, docs * min(doc_tokens, s) ** 2 / 2)]
-        for name, q, pairs in cases:
-            rows.append({"case": name, "seq": s, "batch": b, "queries": q, "keys": s, "cp": 1,
-                         "doc_tokens": doc_tokens if name == "flex documents" else None, "pairs": pairs})
-    s = max(seqs)
-    for cp in cps:
-        rows.append({"case": f"flex cp{cp}", "seq": s, "batch": tokens // s, "queries": s // cp, "keys": s, "cp": cp,
-                     "doc_tokens": None, "pairs": s * s / (2 * cp)})
-    for r in rows:
-        r["heads"], r["head_dim"] = heads, head_dim
-        r["fwd_flops"] = 4.0 * r["batch"] * heads * r["pairs"] * head_dim
-        r["train_flops"] = 3.0 * r["fwd_flops"]
-    return rows
+    def case(name: str, s: int, queries: int, pairs: float, cp: int = 1, doc: int | None = None) -> dict[str, Any]:
+        return {"case": name, "seq": s, "batch": tokens // s, "queries": queries, "keys": s, "cp": cp,
+                "doc_tokens": doc, "pairs": pairs}
+
+    # in the order of their worth, each FlexAttention case compiling its own kernels (a budget cut keeps the first):
+    # FA2 (no compile), the kernel ratio at each sequence, the all-gather CP rank, then the per-document masks
+    longest = max(seqs)
+    return [r | {"heads": heads, "head_dim": head_dim, "fwd_flops": 4.0 * r["batch"] * heads * r["pairs"] * head_dim,
+                 "train_flops": 12.0 * r["batch"] * heads * r["pairs"] * head_dim} for r in
+            [case("fa2", s, s, s * s / 2) for s in seqs]
+            + [case("flex causal", s, s, s * s / 2) for s in seqs]
+            + [case(f"flex cp{cp}", longest, longest // cp, longest * longest / (2 * cp), cp=cp) for cp in cps]
+            + [case("flex documents", s, s, ((s // doc_tokens) * doc_tokens**2 + (s % doc_tokens) ** 2) / 2,
+                    doc=doc_tokens) for s in seqs]]  # whole documents, then the last one cut short
 
 
 def mask_mod_of(r: dict[str, Any], device: str) -> Any:
